@@ -1,1 +1,27 @@
-//! engine
+//! # nvwc-core
+//!
+//! The sans-IO write-cache engine behind nvwc: write policies (write-through,
+//! write-back, ordered, journaled, journaled-hints), replacement (via
+//! `nvwc-replacement`), and the cache device's on-disk format. It holds no
+//! clock, no threads and no file handles: drivers (the NBD server, the
+//! simulator, the VOPR) feed it requests, device completions and time, and
+//! execute the device commands it emits. See `docs/ARCHITECTURE.md`.
+
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod engine;
+pub mod layout;
+pub mod payload;
+pub mod repl_shim;
+mod slab;
+pub mod stats;
+pub mod types;
+pub mod write_policy;
+
+pub use config::{Config, ConfigError, JournalConfig, ReplacementKind, Watermarks, WritePolicyKind};
+pub use engine::{CacheImage, Engine, Event, RecoverError, RecoveryReport};
+pub use payload::{Payload, Phantom};
+pub use stats::Stats;
+pub use types::*;
+pub use write_policy::PolicyEvent;

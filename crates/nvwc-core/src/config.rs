@@ -1,0 +1,205 @@
+//! Engine configuration: the boundary where policies are enums.
+
+use std::fmt;
+use std::str::FromStr;
+
+pub use crate::repl_shim::{KneeSource, ReplacementKind};
+pub use nvwc_replacement::Watermarks;
+
+/// The write policy (see `docs/ARCHITECTURE.md`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum WritePolicyKind {
+    /// Backing written before the reply; the cache holds clean copies.
+    WriteThrough,
+    /// Writes land in the cache; dirty blocks are destaged in any order.
+    WriteBack,
+    /// Write-back destaged in completion→issue order (write-policy paper §3.1).
+    Ordered,
+    /// Write-back in transactions checkpointed atomically (§3.2), closed by size or age.
+    Journaled,
+    /// Journaled with transactions closed only at consistency points (FLUSH / checkpoint).
+    JournaledHints,
+}
+
+impl WritePolicyKind {
+    /// Every policy, in display order.
+    pub const ALL: [WritePolicyKind; 5] = [
+        WritePolicyKind::WriteThrough,
+        WritePolicyKind::WriteBack,
+        WritePolicyKind::Ordered,
+        WritePolicyKind::Journaled,
+        WritePolicyKind::JournaledHints,
+    ];
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            WritePolicyKind::WriteThrough => "write-through",
+            WritePolicyKind::WriteBack => "write-back",
+            WritePolicyKind::Ordered => "ordered",
+            WritePolicyKind::Journaled => "journaled",
+            WritePolicyKind::JournaledHints => "journaled-hints",
+        }
+    }
+    /// Numeric code stored in the superblock.
+    pub fn code(self) -> u32 {
+        match self {
+            WritePolicyKind::WriteThrough => 1,
+            WritePolicyKind::WriteBack => 2,
+            WritePolicyKind::Ordered => 3,
+            WritePolicyKind::Journaled => 4,
+            WritePolicyKind::JournaledHints => 5,
+        }
+    }
+    /// Inverse of [`WritePolicyKind::code`].
+    pub fn from_code(c: u32) -> Option<Self> {
+        Self::ALL.iter().copied().find(|k| k.code() == c)
+    }
+    /// Is this one of the journaled policies?
+    pub fn is_journaled(self) -> bool {
+        matches!(self, WritePolicyKind::Journaled | WritePolicyKind::JournaledHints)
+    }
+}
+
+impl fmt::Display for WritePolicyKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Error parsing a policy name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown write policy {0:?} (expected write-through, write-back, ordered, journaled or journaled-hints)")]
+pub struct UnknownPolicy(pub String);
+
+impl FromStr for WritePolicyKind {
+    type Err = UnknownPolicy;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "write-through" | "wt" => Ok(WritePolicyKind::WriteThrough),
+            "write-back" | "wb" => Ok(WritePolicyKind::WriteBack),
+            "ordered" | "wb-o" => Ok(WritePolicyKind::Ordered),
+            "journaled" | "wb-j" => Ok(WritePolicyKind::Journaled),
+            "journaled-hints" | "wb-jh" => Ok(WritePolicyKind::JournaledHints),
+            _ => Err(UnknownPolicy(s.to_string())),
+        }
+    }
+}
+
+/// Journaled write-back settings (§3.2, §3.2.3).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct JournalConfig {
+    /// Close the current transaction when it holds this many blocks.
+    pub txn_max_blocks: u32,
+    /// Close the current transaction when it is this old (ns); 0 = never by age.
+    pub txn_max_age_ns: u64,
+    /// Wait at least this long after a transaction commits before checkpointing it (ns).
+    /// 0 checkpoints eagerly. Larger values trade backing staleness for coalescing:
+    /// consecutive committed transactions are merged into one atomic group.
+    pub checkpoint_delay_ns: u64,
+    /// At most this many committed transactions are merged into one checkpoint group.
+    pub checkpoint_merge_max: u32,
+}
+
+impl Default for JournalConfig {
+    fn default() -> Self {
+        JournalConfig {
+            txn_max_blocks: 1024,
+            txn_max_age_ns: 1_000_000_000,
+            checkpoint_delay_ns: 0,
+            checkpoint_merge_max: 1,
+        }
+    }
+}
+
+/// Error in a configuration.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("block size {0} must be a power of two between 512 B and 1 MiB")]
+    BlockSize(u32),
+    #[error("cache capacity must be at least 16 blocks, got {0}")]
+    Capacity(u64),
+    #[error("backing size {0} must be a positive multiple of 512 bytes")]
+    BackingSize(u64),
+    #[error("watermarks must satisfy 0 <= low <= high <= 1")]
+    Watermarks,
+    #[error("transaction size must be at least 1 block")]
+    TxnSize,
+}
+
+/// Engine configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Cache block size in bytes (power of two, 512 B .. 1 MiB).
+    pub block_size: u32,
+    /// Number of cache data slots.
+    pub capacity_blocks: u64,
+    /// Size of the backing store in bytes.
+    pub backing_size: u64,
+    pub write_policy: WritePolicyKind,
+    pub replacement: ReplacementKind,
+    pub watermarks: Watermarks,
+    pub journal: JournalConfig,
+    /// Ordered write-back: insert a dummy node after this many completions; 0 disables dummies.
+    pub dummy_every: u32,
+    /// Allocate a cache block on a read miss.
+    pub read_allocate: bool,
+    /// Commit metadata when uncommitted changes are this old (ns), even without a FLUSH.
+    pub autocommit_ns: u64,
+    /// Commit metadata when this many slot entries changed since the last commit.
+    pub autocommit_changes: u32,
+    /// Upper bound on destage block writes in flight.
+    pub max_destage_inflight: u32,
+    /// Keep this many free slots ready (evicting clean blocks ahead of need).
+    pub free_reserve: u32,
+    /// Delay before retrying a failed background I/O (ns).
+    pub retry_ns: u64,
+}
+
+impl Config {
+    /// A configuration with defaults for everything but the sizes.
+    pub fn new(block_size: u32, capacity_blocks: u64, backing_size: u64, write_policy: WritePolicyKind) -> Self {
+        Config {
+            block_size,
+            capacity_blocks,
+            backing_size,
+            write_policy,
+            replacement: ReplacementKind::Lru,
+            watermarks: Watermarks::default(),
+            journal: JournalConfig::default(),
+            dummy_every: 100,
+            read_allocate: true,
+            autocommit_ns: 1_000_000_000,
+            autocommit_changes: 4096,
+            max_destage_inflight: 64,
+            free_reserve: 8,
+            retry_ns: 10_000_000,
+        }
+    }
+
+    /// Check the configuration. Every engine constructor calls this.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bs = self.block_size;
+        if !(512..=1 << 20).contains(&bs) || !bs.is_power_of_two() {
+            return Err(ConfigError::BlockSize(bs));
+        }
+        if self.capacity_blocks < 16 || self.capacity_blocks > u32::MAX as u64 / 2 {
+            return Err(ConfigError::Capacity(self.capacity_blocks));
+        }
+        if self.backing_size == 0 || self.backing_size % 512 != 0 {
+            return Err(ConfigError::BackingSize(self.backing_size));
+        }
+        let w = self.watermarks;
+        if !(0.0..=1.0).contains(&w.low) || !(0.0..=1.0).contains(&w.high) || w.low > w.high {
+            return Err(ConfigError::Watermarks);
+        }
+        if self.journal.txn_max_blocks == 0 || self.journal.checkpoint_merge_max == 0 {
+            return Err(ConfigError::TxnSize);
+        }
+        Ok(())
+    }
+
+    /// Number of cache blocks covering the backing store.
+    pub fn backing_blocks(&self) -> u64 {
+        self.backing_size.div_ceil(self.block_size as u64)
+    }
+}

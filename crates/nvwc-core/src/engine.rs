@@ -1,0 +1,1795 @@
+//! The sans-IO write-cache engine.
+//!
+//! Inputs: [`Engine::handle_request`], [`Engine::handle_completion`],
+//! [`Engine::handle_timeout`], each with the current time `now` (ns, any
+//! monotonic origin). Outputs: [`Engine::poll_io`] (device commands),
+//! [`Engine::poll_reply`], [`Engine::poll_event`] and [`Engine::poll_timeout`].
+//! The engine never blocks, reads a clock or touches a file.
+//!
+//! # Model
+//! The cache device holds `capacity` *slots* of one cache block each. A slot
+//! holds one *version* of a backing block. Writes never overwrite a version
+//! that a durable commit names: they go to a fresh slot (out of place), and
+//! the superseded version is released or, when the write policy needs it
+//! (ordered, journaled), kept as a *shadow* until it reaches the backing store.
+//! A version that no commit has named yet may be overwritten in place.
+//!
+//! Metadata (the slot table, see [`crate::layout`]) is persisted by *commits*:
+//! flush the cache device (data durable), write the changed table pages, flush,
+//! write the commit record with FUA. A FLUSH or FUA reply waits for a commit
+//! that started after the write completed. A crash therefore recovers exactly
+//! the state of the last durable commit: a prefix-closed set of writes.
+//!
+//! Per backing block, client writes are serialised (one write piece at a time)
+//! and reads wait for an in-progress write. No lock is held across blocks.
+//!
+//! # Contracts
+//! * The driver MUST deliver exactly one completion for every command taken
+//!   from `poll_io`, and MUST NOT reuse a `ReqId` while that request is in flight.
+//! * `now` MUST be non-decreasing across calls.
+//! * Before [`Engine::new`], the driver MUST have written the cache device with
+//!   [`crate::layout::format_writes`]; [`Engine::recover`] takes the metadata
+//!   regions read back from an existing device.
+
+use std::collections::{HashMap, VecDeque};
+
+use nvwc_replacement::{BlockId, Replacement};
+
+use crate::config::{Config, ConfigError};
+use crate::layout::{self, CommitRecord, Entry, FormatError, Layout, F_DIRTY, F_VALID};
+use crate::payload::Payload;
+use crate::slab::Slab;
+use crate::stats::Stats;
+use crate::types::*;
+use crate::write_policy::{self, Group, Plan, PlanCtx, PolicyEvent, RecoveredVersion, WritePolicy};
+
+const NIL: u32 = u32::MAX;
+/// Group of versions that belong to no policy group (clean versions).
+pub const NO_GROUP: Group = u64::MAX;
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum SlotState {
+    Free,
+    /// Allocated; data write in flight, not readable.
+    Writing,
+    Valid,
+    /// Released; waiting for in-flight reads or for a commit that writes its entry as free.
+    Retired,
+}
+
+#[derive(Copy, Clone, Debug)]
+struct Slot {
+    lbn: u64,
+    seq: u64,
+    group: Group,
+    /// Block whose latest version this is, or NIL (free, retired or shadow).
+    block: u32,
+    refs: u16,
+    state: SlotState,
+    dirty: bool,
+    /// The durable slot table may name this slot as valid.
+    disk_valid: bool,
+    in_meta_dirty: bool,
+    in_snapshot: bool,
+    destaging: bool,
+}
+
+impl Slot {
+    fn free() -> Self {
+        Slot {
+            lbn: 0,
+            seq: 0,
+            group: NO_GROUP,
+            block: NIL,
+            refs: 0,
+            state: SlotState::Free,
+            dirty: false,
+            disk_valid: false,
+            in_meta_dirty: false,
+            in_snapshot: false,
+            destaging: false,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Block {
+    lbn: u64,
+    latest: u32,
+    /// Replacement handle while cached, or NIL.
+    rid: u32,
+    /// A write piece (or a read fill) holds the block.
+    busy: bool,
+    /// Backing reads in flight for this block.
+    readers: u16,
+    /// Bumped by every write piece; read fills check it.
+    gen: u32,
+}
+
+#[derive(Debug)]
+struct Piece<P> {
+    req: ReqId,
+    lbn: u64,
+    start: u32,
+    end: u32,
+    /// Write data (length `end - start`); `None` for reads.
+    data: Option<P>,
+    /// Full block contents ready to be written to a new slot.
+    buf: Option<P>,
+    /// New slot being written, or the slot being read.
+    slot: u32,
+    ios: u8,
+    failed: bool,
+    stalled_since: Option<u64>,
+    gen: u32,
+    seq: u64,
+    group: Group,
+    fua: bool,
+}
+
+#[derive(Debug)]
+enum ReqKind {
+    Read,
+    Write,
+}
+
+#[derive(Debug)]
+struct Req<P> {
+    kind: ReqKind,
+    pieces_left: u32,
+    failed: Option<ReqError>,
+    parts: Vec<(u64, P)>,
+    offset: u64,
+    seq: u64,
+    group: Group,
+    fua: bool,
+}
+
+#[derive(Debug)]
+enum IoCtx {
+    ReadHit { piece: u32 },
+    ReadMiss { piece: u32, full: bool },
+    /// Old contents for a partial write (from the cache or, as a fetch, the backing store).
+    RmwRead { piece: u32, from_cache: bool },
+    PieceCacheWrite { piece: u32, inplace: bool },
+    PieceBackingWrite { piece: u32 },
+    Fill { block: u32, slot: u32 },
+    DestageRead { plan: u32, slot: u32 },
+    DestageWrite { plan: u32 },
+    PlanBegin { plan: u32 },
+    PlanFinish { plan: u32 },
+    Commit,
+    ReqBacking { req: ReqId },
+}
+
+#[derive(Debug)]
+struct PlanExec {
+    plan: Plan,
+    left: u32,
+    failed: bool,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum CommitStage {
+    DataFlush,
+    Pages,
+    MetaFlush,
+    Record,
+}
+
+#[derive(Debug)]
+struct CommitJob {
+    n: u64,
+    stage: CommitStage,
+    snapshot: Vec<(u32, bool)>,
+    pages: Vec<(u64, Vec<u8>)>,
+    waiters: Vec<Waiter>,
+    left: u32,
+    failed: bool,
+    record: CommitRecord,
+}
+
+/// A request waiting for a metadata commit (FLUSH, or a FUA write).
+#[derive(Copy, Clone, Debug)]
+struct Waiter {
+    id: ReqId,
+    group: Group,
+    write: bool,
+    seq: u64,
+}
+
+/// Observable engine events (for logs, metrics and checkers).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    Policy(PolicyEvent),
+    /// A metadata commit finished.
+    Committed { commit: u64, ok: bool },
+    /// A background operation failed and will be retried.
+    BackgroundError { what: &'static str },
+}
+
+/// What recovery found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub commit: u64,
+    pub clean_shutdown: bool,
+    pub dirty_versions: u64,
+    pub clean_versions: u64,
+    pub discarded: u64,
+    pub ignored_uncommitted: u64,
+}
+
+/// The metadata regions of a cache device, read by the driver for recovery.
+#[derive(Clone, Debug, Default)]
+pub struct CacheImage {
+    /// 512 bytes at offset 0.
+    pub superblock: Vec<u8>,
+    /// 512 bytes at each commit record offset.
+    pub commit_a: Vec<u8>,
+    pub commit_b: Vec<u8>,
+    /// The slot table: `Layout::table_bytes` bytes at `layout::TABLE_OFFSET`.
+    pub table: Vec<u8>,
+}
+
+/// Errors opening an existing cache device.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecoverError {
+    #[error("invalid configuration: {0}")]
+    Config(#[from] ConfigError),
+    #[error("cache device metadata: {0}")]
+    Format(#[from] FormatError),
+}
+
+/// The engine. See the module docs.
+pub struct Engine<P: Payload> {
+    cfg: Config,
+    layout: Layout,
+    bs: u64,
+    policy: Box<dyn WritePolicy>,
+    repl: Box<dyn Replacement>,
+    slots: Vec<Slot>,
+    free_slots: Vec<u32>,
+    retired_pending: u64,
+    index: HashMap<u64, u32>,
+    blocks: Vec<Block>,
+    free_blocks: Vec<u32>,
+    rid_block: Vec<u32>,
+    free_rids: Vec<u32>,
+    waiters: HashMap<u32, VecDeque<u32>>,
+    reqs: HashMap<ReqId, Req<P>>,
+    pieces: Slab<Piece<P>>,
+    piece_queue: VecDeque<u32>,
+    active_pieces: u32,
+    max_active: u32,
+    alloc_waiters: VecDeque<u32>,
+    ios: HashMap<IoId, IoCtx>,
+    next_io: IoId,
+    out_io: VecDeque<IoCmd<P>>,
+    out_reply: VecDeque<Reply<P>>,
+    out_event: VecDeque<Event>,
+    meta_dirty: Vec<u32>,
+    oldest_change: Option<u64>,
+    commit: Option<CommitJob>,
+    commit_waiters: Vec<Waiter>,
+    commit_asap: bool,
+    next_commit: u64,
+    durable_commit: u64,
+    plans: Slab<PlanExec>,
+    destage_inflight: usize,
+    cleaning_active: bool,
+    retry_at: Option<u64>,
+    drain: bool,
+    shutting_down: bool,
+    next_seq: u64,
+    dirty_slots: u64,
+    now: u64,
+    stats: Stats,
+}
+
+/// The engine's view offered to write policies while they plan.
+struct View<'a> {
+    now: u64,
+    repl: &'a mut dyn Replacement,
+    blocks: &'a [Block],
+    slots: &'a [Slot],
+    rid_block: &'a [u32],
+    wanted: bool,
+    pressure: bool,
+    inflight: usize,
+    limit: usize,
+    ids: Vec<BlockId>,
+}
+
+impl PlanCtx for View<'_> {
+    fn now(&self) -> u64 {
+        self.now
+    }
+    fn cleaning_wanted(&self) -> bool {
+        self.wanted
+    }
+    fn pick_victims(&mut self, max: usize, out: &mut Vec<(u32, Group)>) {
+        let blocks = self.blocks;
+        let slots = self.slots;
+        let rid_block = self.rid_block;
+        let busy = |id: BlockId| {
+            let b = &blocks[rid_block[id.0 as usize] as usize];
+            b.busy || b.latest == NIL || slots[b.latest as usize].destaging || !slots[b.latest as usize].dirty
+        };
+        self.ids.clear();
+        self.repl.clean_batch(max, &busy, &mut self.ids);
+        for id in &self.ids {
+            let b = &blocks[rid_block[id.0 as usize] as usize];
+            let s = &slots[b.latest as usize];
+            if !busy(*id) {
+                out.push((b.latest, s.group));
+            }
+        }
+    }
+    fn space_pressure(&self) -> bool {
+        self.pressure
+    }
+    fn destage_in_flight(&self) -> usize {
+        self.inflight
+    }
+    fn destage_limit(&self) -> usize {
+        self.limit
+    }
+}
+
+impl<P: Payload> Engine<P> {
+    /// An engine over a freshly formatted cache device.
+    pub fn new(cfg: Config) -> Result<Self, ConfigError> {
+        cfg.validate()?;
+        Ok(Self::build(cfg))
+    }
+
+    fn build(cfg: Config) -> Self {
+        let cap = cfg.capacity_blocks as usize;
+        let layout = Layout::new(&cfg);
+        let policy = write_policy::build(&cfg);
+        let repl = crate::repl_shim::build(cfg.replacement, cfg.capacity_blocks as u32);
+        let bs = cfg.block_size as u64;
+        let max_active = ((cap / 4) as u32).max(4);
+        Engine {
+            layout,
+            bs,
+            policy,
+            repl,
+            slots: vec![Slot::free(); cap],
+            free_slots: (0..cap as u32).rev().collect(),
+            retired_pending: 0,
+            index: HashMap::new(),
+            blocks: Vec::new(),
+            free_blocks: Vec::new(),
+            rid_block: vec![NIL; cap],
+            free_rids: (0..cap as u32).rev().collect(),
+            waiters: HashMap::new(),
+            reqs: HashMap::new(),
+            pieces: Slab::default(),
+            piece_queue: VecDeque::new(),
+            active_pieces: 0,
+            max_active,
+            alloc_waiters: VecDeque::new(),
+            ios: HashMap::new(),
+            next_io: 1,
+            out_io: VecDeque::new(),
+            out_reply: VecDeque::new(),
+            out_event: VecDeque::new(),
+            meta_dirty: Vec::new(),
+            oldest_change: None,
+            commit: None,
+            commit_waiters: Vec::new(),
+            commit_asap: false,
+            next_commit: 1,
+            durable_commit: 0,
+            plans: Slab::default(),
+            destage_inflight: 0,
+            cleaning_active: false,
+            retry_at: None,
+            drain: false,
+            shutting_down: false,
+            next_seq: 1,
+            dirty_slots: 0,
+            now: 0,
+            stats: Stats::default(),
+            cfg,
+        }
+    }
+
+    /// Open an existing cache device from its metadata regions.
+    pub fn recover(cfg: Config, image: &CacheImage) -> Result<(Self, RecoveryReport), RecoverError> {
+        cfg.validate()?;
+        let sb = layout::Superblock::decode(&image.superblock)?;
+        layout::check_superblock(&sb, &cfg)?;
+        let ra = CommitRecord::decode(&image.commit_a);
+        let rb = CommitRecord::decode(&image.commit_b);
+        let rec = match (ra, rb) {
+            (Some(a), Some(b)) => {
+                if a.commit >= b.commit {
+                    a
+                } else {
+                    b
+                }
+            }
+            (Some(a), None) => a,
+            (None, Some(b)) => b,
+            (None, None) => return Err(FormatError::NoCommit.into()),
+        };
+        let mut e = Self::build(cfg);
+        let l = e.layout;
+        if (image.table.len() as u64) < l.table_bytes {
+            return Err(FormatError::Short.into());
+        }
+        let mut report = RecoveryReport { commit: rec.commit, clean_shutdown: rec.clean_shutdown, ..Default::default() };
+        let mut versions: Vec<RecoveredVersion> = Vec::new();
+        let mut max_tag = rec.commit;
+        let mut max_seq = 0u64;
+        let mut stale: Vec<u32> = Vec::new();
+        for s in 0..l.capacity as u32 {
+            let at = (s as u64 * layout::ENTRY_BYTES) as usize;
+            let Some(ent) = Entry::decode(s, &image.table[at..at + 64]) else { continue };
+            max_tag = max_tag.max(ent.commit);
+            if ent.commit > rec.commit {
+                stale.push(s);
+                report.ignored_uncommitted += 1;
+                continue;
+            }
+            if ent.flags & F_VALID == 0 {
+                continue;
+            }
+            if ent.lbn >= e.cfg.backing_blocks() {
+                stale.push(s);
+                continue;
+            }
+            max_seq = max_seq.max(ent.seq);
+            versions.push(RecoveredVersion {
+                slot: s,
+                lbn: ent.lbn,
+                seq: ent.seq,
+                aux0: ent.aux0,
+                aux1: ent.aux1,
+                dirty: ent.flags & F_DIRTY != 0,
+                latest: false,
+                group: NO_GROUP,
+                discard: false,
+                clean: false,
+            });
+        }
+        let any_dirty = versions.iter().any(|v| v.dirty);
+        if any_dirty && sb.write_policy != e.cfg.write_policy.code() {
+            return Err(FormatError::Policy { found: layout::policy_name(sb.write_policy) }.into());
+        }
+        // Latest version per block: the highest sequence number.
+        let mut newest: HashMap<u64, (u64, usize)> = HashMap::new();
+        for (i, v) in versions.iter().enumerate() {
+            let n = newest.entry(v.lbn).or_insert((v.seq, i));
+            if v.seq > n.0 {
+                *n = (v.seq, i);
+            }
+        }
+        for &(_, i) in newest.values() {
+            versions[i].latest = true;
+        }
+        e.policy.recover(&rec, &mut versions);
+        // A discarded latest version hands "latest" to the newest survivor.
+        let mut survivor: HashMap<u64, (u64, usize)> = HashMap::new();
+        for (i, v) in versions.iter().enumerate() {
+            if !v.discard {
+                let n = survivor.entry(v.lbn).or_insert((v.seq, i));
+                if v.seq > n.0 {
+                    *n = (v.seq, i);
+                }
+            }
+        }
+        e.free_slots.clear();
+        let mut used = vec![false; l.capacity as usize];
+        for (i, v) in versions.iter().enumerate() {
+            let s = v.slot;
+            used[s as usize] = true;
+            let is_latest = survivor.get(&v.lbn).map(|&(_, j)| j == i).unwrap_or(false);
+            let dirty = v.dirty && !v.clean;
+            let keep = !v.discard && (is_latest || dirty);
+            let slot = &mut e.slots[s as usize];
+            slot.lbn = v.lbn;
+            slot.seq = v.seq;
+            slot.disk_valid = true;
+            if !keep {
+                slot.state = SlotState::Retired;
+                e.retired_pending += 1;
+                report.discarded += 1;
+                e.mark_meta(s);
+                continue;
+            }
+            slot.state = SlotState::Valid;
+            slot.dirty = dirty;
+            slot.group = if dirty { v.group } else { NO_GROUP };
+            if dirty {
+                e.dirty_slots += 1;
+                report.dirty_versions += 1;
+                // The policy registered the version with its group in `recover`.
+                assert!(v.group != NO_GROUP || e.cfg.write_policy == crate::config::WritePolicyKind::WriteBack, "dirty version without a group");
+            } else {
+                report.clean_versions += 1;
+                if v.dirty {
+                    e.mark_meta(s);
+                }
+            }
+            if is_latest {
+                let b = e.block_for(v.lbn);
+                e.blocks[b as usize].latest = s;
+                e.slots[s as usize].block = b;
+                let rid = e.free_rids.pop().expect("more cached blocks than slots");
+                e.rid_block[rid as usize] = b;
+                e.blocks[b as usize].rid = rid;
+                e.repl.insert(BlockId(rid), v.lbn, dirty);
+            }
+        }
+        for s in stale {
+            used[s as usize] = true;
+            let slot = &mut e.slots[s as usize];
+            slot.state = SlotState::Retired;
+            slot.disk_valid = true;
+            e.retired_pending += 1;
+            e.mark_meta(s);
+        }
+        for s in (0..l.capacity as u32).rev() {
+            if !used[s as usize] {
+                e.free_slots.push(s);
+            }
+        }
+        e.next_commit = max_tag + 1;
+        e.durable_commit = rec.commit;
+        e.next_seq = rec.next_seq.max(max_seq + 1);
+        e.commit_asap = !e.meta_dirty.is_empty();
+        Ok((e, report))
+    }
+
+    // ----------------------------------------------------------------- outputs
+
+    /// Next device command.
+    pub fn poll_io(&mut self) -> Option<IoCmd<P>> {
+        self.out_io.pop_front()
+    }
+    /// Next client reply.
+    pub fn poll_reply(&mut self) -> Option<Reply<P>> {
+        self.out_reply.pop_front()
+    }
+    /// Next event.
+    pub fn poll_event(&mut self) -> Option<Event> {
+        while let Some(e) = self.policy.poll_event() {
+            self.out_event.push_back(Event::Policy(e));
+        }
+        self.out_event.pop_front()
+    }
+    /// When the engine next wants [`Engine::handle_timeout`].
+    pub fn poll_timeout(&self) -> Option<u64> {
+        let mut d = self.policy.deadline();
+        let mut min = |x: u64| d = Some(d.map_or(x, |d: u64| d.min(x)));
+        if self.commit_asap {
+            min(self.now);
+        }
+        if let Some(t) = self.oldest_change {
+            min(t.saturating_add(self.cfg.autocommit_ns));
+        }
+        if let Some(t) = self.retry_at {
+            min(t);
+        }
+        d
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> Stats {
+        let mut s = self.stats.clone();
+        s.dirty_blocks = self.dirty_slots;
+        s.cached_blocks = self.index.len() as u64;
+        s.free_slots = self.free_slots.len() as u64;
+        s
+    }
+    /// Policy-specific counters.
+    pub fn policy_counters(&self) -> Vec<(&'static str, u64)> {
+        self.policy.counters()
+    }
+    /// The configuration.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+    /// The cache device geometry.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+    /// Dirty versions in the cache.
+    pub fn dirty_versions(&self) -> u64 {
+        self.dirty_slots
+    }
+    /// Highest durable commit.
+    pub fn durable_commit(&self) -> u64 {
+        self.durable_commit
+    }
+    /// Nothing in flight: no requests, no device commands, no plans, no commit.
+    pub fn is_idle(&self) -> bool {
+        self.reqs.is_empty() && self.ios.is_empty() && self.commit.is_none() && self.plans.is_empty()
+    }
+    /// Requests in flight.
+    pub fn requests_in_flight(&self) -> usize {
+        self.reqs.len()
+    }
+    /// Bytes of RAM used by the engine's per-block state (slots, blocks, index, replacement, policy).
+    pub fn mem_bytes(&self) -> usize {
+        self.slots.capacity() * std::mem::size_of::<Slot>()
+            + self.blocks.capacity() * std::mem::size_of::<Block>()
+            + self.index.capacity() * (std::mem::size_of::<(u64, u32)>() + 1)
+            + (self.free_slots.capacity() + self.free_blocks.capacity() + self.rid_block.capacity() + self.free_rids.capacity()) * 4
+            + self.repl.mem_bytes()
+            + self.policy.mem_bytes()
+    }
+
+    // ------------------------------------------------------------------ inputs
+
+    /// A client request arrives.
+    pub fn handle_request(&mut self, now: u64, req: Request<P>) {
+        self.set_now(now);
+        self.stats.requests += 1;
+        if self.shutting_down {
+            self.reply(req.id, Err(ReqError::Shutdown), 0);
+            return;
+        }
+        assert!(!self.reqs.contains_key(&req.id), "request id {} reused while in flight", req.id);
+        match req.op {
+            ReqOp::Read { offset, len } => {
+                self.stats.reads += 1;
+                self.stats.read_bytes += len as u64;
+                if !self.in_range(offset, len as u64) {
+                    return self.reply(req.id, Err(ReqError::InvalidRange), 0);
+                }
+                if len == 0 {
+                    return self.reply_data(req.id, P::zeroes(0));
+                }
+                self.start_rw(req.id, offset, len as u64, None, false);
+            }
+            ReqOp::Write { offset, data, fua } => {
+                self.stats.writes += 1;
+                self.stats.write_bytes += data.len() as u64;
+                if !self.in_range(offset, data.len() as u64) {
+                    return self.reply(req.id, Err(ReqError::InvalidRange), 0);
+                }
+                let len = data.len() as u64;
+                if len == 0 {
+                    return self.reply(req.id, Ok(None), 0);
+                }
+                self.start_rw(req.id, offset, len, Some(data), fua);
+            }
+            ReqOp::WriteZeroes { offset, len, fua } => {
+                self.stats.writes += 1;
+                self.stats.write_bytes += len as u64;
+                if !self.in_range(offset, len as u64) {
+                    return self.reply(req.id, Err(ReqError::InvalidRange), 0);
+                }
+                if len == 0 {
+                    return self.reply(req.id, Ok(None), 0);
+                }
+                self.start_rw(req.id, offset, len as u64, Some(P::zeroes(len as usize)), fua);
+            }
+            ReqOp::Flush => {
+                self.stats.flushes += 1;
+                self.start_flush(req.id, false);
+            }
+            ReqOp::Checkpoint => {
+                self.stats.flushes += 1;
+                self.start_flush(req.id, true);
+            }
+            ReqOp::Trim { offset, len } => {
+                self.stats.trims += 1;
+                if !self.in_range(offset, len as u64) {
+                    return self.reply(req.id, Err(ReqError::InvalidRange), 0);
+                }
+                self.start_trim(req.id, offset, len);
+            }
+        }
+        self.progress();
+    }
+
+    /// A device command completed.
+    ///
+    /// # Panics
+    /// If `id` is not a command in flight (a driver bug).
+    pub fn handle_completion(&mut self, now: u64, id: IoId, res: IoResult<P>) {
+        self.set_now(now);
+        let ctx = self.ios.remove(&id).unwrap_or_else(|| panic!("completion for unknown I/O {id}"));
+        if res.is_err() {
+            self.stats.io_errors += 1;
+        }
+        match ctx {
+            IoCtx::ReadHit { piece } => self.on_read_hit(piece, res),
+            IoCtx::ReadMiss { piece, full } => self.on_read_miss(piece, full, res),
+            IoCtx::RmwRead { piece, from_cache } => self.on_rmw_read(piece, from_cache, res),
+            IoCtx::PieceCacheWrite { piece, inplace } => self.on_piece_cache_write(piece, inplace, res.is_ok()),
+            IoCtx::PieceBackingWrite { piece } => self.on_piece_io_done(piece, res.is_ok()),
+            IoCtx::Fill { block, slot } => self.on_fill(block, slot, res.is_ok()),
+            IoCtx::DestageRead { plan, slot } => self.on_destage_read(plan, slot, res),
+            IoCtx::DestageWrite { plan } => self.on_destage_write(plan, res.is_ok()),
+            IoCtx::PlanBegin { plan } => self.on_plan_begin(plan, res.is_ok()),
+            IoCtx::PlanFinish { plan } => self.on_plan_finish(plan, res.is_ok()),
+            IoCtx::Commit => self.on_commit_io(res.is_ok()),
+            IoCtx::ReqBacking { req } => {
+                let r: Result<Option<P>, ReqError> = if res.is_ok() { Ok(None) } else { Err(ReqError::Io) };
+                self.reply(req, r, 0);
+            }
+        }
+        self.progress();
+    }
+
+    /// Time passed (call at or after [`Engine::poll_timeout`]).
+    pub fn handle_timeout(&mut self, now: u64) {
+        self.set_now(now);
+        self.policy.on_timeout(now);
+        if matches!(self.retry_at, Some(t) if t <= now) {
+            self.retry_at = None;
+        }
+        self.progress();
+    }
+
+    /// Write back everything dirty (`nvwc flush`, `nvwc detach`); see [`Engine::dirty_versions`].
+    pub fn start_drain(&mut self, now: u64) {
+        self.set_now(now);
+        self.drain = true;
+        self.policy.on_consistency_point(now, true);
+        self.progress();
+    }
+
+    /// Begin a clean shutdown: new requests fail with `Shutdown`; once nothing is
+    /// in flight a final commit records a clean shutdown. Done when [`Engine::is_idle`].
+    pub fn start_shutdown(&mut self, now: u64) {
+        self.set_now(now);
+        self.shutting_down = true;
+        self.commit_asap = true;
+        self.progress();
+    }
+
+    // ---------------------------------------------------------------- helpers
+
+    fn set_now(&mut self, now: u64) {
+        debug_assert!(now >= self.now, "time went backwards");
+        self.now = self.now.max(now);
+    }
+
+    fn in_range(&self, offset: u64, len: u64) -> bool {
+        offset.checked_add(len).is_some_and(|e| e <= self.cfg.backing_size)
+    }
+
+    fn reply(&mut self, id: ReqId, result: Result<Option<P>, ReqError>, seq: u64) {
+        self.out_reply.push_back(Reply { id, result, seq });
+    }
+
+    fn reply_data(&mut self, id: ReqId, data: P) {
+        self.out_reply.push_back(Reply { id, result: Ok(Some(data)), seq: 0 });
+    }
+
+    fn emit(&mut self, dev: Dev, op: IoOp<P>, group: Option<u64>, ctx: IoCtx) -> IoId {
+        let id = self.next_io;
+        self.next_io += 1;
+        let s = &mut self.stats;
+        match (&op, dev) {
+            (IoOp::Read { len, .. }, Dev::Cache) => {
+                s.cache_reads += 1;
+                s.cache_read_bytes += *len as u64;
+            }
+            (IoOp::Read { len, .. }, Dev::Backing) => {
+                s.backing_reads += 1;
+                s.backing_read_bytes += *len as u64;
+            }
+            (IoOp::Write { data, .. }, Dev::Cache) => {
+                s.cache_writes += 1;
+                s.cache_write_bytes += data.len() as u64;
+            }
+            (IoOp::Write { data, .. }, Dev::Backing) => {
+                s.backing_writes += 1;
+                s.backing_write_bytes += data.len() as u64;
+            }
+            (IoOp::Flush, Dev::Cache) => s.cache_flushes += 1,
+            (IoOp::Flush, Dev::Backing) => s.backing_flushes += 1,
+            (IoOp::GroupEnd { .. }, _) => s.backing_groups += 1,
+            _ => {}
+        }
+        self.ios.insert(id, ctx);
+        self.out_io.push_back(IoCmd { id, dev, op, group });
+        id
+    }
+
+    fn block_for(&mut self, lbn: u64) -> u32 {
+        if let Some(&b) = self.index.get(&lbn) {
+            return b;
+        }
+        let blk = Block { lbn, latest: NIL, rid: NIL, busy: false, readers: 0, gen: 0 };
+        let b = if let Some(b) = self.free_blocks.pop() {
+            self.blocks[b as usize] = blk;
+            b
+        } else {
+            self.blocks.push(blk);
+            (self.blocks.len() - 1) as u32
+        };
+        self.index.insert(lbn, b);
+        b
+    }
+
+    fn maybe_drop_block(&mut self, b: u32) {
+        let blk = &self.blocks[b as usize];
+        if blk.latest == NIL && !blk.busy && blk.readers == 0 && !self.waiters.contains_key(&b) {
+            debug_assert_eq!(blk.rid, NIL);
+            self.index.remove(&blk.lbn);
+            self.free_blocks.push(b);
+        }
+    }
+
+    fn mark_meta(&mut self, s: u32) {
+        let slot = &mut self.slots[s as usize];
+        if !slot.in_meta_dirty {
+            slot.in_meta_dirty = true;
+            self.meta_dirty.push(s);
+        }
+        if self.oldest_change.is_none() {
+            self.oldest_change = Some(self.now);
+        }
+    }
+
+    fn alloc_slot(&mut self) -> Option<u32> {
+        let s = self.free_slots.pop()?;
+        let slot = &mut self.slots[s as usize];
+        assert_eq!(slot.state, SlotState::Free, "allocated a slot that is not free");
+        assert!(!slot.disk_valid && !slot.in_snapshot && slot.refs == 0);
+        slot.state = SlotState::Writing;
+        Some(s)
+    }
+
+    /// Return a never-valid slot (a failed or abandoned write) to the free list.
+    fn unalloc_slot(&mut self, s: u32) {
+        let slot = &mut self.slots[s as usize];
+        assert_eq!(slot.state, SlotState::Writing);
+        slot.state = SlotState::Free;
+        self.free_slots.push(s);
+    }
+
+    /// Release a version: it stops being readable; the slot is reused once no
+    /// read holds it and no durable entry names it.
+    fn retire(&mut self, s: u32) {
+        let slot = &mut self.slots[s as usize];
+        assert_eq!(slot.state, SlotState::Valid, "retiring a slot that is not valid");
+        slot.state = SlotState::Retired;
+        slot.block = NIL;
+        if slot.dirty {
+            slot.dirty = false;
+            self.dirty_slots -= 1;
+        }
+        let g = std::mem::replace(&mut slot.group, NO_GROUP);
+        if g != NO_GROUP {
+            self.policy.on_version_removed(g, s);
+        }
+        if slot.disk_valid || slot.in_snapshot {
+            self.retired_pending += 1;
+            self.mark_meta(s);
+        } else {
+            self.try_release(s);
+        }
+    }
+
+    fn try_release(&mut self, s: u32) {
+        let slot = &mut self.slots[s as usize];
+        if slot.state == SlotState::Retired && slot.refs == 0 && !slot.disk_valid && !slot.in_snapshot {
+            slot.state = SlotState::Free;
+            self.free_slots.push(s);
+        }
+    }
+
+    fn unref(&mut self, s: u32) {
+        let slot = &mut self.slots[s as usize];
+        assert!(slot.refs > 0);
+        slot.refs -= 1;
+        self.try_release(s);
+    }
+
+    /// Remove a block's (clean) latest version from the cache.
+    fn evict_block(&mut self, b: u32) {
+        let s = self.blocks[b as usize].latest;
+        assert!(s != NIL);
+        let rid = self.blocks[b as usize].rid;
+        self.repl.remove(BlockId(rid));
+        self.rid_block[rid as usize] = NIL;
+        self.free_rids.push(rid);
+        let blk = &mut self.blocks[b as usize];
+        blk.rid = NIL;
+        blk.latest = NIL;
+        self.retire(s);
+        self.maybe_drop_block(b);
+    }
+
+    // ------------------------------------------------------------- reads/writes
+
+    fn start_rw(&mut self, id: ReqId, offset: u64, len: u64, data: Option<P>, fua: bool) {
+        let write = data.is_some();
+        let (seq, group) = if write {
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            let g = if self.policy.synchronous_backing() { NO_GROUP } else { self.policy.on_write_issue(self.now, seq) };
+            (seq, g)
+        } else {
+            (0, NO_GROUP)
+        };
+        let first = offset / self.bs;
+        let last = (offset + len - 1) / self.bs;
+        let n = (last - first + 1) as u32;
+        self.reqs.insert(
+            id,
+            Req { kind: if write { ReqKind::Write } else { ReqKind::Read }, pieces_left: n, failed: None, parts: Vec::new(), offset, seq, group, fua },
+        );
+        for lbn in first..=last {
+            let bstart = lbn * self.bs;
+            let s = offset.max(bstart);
+            let e = (offset + len).min(bstart + self.bs);
+            let pdata = data.as_ref().map(|d| d.slice((s - offset) as usize..(e - offset) as usize));
+            let p = self.pieces.insert(Piece {
+                req: id,
+                lbn,
+                start: (s - bstart) as u32,
+                end: (e - bstart) as u32,
+                data: pdata,
+                buf: None,
+                slot: NIL,
+                ios: 0,
+                failed: false,
+                stalled_since: None,
+                gen: 0,
+                seq,
+                group,
+                fua,
+            });
+            self.piece_queue.push_back(p);
+        }
+    }
+
+    fn start_piece(&mut self, p: u32) {
+        let lbn = self.pieces.get(p).lbn;
+        let b = self.block_for(lbn);
+        if self.blocks[b as usize].busy {
+            self.waiters.entry(b).or_default().push_back(p);
+            return;
+        }
+        self.run_piece(p, b);
+    }
+
+    fn run_piece(&mut self, p: u32, b: u32) {
+        if self.pieces.get(p).data.is_none() {
+            self.read_piece(p, b);
+        } else {
+            let blk = &mut self.blocks[b as usize];
+            blk.busy = true;
+            blk.gen = blk.gen.wrapping_add(1);
+            self.write_piece(p, b);
+        }
+    }
+
+    fn read_piece(&mut self, p: u32, b: u32) {
+        let blk = &self.blocks[b as usize];
+        let (start, end, lbn) = {
+            let pc = self.pieces.get(p);
+            (pc.start, pc.end, pc.lbn)
+        };
+        if blk.latest != NIL {
+            let s = blk.latest;
+            let rid = blk.rid;
+            self.stats.read_hits += 1;
+            self.repl.touch(BlockId(rid), false);
+            self.slots[s as usize].refs += 1;
+            let pc = self.pieces.get_mut(p);
+            pc.slot = s;
+            pc.ios = 1;
+            let off = self.layout.slot_offset(s) + start as u64;
+            self.emit(Dev::Cache, IoOp::Read { offset: off, len: end - start }, None, IoCtx::ReadHit { piece: p });
+        } else {
+            self.stats.read_misses += 1;
+            let gen = blk.gen;
+            self.blocks[b as usize].readers += 1;
+            let full = self.cfg.read_allocate;
+            let pc = self.pieces.get_mut(p);
+            pc.gen = gen;
+            pc.ios = 1;
+            let (off, len) = if full { (lbn * self.bs, self.bs as u32) } else { (lbn * self.bs + start as u64, end - start) };
+            self.emit(Dev::Backing, IoOp::Read { offset: off, len }, None, IoCtx::ReadMiss { piece: p, full });
+        }
+    }
+
+    fn on_read_hit(&mut self, p: u32, res: IoResult<P>) {
+        let s = self.pieces.get(p).slot;
+        self.unref(s);
+        self.finish_read_piece(p, res.ok().flatten());
+    }
+
+    fn on_read_miss(&mut self, p: u32, full: bool, res: IoResult<P>) {
+        let (lbn, start, end, gen) = {
+            let pc = self.pieces.get(p);
+            (pc.lbn, pc.start, pc.end, pc.gen)
+        };
+        let b = self.index[&lbn];
+        self.blocks[b as usize].readers -= 1;
+        let data = res.ok().flatten();
+        let part = match (&data, full) {
+            (Some(d), true) if d.len() == self.bs as usize => Some(d.slice(start as usize..end as usize)),
+            (Some(d), false) if d.len() == (end - start) as usize => Some(d.clone()),
+            _ => None,
+        };
+        if let (Some(d), true) = (&data, full) {
+            let blk = &self.blocks[b as usize];
+            if part.is_some() && blk.latest == NIL && !blk.busy && blk.gen == gen {
+                self.fill(b, d.clone());
+            }
+        }
+        self.finish_read_piece(p, part);
+        self.maybe_drop_block(b);
+    }
+
+    /// Copy a block read from the backing store into the cache as a clean version.
+    fn fill(&mut self, b: u32, data: P) {
+        if self.free_slots.len() <= self.cfg.free_reserve as usize / 2 {
+            return;
+        }
+        let Some(s) = self.alloc_slot() else { return };
+        self.blocks[b as usize].busy = true;
+        self.stats.populates += 1;
+        let off = self.layout.slot_offset(s);
+        self.emit(Dev::Cache, IoOp::Write { offset: off, data, fua: false }, None, IoCtx::Fill { block: b, slot: s });
+    }
+
+    fn on_fill(&mut self, b: u32, s: u32, ok: bool) {
+        if ok {
+            let lbn = self.blocks[b as usize].lbn;
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            self.install(b, s, lbn, seq, NO_GROUP, false);
+        } else {
+            self.unalloc_slot(s);
+        }
+        self.release_block(b);
+    }
+
+    fn finish_read_piece(&mut self, p: u32, data: Option<P>) {
+        let pc = self.pieces.remove(p);
+        self.active_pieces -= 1;
+        let bstart = pc.lbn * self.bs + pc.start as u64;
+        let r = self.reqs.get_mut(&pc.req).expect("piece of unknown request");
+        match data {
+            Some(d) => r.parts.push((bstart, d)),
+            None => r.failed = Some(ReqError::Io),
+        }
+        r.pieces_left -= 1;
+        if r.pieces_left == 0 {
+            self.finish_request(pc.req);
+        }
+    }
+
+    fn inplace_ok(&self, s: u32, group: Group) -> bool {
+        let slot = &self.slots[s as usize];
+        slot.state == SlotState::Valid
+            && !slot.disk_valid
+            && !slot.in_snapshot
+            && slot.refs == 0
+            && !slot.destaging
+            && slot.dirty
+            && self.policy.may_overwrite(slot.group, group)
+    }
+
+    fn write_piece(&mut self, p: u32, b: u32) {
+        let latest = self.blocks[b as usize].latest;
+        let (start, end, lbn, group, fua) = {
+            let pc = self.pieces.get(p);
+            (pc.start, pc.end, pc.lbn, pc.group, pc.fua)
+        };
+        let full = start == 0 && end as u64 == self.bs;
+        if latest != NIL {
+            self.stats.write_hits += 1;
+        } else {
+            self.stats.write_misses += 1;
+        }
+        if self.policy.synchronous_backing() {
+            let data = self.pieces.get(p).data.clone().unwrap();
+            let off = lbn * self.bs + start as u64;
+            self.pieces.get_mut(p).ios += 1;
+            self.emit(Dev::Backing, IoOp::Write { offset: off, data: data.clone(), fua }, None, IoCtx::PieceBackingWrite { piece: p });
+            if full && self.free_slots.len() > self.cfg.free_reserve as usize / 2 {
+                let s = self.alloc_slot().unwrap();
+                let pc = self.pieces.get_mut(p);
+                pc.slot = s;
+                pc.ios += 1;
+                let off = self.layout.slot_offset(s);
+                self.emit(Dev::Cache, IoOp::Write { offset: off, data, fua: false }, None, IoCtx::PieceCacheWrite { piece: p, inplace: false });
+            } else if latest != NIL {
+                // A partial write to a cached block: drop the cached copy
+                // (the backing store is authoritative in write-through).
+                if self.slots[latest as usize].refs == 0 && !self.slots[latest as usize].destaging {
+                    self.evict_block(b);
+                }
+            }
+            return;
+        }
+        if latest != NIL && self.inplace_ok(latest, group) {
+            let data = self.pieces.get(p).data.clone().unwrap();
+            self.stats.overwrites += 1;
+            let pc = self.pieces.get_mut(p);
+            pc.slot = latest;
+            pc.ios = 1;
+            self.slots[latest as usize].state = SlotState::Writing;
+            let off = self.layout.slot_offset(latest) + start as u64;
+            self.emit(Dev::Cache, IoOp::Write { offset: off, data, fua: false }, None, IoCtx::PieceCacheWrite { piece: p, inplace: true });
+            return;
+        }
+        if full {
+            let d = self.pieces.get(p).data.clone();
+            self.pieces.get_mut(p).buf = d;
+            self.alloc_and_write(p);
+        } else if latest != NIL {
+            self.slots[latest as usize].refs += 1;
+            let pc = self.pieces.get_mut(p);
+            pc.slot = latest;
+            pc.ios = 1;
+            let off = self.layout.slot_offset(latest);
+            self.emit(Dev::Cache, IoOp::Read { offset: off, len: self.bs as u32 }, None, IoCtx::RmwRead { piece: p, from_cache: true });
+        } else {
+            self.stats.fetches += 1;
+            self.pieces.get_mut(p).ios = 1;
+            self.emit(Dev::Backing, IoOp::Read { offset: lbn * self.bs, len: self.bs as u32 }, None, IoCtx::RmwRead { piece: p, from_cache: false });
+        }
+    }
+
+    fn on_rmw_read(&mut self, p: u32, from_cache: bool, res: IoResult<P>) {
+        if from_cache {
+            let s = self.pieces.get(p).slot;
+            self.unref(s);
+            self.pieces.get_mut(p).slot = NIL;
+        }
+        self.pieces.get_mut(p).ios = 0;
+        match res {
+            Ok(Some(old)) if old.len() == self.bs as usize => {
+                let pc = self.pieces.get_mut(p);
+                let d = pc.data.as_ref().unwrap();
+                pc.buf = Some(old.overlay(pc.start as usize, d));
+                self.alloc_and_write(p);
+            }
+            _ => {
+                self.pieces.get_mut(p).failed = true;
+                self.finish_write_piece(p);
+            }
+        }
+    }
+
+    fn alloc_and_write(&mut self, p: u32) {
+        match self.alloc_slot() {
+            Some(s) => {
+                if let Some(since) = self.pieces.get_mut(p).stalled_since.take() {
+                    self.stats.stall_ns += self.now - since;
+                }
+                let pc = self.pieces.get_mut(p);
+                let data = pc.buf.take().expect("full block data");
+                pc.slot = s;
+                pc.ios = 1;
+                let off = self.layout.slot_offset(s);
+                self.emit(Dev::Cache, IoOp::Write { offset: off, data, fua: false }, None, IoCtx::PieceCacheWrite { piece: p, inplace: false });
+            }
+            None => {
+                let pc = self.pieces.get_mut(p);
+                if pc.stalled_since.is_none() {
+                    pc.stalled_since = Some(self.now);
+                    self.stats.stalled_writes += 1;
+                }
+                self.alloc_waiters.push_back(p);
+            }
+        }
+    }
+
+    fn on_piece_cache_write(&mut self, p: u32, inplace: bool, ok: bool) {
+        let (s, lbn, seq, group) = {
+            let pc = self.pieces.get(p);
+            (pc.slot, pc.lbn, pc.seq, pc.group)
+        };
+        if inplace {
+            let slot = &mut self.slots[s as usize];
+            slot.state = SlotState::Valid;
+            if ok {
+                slot.seq = seq;
+                self.mark_meta(s);
+                if group != NO_GROUP {
+                    self.policy.on_version_installed(group, s, lbn, seq);
+                }
+            }
+            self.pieces.get_mut(p).slot = NIL;
+            return self.on_piece_io_done(p, ok);
+        }
+        if self.policy.synchronous_backing() {
+            // Write-through: the clean copy is installed once the backing write
+            // is done too; a failed cache write only loses the copy.
+            if !ok {
+                self.unalloc_slot(s);
+                self.pieces.get_mut(p).slot = NIL;
+            }
+            return self.on_piece_io_done(p, true);
+        }
+        if ok {
+            let b = self.index[&lbn];
+            self.install(b, s, lbn, seq, group, true);
+        } else {
+            self.unalloc_slot(s);
+        }
+        self.pieces.get_mut(p).slot = NIL;
+        self.on_piece_io_done(p, ok);
+    }
+
+    fn on_piece_io_done(&mut self, p: u32, ok: bool) {
+        let pc = self.pieces.get_mut(p);
+        if !ok {
+            pc.failed = true;
+        }
+        pc.ios -= 1;
+        if pc.ios > 0 {
+            return;
+        }
+        // Write-through: a finished cache copy waits for the backing write.
+        let s = pc.slot;
+        if s != NIL {
+            let (lbn, seq, failed) = (pc.lbn, pc.seq, pc.failed);
+            pc.slot = NIL;
+            if failed {
+                self.unalloc_slot(s);
+            } else {
+                let b = self.index[&lbn];
+                self.install(b, s, lbn, seq, NO_GROUP, false);
+            }
+        }
+        self.finish_write_piece(p);
+    }
+
+    /// Make slot `s` the latest version of block `b`.
+    fn install(&mut self, b: u32, s: u32, lbn: u64, seq: u64, group: Group, dirty: bool) {
+        {
+            let slot = &mut self.slots[s as usize];
+            assert_eq!(slot.state, SlotState::Writing);
+            slot.state = SlotState::Valid;
+            slot.lbn = lbn;
+            slot.seq = seq;
+            slot.group = group;
+            slot.dirty = dirty;
+            slot.block = b;
+        }
+        if dirty {
+            self.dirty_slots += 1;
+        }
+        self.mark_meta(s);
+        if group != NO_GROUP {
+            self.policy.on_version_installed(group, s, lbn, seq);
+        }
+        let old = self.blocks[b as usize].latest;
+        self.blocks[b as usize].latest = s;
+        if old != NIL {
+            let o = self.slots[old as usize];
+            self.slots[old as usize].block = NIL;
+            if o.dirty && self.policy.keep_superseded(o.group, group) {
+                // Shadow version: kept until its group reaches the backing store.
+            } else {
+                if o.dirty {
+                    self.stats.overwrites += 1;
+                }
+                self.retire(old);
+            }
+            let rid = self.blocks[b as usize].rid;
+            self.repl.touch(BlockId(rid), true);
+            if o.dirty != dirty {
+                self.repl.set_dirty(BlockId(rid), dirty);
+            }
+        } else {
+            let rid = self.free_rids.pop().expect("more cached blocks than slots");
+            self.rid_block[rid as usize] = b;
+            self.blocks[b as usize].rid = rid;
+            self.repl.insert(BlockId(rid), lbn, dirty);
+        }
+    }
+
+    fn finish_write_piece(&mut self, p: u32) {
+        let pc = self.pieces.remove(p);
+        self.active_pieces -= 1;
+        let b = self.index[&pc.lbn];
+        self.release_block(b);
+        let r = self.reqs.get_mut(&pc.req).expect("piece of unknown request");
+        if pc.failed {
+            r.failed = Some(ReqError::Io);
+        }
+        r.pieces_left -= 1;
+        if r.pieces_left == 0 {
+            self.finish_request(pc.req);
+        }
+    }
+
+    fn release_block(&mut self, b: u32) {
+        self.blocks[b as usize].busy = false;
+        // Wake waiters: reads run together; a write takes the block.
+        while let Some(q) = self.waiters.get_mut(&b) {
+            let Some(p) = q.pop_front() else {
+                self.waiters.remove(&b);
+                break;
+            };
+            if q.is_empty() {
+                self.waiters.remove(&b);
+            }
+            let is_write = self.pieces.get(p).data.is_some();
+            self.run_piece(p, b);
+            if is_write || self.blocks[b as usize].busy {
+                break;
+            }
+        }
+        self.maybe_drop_block(b);
+    }
+
+    fn finish_request(&mut self, id: ReqId) {
+        let r = self.reqs.remove(&id).expect("unknown request");
+        match r.kind {
+            ReqKind::Read => {
+                if let Some(e) = r.failed {
+                    return self.reply(id, Err(e), 0);
+                }
+                let mut parts = r.parts;
+                parts.sort_by_key(|(o, _)| *o);
+                debug_assert_eq!(parts.first().map(|p| p.0), Some(r.offset));
+                let data: Vec<P> = parts.into_iter().map(|(_, d)| d).collect();
+                self.reply_data(id, P::concat(&data));
+            }
+            ReqKind::Write => {
+                if r.group != NO_GROUP {
+                    self.policy.on_write_data_done(self.now, r.group);
+                }
+                if let Some(e) = r.failed {
+                    return self.reply(id, Err(e), r.seq);
+                }
+                if r.fua && !self.policy.synchronous_backing() {
+                    self.commit_waiters.push(Waiter { id, group: r.group, write: true, seq: r.seq });
+                } else {
+                    if r.group != NO_GROUP {
+                        self.policy.on_write_ack(self.now, r.group);
+                    }
+                    self.reply(id, Ok(None), r.seq);
+                }
+            }
+        }
+    }
+}
+
+impl<P: Payload> Engine<P> {
+    // ------------------------------------------------------------ flush, trim
+
+    fn start_flush(&mut self, id: ReqId, explicit: bool) {
+        if self.policy.synchronous_backing() {
+            // Write-through: acknowledged writes are on the backing store; make them durable there.
+            self.emit(Dev::Backing, IoOp::Flush, None, IoCtx::ReqBacking { req: id });
+            return;
+        }
+        self.policy.on_consistency_point(self.now, explicit);
+        if self.meta_dirty.is_empty() && self.commit.is_none() {
+            // Every acknowledged write is already named by a durable commit.
+            return self.reply(id, Ok(None), 0);
+        }
+        self.commit_waiters.push(Waiter { id, group: NO_GROUP, write: false, seq: 0 });
+    }
+
+    /// TRIM: contents become unspecified. Clean cached copies of fully covered
+    /// blocks are dropped. Write-through and write-back pass the trim to the
+    /// backing store; ordered and journaled do not, because a trim reaching the
+    /// backing store ahead of older destages would break point-in-time
+    /// consistency (NBD allows a server to ignore TRIM).
+    fn start_trim(&mut self, id: ReqId, offset: u64, len: u32) {
+        if len == 0 {
+            return self.reply(id, Ok(None), 0);
+        }
+        let first = offset.div_ceil(self.bs);
+        let end = (offset + len as u64) / self.bs;
+        for lbn in first..end {
+            if let Some(&b) = self.index.get(&lbn) {
+                let blk = &self.blocks[b as usize];
+                if blk.latest != NIL && !blk.busy && !self.waiters.contains_key(&b) {
+                    let s = &self.slots[blk.latest as usize];
+                    if !s.dirty && s.refs == 0 && !s.destaging {
+                        self.evict_block(b);
+                    }
+                }
+            }
+        }
+        use crate::config::WritePolicyKind as K;
+        match self.cfg.write_policy {
+            K::WriteThrough | K::WriteBack => {
+                self.emit(Dev::Backing, IoOp::Trim { offset, len }, None, IoCtx::ReqBacking { req: id });
+            }
+            _ => self.reply(id, Ok(None), 0),
+        }
+    }
+
+    // ---------------------------------------------------------------- progress
+
+    /// Run everything that can run now.
+    fn progress(&mut self) {
+        for _ in 0..64 {
+            let mut changed = false;
+            // Stalled writers take freed slots first.
+            while !self.free_slots.is_empty() {
+                let Some(p) = self.alloc_waiters.pop_front() else { break };
+                self.alloc_and_write(p);
+                changed = true;
+            }
+            while self.active_pieces < self.max_active {
+                let Some(p) = self.piece_queue.pop_front() else { break };
+                self.active_pieces += 1;
+                self.start_piece(p);
+                changed = true;
+            }
+            changed |= self.ensure_free();
+            changed |= self.plan();
+            changed |= self.maybe_commit();
+            if !changed {
+                break;
+            }
+        }
+    }
+
+    /// Evict clean blocks to keep `free_reserve` slots (plus one per stalled writer) ready.
+    fn ensure_free(&mut self) -> bool {
+        let want = self.cfg.free_reserve as u64 + self.alloc_waiters.len() as u64;
+        let mut changed = false;
+        while (self.free_slots.len() as u64 + self.retired_pending) < want {
+            let blocks = &self.blocks;
+            let slots = &self.slots;
+            let rid_block = &self.rid_block;
+            let waiters = &self.waiters;
+            let pinned = |id: BlockId| {
+                let b = rid_block[id.0 as usize];
+                let blk = &blocks[b as usize];
+                let s = &slots[blk.latest as usize];
+                blk.busy || s.refs > 0 || s.destaging || s.dirty || waiters.contains_key(&b)
+            };
+            let Some(v) = self.repl.victim_clean(&pinned) else { break };
+            let b = self.rid_block[v.0 as usize];
+            assert!(!self.slots[self.blocks[b as usize].latest as usize].dirty, "replacement chose a dirty victim");
+            self.evict_block(b);
+            self.stats.evictions += 1;
+            changed = true;
+        }
+        changed
+    }
+
+    fn space_pressure(&self) -> bool {
+        !self.alloc_waiters.is_empty()
+    }
+
+    fn plan(&mut self) -> bool {
+        if self.retry_at.is_some() || self.shutting_down && self.drain_done() {
+            return false;
+        }
+        let mut changed = false;
+        for _ in 0..16 {
+            let cap = self.cfg.capacity_blocks;
+            let wanted = self.drain && self.dirty_slots > 0
+                || self.space_pressure()
+                || self.repl.should_clean(self.dirty_slots, cap, self.cleaning_active, self.cfg.watermarks);
+            self.cleaning_active = wanted;
+            let pressure = self.space_pressure() || self.drain;
+            let mut view = View {
+                now: self.now,
+                repl: &mut *self.repl,
+                blocks: &self.blocks,
+                slots: &self.slots,
+                rid_block: &self.rid_block,
+                wanted,
+                pressure,
+                inflight: self.destage_inflight,
+                limit: self.cfg.max_destage_inflight as usize,
+                ids: Vec::new(),
+            };
+            let Some(plan) = self.policy.next_plan(&mut view) else { break };
+            self.start_plan(plan);
+            changed = true;
+        }
+        changed
+    }
+
+    fn drain_done(&self) -> bool {
+        self.dirty_slots == 0
+    }
+
+    fn start_plan(&mut self, plan: Plan) {
+        for &s in &plan.write {
+            let slot = &mut self.slots[s as usize];
+            assert_eq!(slot.state, SlotState::Valid, "plan names a slot that is not valid");
+            assert!(slot.dirty, "plan names a clean version");
+            assert!(!slot.destaging, "slot destaged twice at once");
+            slot.destaging = true;
+            slot.refs += 1;
+        }
+        self.destage_inflight += plan.write.len();
+        self.stats.destage_plans += 1;
+        let group = plan.atomic_group;
+        let n = plan.write.len() as u32;
+        let pid = self.plans.insert(PlanExec { plan, left: n, failed: false });
+        match group {
+            Some(g) => {
+                self.emit(Dev::Backing, IoOp::GroupBegin { group: g }, Some(g), IoCtx::PlanBegin { plan: pid });
+            }
+            None => self.plan_copy(pid),
+        }
+    }
+
+    fn plan_copy(&mut self, pid: u32) {
+        let slots = self.plans.get(pid).plan.write.clone();
+        if slots.is_empty() {
+            return self.plan_copied(pid);
+        }
+        for s in slots {
+            let off = self.layout.slot_offset(s);
+            self.emit(Dev::Cache, IoOp::Read { offset: off, len: self.bs as u32 }, None, IoCtx::DestageRead { plan: pid, slot: s });
+        }
+    }
+
+    fn on_plan_begin(&mut self, pid: u32, ok: bool) {
+        if !ok {
+            let pe = self.plans.get_mut(pid);
+            pe.failed = true;
+            pe.left = 0;
+            return self.plan_copied(pid);
+        }
+        self.plan_copy(pid);
+    }
+
+    fn on_destage_read(&mut self, pid: u32, s: u32, res: IoResult<P>) {
+        match res {
+            Ok(Some(d)) if d.len() == self.bs as usize => {
+                let lbn = self.slots[s as usize].lbn;
+                let group = self.plans.get(pid).plan.atomic_group;
+                self.emit(Dev::Backing, IoOp::Write { offset: lbn * self.bs, data: d, fua: false }, group, IoCtx::DestageWrite { plan: pid });
+            }
+            _ => self.on_destage_write(pid, false),
+        }
+    }
+
+    fn on_destage_write(&mut self, pid: u32, ok: bool) {
+        let pe = self.plans.get_mut(pid);
+        if !ok {
+            pe.failed = true;
+        }
+        pe.left -= 1;
+        if pe.left == 0 {
+            self.plan_copied(pid);
+        }
+    }
+
+    /// Every block of the plan was written (or the plan failed).
+    fn plan_copied(&mut self, pid: u32) {
+        let pe = self.plans.get(pid);
+        if pe.failed {
+            return self.plan_end(pid, false);
+        }
+        match pe.plan.atomic_group {
+            Some(g) => {
+                self.emit(Dev::Backing, IoOp::GroupEnd { group: g }, Some(g), IoCtx::PlanFinish { plan: pid });
+            }
+            None => {
+                self.emit(Dev::Backing, IoOp::Flush, None, IoCtx::PlanFinish { plan: pid });
+            }
+        }
+    }
+
+    fn on_plan_finish(&mut self, pid: u32, ok: bool) {
+        self.plan_end(pid, ok);
+    }
+
+    fn plan_end(&mut self, pid: u32, ok: bool) {
+        let pe = self.plans.remove(pid);
+        self.destage_inflight -= pe.plan.write.len();
+        for &s in &pe.plan.write {
+            self.slots[s as usize].destaging = false;
+        }
+        if !ok {
+            self.stats.destage_failures += 1;
+            self.out_event.push_back(Event::BackgroundError { what: "destage" });
+            for &s in &pe.plan.write {
+                self.unref(s);
+            }
+            self.policy.on_plan_failed(&pe.plan);
+            self.retry_at = Some(self.now + self.cfg.retry_ns);
+            return;
+        }
+        self.stats.destaged_blocks += pe.plan.write.len() as u64;
+        for &s in &pe.plan.write {
+            let slot = self.slots[s as usize];
+            if slot.state == SlotState::Valid {
+                if slot.block != NIL {
+                    // The latest version: now clean.
+                    let sl = &mut self.slots[s as usize];
+                    sl.dirty = false;
+                    let g = std::mem::replace(&mut sl.group, NO_GROUP);
+                    self.dirty_slots -= 1;
+                    if g != NO_GROUP {
+                        self.policy.on_version_removed(g, s);
+                    }
+                    let rid = self.blocks[slot.block as usize].rid;
+                    self.repl.set_dirty(BlockId(rid), false);
+                    self.mark_meta(s);
+                } else {
+                    self.retire(s);
+                }
+            }
+            self.unref(s);
+        }
+        for &s in &pe.plan.drop {
+            let slot = self.slots[s as usize];
+            assert_eq!(slot.block, NIL, "dropping the latest version of a block");
+            if slot.state == SlotState::Valid {
+                self.retire(s);
+            }
+        }
+        self.policy.on_plan_done(self.now, &pe.plan);
+    }
+
+    // ----------------------------------------------------------------- commits
+
+    fn maybe_commit(&mut self) -> bool {
+        if self.commit.is_some() {
+            return false;
+        }
+        let autocommit = self.oldest_change.is_some_and(|t| self.now >= t.saturating_add(self.cfg.autocommit_ns))
+            || self.meta_dirty.len() >= self.cfg.autocommit_changes as usize;
+        let reclaim = self.retired_pending > 0 && (self.free_slots.len() as u64) < self.cfg.free_reserve as u64 + self.alloc_waiters.len() as u64;
+        let shutdown = self.shutting_down && self.reqs.is_empty() && self.plans.is_empty() && self.commit_asap;
+        if !(self.commit_asap || !self.commit_waiters.is_empty() || self.policy.wants_commit() || autocommit || reclaim) {
+            return false;
+        }
+        if self.shutting_down && !shutdown && self.commit_waiters.is_empty() && !self.policy.wants_commit() {
+            return false;
+        }
+        self.start_commit();
+        true
+    }
+
+    fn start_commit(&mut self) {
+        let n = self.next_commit;
+        self.next_commit += 1;
+        self.policy.on_commit_start();
+        let clean_shutdown = self.shutting_down && self.reqs.is_empty() && self.plans.is_empty();
+        if clean_shutdown {
+            self.commit_asap = false;
+        } else if !self.shutting_down {
+            self.commit_asap = false;
+        }
+        let mut snapshot = Vec::with_capacity(self.meta_dirty.len());
+        let mut pages: Vec<u64> = Vec::new();
+        for s in std::mem::take(&mut self.meta_dirty) {
+            let slot = &mut self.slots[s as usize];
+            slot.in_meta_dirty = false;
+            // Free and Writing slots are written as free entries: the durable
+            // table already says free for them, so they need no protection.
+            if matches!(slot.state, SlotState::Valid | SlotState::Retired) {
+                slot.in_snapshot = true;
+            }
+            snapshot.push((s, slot.state == SlotState::Valid));
+            pages.push(s as u64 / layout::ENTRIES_PER_PAGE);
+        }
+        self.oldest_change = None;
+        pages.sort_unstable();
+        pages.dedup();
+        let durable = self.durable_commit;
+        let page_bytes: Vec<(u64, Vec<u8>)> = pages
+            .into_iter()
+            .map(|pg| {
+                let mut buf = vec![0u8; layout::PAGE_BYTES as usize];
+                for i in 0..layout::ENTRIES_PER_PAGE {
+                    let s = pg * layout::ENTRIES_PER_PAGE + i;
+                    if s >= self.layout.capacity {
+                        break;
+                    }
+                    let slot = &self.slots[s as usize];
+                    // Slots outside the snapshot are unchanged since the last
+                    // durable commit: rewrite their durable content, tagged with it.
+                    let tag = if slot.in_snapshot { n } else { durable };
+                    let e = if slot.state == SlotState::Valid {
+                        let (aux0, aux1) = if slot.group != NO_GROUP { self.policy.entry_aux(slot.group) } else { (0, 0) };
+                        Entry { lbn: slot.lbn, seq: slot.seq, commit: tag, aux0, aux1, flags: F_VALID | if slot.dirty { F_DIRTY } else { 0 } }
+                    } else {
+                        Entry { commit: tag, ..Default::default() }
+                    };
+                    let at = (i * layout::ENTRY_BYTES) as usize;
+                    e.encode_into(s as u32, &mut buf[at..at + 64]);
+                }
+                (pg, buf)
+            })
+            .collect();
+        let mut record = CommitRecord { commit: n, next_seq: self.next_seq, clean_shutdown, ..Default::default() };
+        self.policy.fill_commit(&mut record);
+        let waiters = std::mem::take(&mut self.commit_waiters);
+        self.commit = Some(CommitJob { n, stage: CommitStage::DataFlush, snapshot, pages: page_bytes, waiters, left: 1, failed: false, record });
+        self.emit(Dev::Cache, IoOp::Flush, None, IoCtx::Commit);
+    }
+
+    fn on_commit_io(&mut self, ok: bool) {
+        let job = self.commit.as_mut().expect("commit I/O without a commit");
+        if !ok {
+            job.failed = true;
+        }
+        job.left -= 1;
+        if job.left > 0 {
+            return;
+        }
+        if job.failed {
+            return self.finish_commit(false);
+        }
+        match job.stage {
+            CommitStage::DataFlush => {
+                job.stage = CommitStage::Pages;
+                let pages = std::mem::take(&mut job.pages);
+                if pages.is_empty() {
+                    job.stage = CommitStage::MetaFlush;
+                    job.left = 1;
+                    return self.on_commit_io(true);
+                }
+                job.left = pages.len() as u32;
+                for (pg, buf) in pages {
+                    let off = self.layout.page_offset(pg);
+                    self.emit(Dev::Cache, IoOp::Write { offset: off, data: P::from_vec(buf), fua: false }, None, IoCtx::Commit);
+                }
+            }
+            CommitStage::Pages => {
+                job.stage = CommitStage::MetaFlush;
+                job.left = 1;
+                self.emit(Dev::Cache, IoOp::Flush, None, IoCtx::Commit);
+            }
+            CommitStage::MetaFlush => {
+                job.stage = CommitStage::Record;
+                job.left = 1;
+                let off = self.layout.commit_offset(job.n);
+                let data = P::from_vec(job.record.encode());
+                self.emit(Dev::Cache, IoOp::Write { offset: off, data, fua: true }, None, IoCtx::Commit);
+            }
+            CommitStage::Record => self.finish_commit(true),
+        }
+    }
+
+    fn finish_commit(&mut self, ok: bool) {
+        let job = self.commit.take().expect("no commit");
+        if ok {
+            self.durable_commit = job.n;
+            self.stats.commits += 1;
+        } else {
+            self.stats.commit_failures += 1;
+        }
+        for (s, valid) in job.snapshot {
+            let slot = &mut self.slots[s as usize];
+            let marked = std::mem::replace(&mut slot.in_snapshot, false);
+            let was = slot.disk_valid;
+            if !marked {
+                // Written as free over a free entry: nothing changed on disk.
+                continue;
+            }
+            if ok {
+                slot.disk_valid = valid;
+            } else {
+                // Unknown: the entry may or may not have reached the device.
+                slot.disk_valid = was || valid;
+                self.mark_meta(s);
+            }
+            let slot = &self.slots[s as usize];
+            if slot.state == SlotState::Retired && !slot.disk_valid && (was || ok) {
+                self.retired_pending = self.retired_pending.saturating_sub(1);
+                self.try_release(s);
+            }
+        }
+        self.policy.on_commit_done(ok);
+        self.out_event.push_back(Event::Committed { commit: job.n, ok });
+        for w in job.waiters {
+            if ok {
+                if w.write && w.group != NO_GROUP {
+                    self.policy.on_write_ack(self.now, w.group);
+                }
+                self.reply(w.id, Ok(None), w.seq);
+            } else {
+                self.reply(w.id, Err(ReqError::Io), w.seq);
+            }
+        }
+    }
+}

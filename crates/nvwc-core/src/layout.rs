@@ -1,0 +1,368 @@
+//! The cache device's on-disk format (documented in `docs/ON-DISK-FORMAT.md`).
+//!
+//! ```text
+//! offset 0        superblock (4 KiB region, record in the first 512 B)
+//! offset 4 KiB    commit record A (512 B record in a 4 KiB region)
+//! offset 8 KiB    commit record B
+//! offset 12 KiB   slot table: one 64-byte entry per slot, in 4 KiB pages
+//! data_offset     data slots: capacity × block_size, aligned to max(4 KiB, block_size)
+//! ```
+//! All integers are little-endian. Every record carries a CRC-32 (IEEE) of its
+//! other bytes, so an all-zero or torn record is recognised as invalid.
+//!
+//! Atomicity rests on two assumptions, both standard: a 512-byte sector write
+//! is atomic, and a FLUSH makes every completed write durable.
+
+use crate::config::{Config, WritePolicyKind};
+
+/// Superblock magic.
+pub const SB_MAGIC: &[u8; 8] = b"NVWCSB01";
+/// Commit record magic.
+pub const CR_MAGIC: &[u8; 8] = b"NVWCCR01";
+/// Format version.
+pub const FORMAT_VERSION: u32 = 1;
+/// Bytes per slot entry.
+pub const ENTRY_BYTES: u64 = 64;
+/// Bytes per metadata page.
+pub const PAGE_BYTES: u64 = 4096;
+/// Entries per metadata page.
+pub const ENTRIES_PER_PAGE: u64 = PAGE_BYTES / ENTRY_BYTES;
+/// Offset of commit record A; B follows 4 KiB later.
+pub const COMMIT_A: u64 = 4096;
+/// Offset of the slot table.
+pub const TABLE_OFFSET: u64 = 3 * 4096;
+
+/// Entry flag: the slot holds a valid version.
+pub const F_VALID: u32 = 1;
+/// Entry flag: the version is dirty (not yet on the backing store).
+pub const F_DIRTY: u32 = 2;
+
+/// Geometry of a cache device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub block_size: u32,
+    pub capacity: u64,
+    pub table_bytes: u64,
+    pub data_offset: u64,
+}
+
+impl Layout {
+    /// Geometry for `cfg`.
+    pub fn new(cfg: &Config) -> Self {
+        let table_bytes = (cfg.capacity_blocks * ENTRY_BYTES).div_ceil(PAGE_BYTES) * PAGE_BYTES;
+        let align = (cfg.block_size as u64).max(4096);
+        let data_offset = (TABLE_OFFSET + table_bytes).div_ceil(align) * align;
+        Layout { block_size: cfg.block_size, capacity: cfg.capacity_blocks, table_bytes, data_offset }
+    }
+    /// Total bytes the cache device must have.
+    pub fn device_bytes(&self) -> u64 {
+        self.data_offset + self.capacity * self.block_size as u64
+    }
+    /// Byte offset of slot `s`'s data.
+    pub fn slot_offset(&self, s: u32) -> u64 {
+        self.data_offset + s as u64 * self.block_size as u64
+    }
+    /// Byte offset of metadata page `p`.
+    pub fn page_offset(&self, p: u64) -> u64 {
+        TABLE_OFFSET + p * PAGE_BYTES
+    }
+    /// Number of metadata pages.
+    pub fn pages(&self) -> u64 {
+        self.table_bytes / PAGE_BYTES
+    }
+    /// Offset of commit record `which` (0 = A, 1 = B).
+    pub fn commit_offset(&self, which: u64) -> u64 {
+        COMMIT_A + (which & 1) * 4096
+    }
+    /// Largest cache capacity (slots) that fits a device of `bytes` with `block_size`.
+    pub fn capacity_for(bytes: u64, block_size: u32) -> u64 {
+        let bs = block_size as u64;
+        let per_slot = bs + ENTRY_BYTES;
+        let overhead = TABLE_OFFSET + PAGE_BYTES + bs.max(4096);
+        bytes.saturating_sub(overhead) / per_slot
+    }
+}
+
+fn crc(b: &[u8]) -> u32 {
+    crc32fast::hash(b)
+}
+fn put64(b: &mut [u8], at: usize, v: u64) {
+    b[at..at + 8].copy_from_slice(&v.to_le_bytes());
+}
+fn put32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+fn get64(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap())
+}
+fn get32(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
+}
+
+/// The superblock: written once at format time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Superblock {
+    pub version: u32,
+    pub block_size: u32,
+    pub capacity: u64,
+    pub backing_size: u64,
+    pub data_offset: u64,
+    pub write_policy: u32,
+    pub uuid: u64,
+}
+
+impl Superblock {
+    /// The superblock for a fresh device formatted for `cfg`.
+    pub fn for_config(cfg: &Config, uuid: u64) -> Self {
+        let l = Layout::new(cfg);
+        Superblock {
+            version: FORMAT_VERSION,
+            block_size: cfg.block_size,
+            capacity: cfg.capacity_blocks,
+            backing_size: cfg.backing_size,
+            data_offset: l.data_offset,
+            write_policy: cfg.write_policy.code(),
+            uuid,
+        }
+    }
+    /// 512-byte encoding.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; 512];
+        b[0..8].copy_from_slice(SB_MAGIC);
+        put32(&mut b, 8, self.version);
+        put32(&mut b, 12, self.block_size);
+        put64(&mut b, 16, self.capacity);
+        put64(&mut b, 24, self.backing_size);
+        put64(&mut b, 32, self.data_offset);
+        put32(&mut b, 40, self.write_policy);
+        put64(&mut b, 48, self.uuid);
+        let c = crc(&b[0..508]);
+        put32(&mut b, 508, c);
+        b
+    }
+    /// Decode and verify.
+    pub fn decode(b: &[u8]) -> Result<Self, FormatError> {
+        if b.len() < 512 {
+            return Err(FormatError::Short);
+        }
+        if &b[0..8] != SB_MAGIC {
+            return Err(FormatError::NotNvwc);
+        }
+        if crc(&b[0..508]) != get32(b, 508) {
+            return Err(FormatError::Checksum("superblock"));
+        }
+        let sb = Superblock {
+            version: get32(b, 8),
+            block_size: get32(b, 12),
+            capacity: get64(b, 16),
+            backing_size: get64(b, 24),
+            data_offset: get64(b, 32),
+            write_policy: get32(b, 40),
+            uuid: get64(b, 48),
+        };
+        if sb.version != FORMAT_VERSION {
+            return Err(FormatError::Version(sb.version));
+        }
+        Ok(sb)
+    }
+}
+
+/// A commit record: the atomic switch from one metadata state to the next.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CommitRecord {
+    /// Commit number: slot entries tagged with a larger number are not part of the state.
+    pub commit: u64,
+    /// Highest journaled transaction that is committed (closed and durable).
+    pub txn_committed: u64,
+    /// Highest journaled transaction that is checkpointed to the backing store.
+    pub txn_checkpointed: u64,
+    /// Next write sequence number.
+    pub next_seq: u64,
+    /// Next ordered-write completion index.
+    pub next_cidx: u64,
+    /// The engine shut down cleanly after this commit.
+    pub clean_shutdown: bool,
+}
+
+impl CommitRecord {
+    /// 512-byte encoding.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; 512];
+        b[0..8].copy_from_slice(CR_MAGIC);
+        put64(&mut b, 8, self.commit);
+        put64(&mut b, 16, self.txn_committed);
+        put64(&mut b, 24, self.txn_checkpointed);
+        put64(&mut b, 32, self.next_seq);
+        put64(&mut b, 40, self.next_cidx);
+        b[48] = self.clean_shutdown as u8;
+        let c = crc(&b[0..508]);
+        put32(&mut b, 508, c);
+        b
+    }
+    /// Decode; `None` if absent or torn.
+    pub fn decode(b: &[u8]) -> Option<Self> {
+        if b.len() < 512 || &b[0..8] != CR_MAGIC || crc(&b[0..508]) != get32(b, 508) {
+            return None;
+        }
+        Some(CommitRecord {
+            commit: get64(b, 8),
+            txn_committed: get64(b, 16),
+            txn_checkpointed: get64(b, 24),
+            next_seq: get64(b, 32),
+            next_cidx: get64(b, 40),
+            clean_shutdown: b[48] != 0,
+        })
+    }
+}
+
+/// One slot-table entry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Entry {
+    /// Backing block number (in cache blocks).
+    pub lbn: u64,
+    /// Write sequence number of the version (issue order; larger is newer).
+    pub seq: u64,
+    /// Commit that wrote this entry.
+    pub commit: u64,
+    /// Journaled: transaction id. Ordered: completion index.
+    pub aux0: u64,
+    /// Ordered: number of completions before the write was issued (its dependency floor).
+    pub aux1: u64,
+    /// `F_VALID | F_DIRTY`.
+    pub flags: u32,
+}
+
+impl Entry {
+    /// Encode into `b[0..64]` for slot `slot`.
+    pub fn encode_into(&self, slot: u32, b: &mut [u8]) {
+        assert!(b.len() >= 64);
+        b[..64].fill(0);
+        put64(b, 0, self.lbn);
+        put64(b, 8, self.seq);
+        put64(b, 16, self.commit);
+        put64(b, 24, self.aux0);
+        put64(b, 32, self.aux1);
+        put32(b, 48, self.flags);
+        put32(b, 56, slot);
+        let c = crc(&b[0..60]);
+        put32(b, 60, c);
+    }
+    /// Decode; `None` if torn, blank or written for another slot.
+    pub fn decode(slot: u32, b: &[u8]) -> Option<Self> {
+        if b.len() < 64 || crc(&b[0..60]) != get32(b, 60) || get32(b, 56) != slot {
+            return None;
+        }
+        Some(Entry {
+            lbn: get64(b, 0),
+            seq: get64(b, 8),
+            commit: get64(b, 16),
+            aux0: get64(b, 24),
+            aux1: get64(b, 32),
+            flags: get32(b, 48),
+        })
+    }
+}
+
+/// Errors reading a cache device's metadata.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FormatError {
+    #[error("metadata region too short")]
+    Short,
+    #[error("not an nvwc cache device (bad superblock magic)")]
+    NotNvwc,
+    #[error("{0} checksum mismatch")]
+    Checksum(&'static str),
+    #[error("unsupported format version {0}")]
+    Version(u32),
+    #[error("cache device was formatted with block size {found}, configuration says {want}")]
+    BlockSize { found: u32, want: u32 },
+    #[error("cache device holds {found} slots, configuration says {want}")]
+    Capacity { found: u64, want: u64 },
+    #[error("cache device belongs to a backing store of {found} bytes, configuration says {want}")]
+    BackingSize { found: u64, want: u64 },
+    #[error("cache holds dirty data written under write policy {found}; open it with that policy (or flush it first)")]
+    Policy { found: String },
+    #[error("no valid commit record")]
+    NoCommit,
+}
+
+/// The bytes a fresh cache device needs, as `(offset, bytes)` writes; everything
+/// else may stay as it is (stale entries fail their CRC or their slot check,
+/// or carry a commit tag above the fresh commit record's 0... which is why the
+/// table is zeroed too).
+pub fn format_writes(cfg: &Config, uuid: u64) -> Vec<(u64, Vec<u8>)> {
+    let l = Layout::new(cfg);
+    let sb = Superblock::for_config(cfg, uuid);
+    let mut v = vec![(0u64, sb.encode())];
+    let cr = CommitRecord { commit: 0, next_seq: 1, ..Default::default() };
+    v.push((l.commit_offset(0), cr.encode()));
+    v.push((l.commit_offset(1), vec![0u8; 512]));
+    // Zero the table in 1 MiB chunks.
+    let mut off = 0;
+    while off < l.table_bytes {
+        let n = (l.table_bytes - off).min(1 << 20);
+        v.push((TABLE_OFFSET + off, vec![0u8; n as usize]));
+        off += n;
+    }
+    v
+}
+
+/// Check a superblock against a configuration.
+pub fn check_superblock(sb: &Superblock, cfg: &Config) -> Result<(), FormatError> {
+    if sb.block_size != cfg.block_size {
+        return Err(FormatError::BlockSize { found: sb.block_size, want: cfg.block_size });
+    }
+    if sb.capacity != cfg.capacity_blocks {
+        return Err(FormatError::Capacity { found: sb.capacity, want: cfg.capacity_blocks });
+    }
+    if sb.backing_size != cfg.backing_size {
+        return Err(FormatError::BackingSize { found: sb.backing_size, want: cfg.backing_size });
+    }
+    Ok(())
+}
+
+/// Name of a stored policy code.
+pub fn policy_name(code: u32) -> String {
+    WritePolicyKind::from_code(code).map(|k| k.name().to_string()).unwrap_or_else(|| format!("#{code}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_roundtrip_and_torn_detection() {
+        let e = Entry { lbn: 7, seq: 99, commit: 3, aux0: 5, aux1: 6, flags: F_VALID | F_DIRTY };
+        let mut b = [0u8; 64];
+        e.encode_into(12, &mut b);
+        assert_eq!(Entry::decode(12, &b), Some(e));
+        assert_eq!(Entry::decode(13, &b), None, "entry for another slot must be rejected");
+        b[3] ^= 1;
+        assert_eq!(Entry::decode(12, &b), None, "torn entry must be rejected");
+        assert_eq!(Entry::decode(0, &[0u8; 64]), None, "blank entry must be rejected");
+    }
+
+    #[test]
+    fn commit_and_superblock_roundtrip() {
+        let c = CommitRecord { commit: 9, txn_committed: 4, txn_checkpointed: 2, next_seq: 77, next_cidx: 5, clean_shutdown: true };
+        assert_eq!(CommitRecord::decode(&c.encode()), Some(c));
+        let mut b = c.encode();
+        b[10] ^= 0xff;
+        assert_eq!(CommitRecord::decode(&b), None);
+        let cfg = Config::new(4096, 100, 1 << 30, WritePolicyKind::Ordered);
+        let sb = Superblock::for_config(&cfg, 42);
+        assert_eq!(Superblock::decode(&sb.encode()), Ok(sb));
+        assert!(check_superblock(&sb, &cfg).is_ok());
+    }
+
+    #[test]
+    fn layout_is_aligned_and_fits() {
+        for bs in [512u32, 4096, 65536, 1 << 20] {
+            let cfg = Config::new(bs, 1000, 1 << 30, WritePolicyKind::WriteBack);
+            let l = Layout::new(&cfg);
+            assert_eq!(l.data_offset % (bs as u64).max(4096), 0);
+            assert!(l.data_offset >= TABLE_OFFSET + 1000 * ENTRY_BYTES);
+            assert!(Layout::capacity_for(l.device_bytes(), bs) >= 999);
+        }
+    }
+}

@@ -1,0 +1,50 @@
+//! Engine counters.
+
+/// Counters the engine keeps; all are monotonic except the gauges at the end.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub requests: u64,
+    pub reads: u64,
+    pub writes: u64,
+    pub flushes: u64,
+    pub trims: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    /// Block pieces of reads served from the cache.
+    pub read_hits: u64,
+    pub read_misses: u64,
+    /// Block pieces of writes to a block already cached.
+    pub write_hits: u64,
+    pub write_misses: u64,
+    /// Writes that replaced a dirty version, so one destage was saved.
+    pub overwrites: u64,
+    pub cache_reads: u64,
+    pub cache_read_bytes: u64,
+    pub cache_writes: u64,
+    pub cache_write_bytes: u64,
+    pub cache_flushes: u64,
+    pub backing_reads: u64,
+    pub backing_read_bytes: u64,
+    pub backing_writes: u64,
+    pub backing_write_bytes: u64,
+    pub backing_flushes: u64,
+    pub backing_groups: u64,
+    /// Backing reads made to fill a partial write (fetch-before-write).
+    pub fetches: u64,
+    /// Read misses copied into the cache.
+    pub populates: u64,
+    /// Write pieces that waited for a free slot, and the total time they waited.
+    pub stalled_writes: u64,
+    pub stall_ns: u64,
+    pub evictions: u64,
+    pub destaged_blocks: u64,
+    pub destage_plans: u64,
+    pub destage_failures: u64,
+    pub commits: u64,
+    pub commit_failures: u64,
+    pub io_errors: u64,
+    /// Gauges.
+    pub dirty_blocks: u64,
+    pub cached_blocks: u64,
+    pub free_slots: u64,
+}

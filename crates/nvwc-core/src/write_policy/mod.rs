@@ -1,0 +1,163 @@
+//! Write policies: one file each, behind the narrow [`WritePolicy`] trait.
+//!
+//! The engine owns slots, blocks and I/O; a write policy decides three things:
+//! which *group* a new write's versions belong to (an ordered-graph node, a
+//! journal transaction, or nothing), whether a superseded version must be kept
+//! until its group reaches the backing store, and which versions to destage
+//! next, as a [`Plan`]. The engine executes plans and reports back.
+
+use crate::config::{Config, WritePolicyKind};
+use crate::layout::CommitRecord;
+
+pub mod journaled;
+pub mod ordered;
+pub mod write_back;
+pub mod write_through;
+
+/// A policy-defined group of versions (ordered: node id; journaled: txn id; else 0).
+pub type Group = u64;
+
+/// A destage plan: versions (cache slots) to copy to the backing store.
+#[derive(Clone, Debug, Default)]
+pub struct Plan {
+    /// Slots whose data is written to the backing store.
+    pub write: Vec<u32>,
+    /// Superseded slots released when the plan completes, without being written
+    /// (journaled coalescing across merged transactions).
+    pub drop: Vec<u32>,
+    /// Emit the writes as one atomic group with this id (journaled checkpoints).
+    pub atomic_group: Option<u64>,
+    /// Persist metadata (an engine commit) after the plan, before the next plan.
+    pub commit_after: bool,
+    /// Policy-private tag (ordered: wave number; journaled: last txn in the plan).
+    pub tag: u64,
+}
+
+/// What the engine offers a policy while it plans.
+pub trait PlanCtx {
+    /// Current time (ns).
+    fn now(&self) -> u64;
+    /// Should cleaning run (watermarks, stalled writers)?
+    fn cleaning_wanted(&self) -> bool;
+    /// Dirty latest versions the replacement policy would clean first:
+    /// `(slot, group)` pairs, skipping versions that are busy or already destaging.
+    fn pick_victims(&mut self, max: usize, out: &mut Vec<(u32, Group)>);
+    /// Are writers stalled for lack of free slots?
+    fn space_pressure(&self) -> bool;
+    /// Block writes of destage plans currently in flight.
+    fn destage_in_flight(&self) -> usize;
+    /// Upper bound for `destage_in_flight`.
+    fn destage_limit(&self) -> usize;
+}
+
+/// A version found on the cache device at recovery.
+#[derive(Clone, Copy, Debug)]
+pub struct RecoveredVersion {
+    pub slot: u32,
+    pub lbn: u64,
+    pub seq: u64,
+    pub aux0: u64,
+    pub aux1: u64,
+    pub dirty: bool,
+    /// The newest version of its block.
+    pub latest: bool,
+    /// Output: the group the policy assigns.
+    pub group: Group,
+    /// Output: discard this version (it is not part of the recovered state).
+    pub discard: bool,
+    /// Output: treat it as clean.
+    pub clean: bool,
+}
+
+/// Notifications from a policy to the engine's observers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PolicyEvent {
+    /// A journal transaction closed: it holds writes with sequence numbers
+    /// in `first_seq..=last_seq` (those that completed successfully).
+    TxnClosed { txn: u64, first_seq: u64, last_seq: u64, forced: bool },
+    /// A journal transaction was committed on the cache device.
+    TxnCommitted { txn: u64 },
+    /// Transactions up to `txn` are checkpointed on the backing store.
+    TxnCheckpointed { txn: u64 },
+}
+
+/// A write policy. See the module docs.
+pub trait WritePolicy: Send {
+    /// The configuration name.
+    fn kind(&self) -> WritePolicyKind;
+    /// Client writes are written to the backing store before they are acknowledged.
+    fn synchronous_backing(&self) -> bool {
+        false
+    }
+    /// A client write was issued with sequence number `seq`; returns its group.
+    fn on_write_issue(&mut self, now: u64, seq: u64) -> Group;
+    /// A client write's data reached the cache (all its blocks); it may still wait for a commit.
+    fn on_write_data_done(&mut self, _now: u64, _group: Group) {}
+    /// A client write was acknowledged.
+    fn on_write_ack(&mut self, _now: u64, _group: Group) {}
+    /// A version in `slot` was installed for `group`.
+    fn on_version_installed(&mut self, _group: Group, _slot: u32, _lbn: u64, _seq: u64) {}
+    /// A version left `group` (freed or cleaned).
+    fn on_version_removed(&mut self, _group: Group, _slot: u32) {}
+    /// A version of `old` is superseded by a version of `new`: must it be kept
+    /// until `old` is destaged?
+    fn keep_superseded(&self, _old: Group, _new: Group) -> bool {
+        false
+    }
+    /// May a write of group `new` overwrite in place an uncommitted version of group `old`?
+    fn may_overwrite(&self, old: Group, new: Group) -> bool {
+        old == new
+    }
+    /// A client FLUSH (`explicit == false`) or checkpoint request (`true`) arrived.
+    fn on_consistency_point(&mut self, _now: u64, _explicit: bool) {}
+    /// The next destage plan, if the policy wants one now.
+    fn next_plan(&mut self, ctx: &mut dyn PlanCtx) -> Option<Plan>;
+    /// A plan is done: its writes are durable on the backing store.
+    fn on_plan_done(&mut self, _now: u64, _plan: &Plan) {}
+    /// A plan failed and was abandoned; its versions stay dirty.
+    fn on_plan_failed(&mut self, _plan: &Plan) {}
+    /// Entry fields persisted with versions of `group`: `(aux0, aux1)`.
+    fn entry_aux(&self, _group: Group) -> (u64, u64) {
+        (0, 0)
+    }
+    /// Does the policy need a metadata commit now?
+    fn wants_commit(&self) -> bool {
+        false
+    }
+    /// A commit is starting: the policy records what it makes durable.
+    fn on_commit_start(&mut self) {}
+    /// The commit started last finished (`ok == false`: it failed).
+    fn on_commit_done(&mut self, _ok: bool) {}
+    /// Fill policy fields of a commit record.
+    fn fill_commit(&self, _rec: &mut CommitRecord) {}
+    /// Assign groups to recovered versions (and discard or clean some).
+    fn recover(&mut self, rec: &CommitRecord, versions: &mut [RecoveredVersion]);
+    /// Next time the policy wants `on_timeout`.
+    fn deadline(&self) -> Option<u64> {
+        None
+    }
+    /// Time passed.
+    fn on_timeout(&mut self, _now: u64) {}
+    /// Notifications for observers.
+    fn poll_event(&mut self) -> Option<PolicyEvent> {
+        None
+    }
+    /// Bytes of RAM the policy uses.
+    fn mem_bytes(&self) -> usize {
+        0
+    }
+    /// Policy-specific counters for status and benchmarks: `(name, value)`.
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
+}
+
+/// Build the policy for `cfg`.
+pub fn build(cfg: &Config) -> Box<dyn WritePolicy> {
+    match cfg.write_policy {
+        WritePolicyKind::WriteThrough => Box::new(write_through::WriteThrough),
+        WritePolicyKind::WriteBack => Box::new(write_back::WriteBack::new(cfg)),
+        WritePolicyKind::Ordered => Box::new(ordered::Ordered::new(cfg)),
+        WritePolicyKind::Journaled | WritePolicyKind::JournaledHints => Box::new(journaled::Journaled::new(cfg)),
+    }
+}

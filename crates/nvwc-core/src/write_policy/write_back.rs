@@ -1,0 +1,50 @@
+//! Plain write-back (write-policy paper, Table 2 "WB"): writes land in the
+//! cache and dirty blocks are destaged in whatever order the replacement
+//! policy prefers. Fast, but after losing the cache device the backing store
+//! may be in a state that never existed. The VOPR must catch that.
+
+use super::{Plan, PlanCtx, RecoveredVersion, WritePolicy};
+use crate::config::{Config, WritePolicyKind};
+use crate::layout::CommitRecord;
+
+/// See the module docs.
+pub struct WriteBack {
+    batch: usize,
+    scratch: Vec<(u32, u64)>,
+}
+
+impl WriteBack {
+    pub fn new(_cfg: &Config) -> Self {
+        WriteBack { batch: 16, scratch: Vec::new() }
+    }
+}
+
+impl WritePolicy for WriteBack {
+    fn kind(&self) -> WritePolicyKind {
+        WritePolicyKind::WriteBack
+    }
+    fn on_write_issue(&mut self, _now: u64, _seq: u64) -> u64 {
+        0
+    }
+    fn next_plan(&mut self, ctx: &mut dyn PlanCtx) -> Option<Plan> {
+        if !ctx.cleaning_wanted() {
+            return None;
+        }
+        let room = ctx.destage_limit().saturating_sub(ctx.destage_in_flight());
+        if room == 0 {
+            return None;
+        }
+        self.scratch.clear();
+        ctx.pick_victims(self.batch.min(room), &mut self.scratch);
+        if self.scratch.is_empty() {
+            return None;
+        }
+        Some(Plan { write: self.scratch.iter().map(|&(s, _)| s).collect(), ..Default::default() })
+    }
+    fn recover(&mut self, _rec: &CommitRecord, versions: &mut [RecoveredVersion]) {
+        for v in versions.iter_mut() {
+            // Commits are atomic, so a superseded version never survives one; be safe anyway.
+            v.discard = !v.latest;
+        }
+    }
+}
