@@ -62,11 +62,17 @@ struct Slot {
     lbn: u64,
     seq: u64,
     group: Group,
-    /// Block whose latest version this is, or NIL (free, retired or shadow).
+    /// Owning block (latest version or shadow), or NIL (free or retired).
     block: u32,
+    /// Byte range of the block this version's writes changed (exact for
+    /// ordered versions; the hull of coalesced writes otherwise).
+    lo: u32,
+    hi: u32,
     refs: u16,
     state: SlotState,
     dirty: bool,
+    /// An older version kept for the write policy (counted in its block's `shadows`).
+    shadow: bool,
     /// The durable slot table may name this slot as valid.
     disk_valid: bool,
     in_meta_dirty: bool,
@@ -81,9 +87,12 @@ impl Slot {
             seq: 0,
             group: NO_GROUP,
             block: NIL,
+            lo: 0,
+            hi: 0,
             refs: 0,
             state: SlotState::Free,
             dirty: false,
+            shadow: false,
             disk_valid: false,
             in_meta_dirty: false,
             in_snapshot: false,
@@ -104,6 +113,8 @@ struct Block {
     readers: u16,
     /// Bumped by every write piece; read fills check it.
     gen: u32,
+    /// Older dirty versions (shadows) kept for the write policy.
+    shadows: u32,
 }
 
 #[derive(Debug)]
@@ -143,6 +154,9 @@ struct Req<P> {
     seq: u64,
     group: Group,
     fua: bool,
+    /// Versions installed for this write (their entries are rewritten once the
+    /// write completes, when its policy fields are final).
+    installed: Vec<u32>,
 }
 
 #[derive(Debug)]
@@ -313,7 +327,13 @@ impl PlanCtx for View<'_> {
         let rid_block = self.rid_block;
         let busy = |id: BlockId| {
             let b = &blocks[rid_block[id.0 as usize] as usize];
-            b.busy || b.latest == NIL || slots[b.latest as usize].destaging || !slots[b.latest as usize].dirty
+            if b.busy || b.latest == NIL {
+                return true;
+            }
+            let s = &slots[b.latest as usize];
+            // A version outside any group (ordered: already written in its wave)
+            // is re-synced only once no older version of its block is left.
+            s.destaging || !s.dirty || (s.group == NO_GROUP && b.shadows > 0)
         };
         self.ids.clear();
         self.repl.clean_batch(max, &busy, &mut self.ids);
@@ -448,6 +468,8 @@ impl<P: Payload> Engine<P> {
                 seq: ent.seq,
                 aux0: ent.aux0,
                 aux1: ent.aux1,
+                lo: ent.lo,
+                hi: ent.hi,
                 dirty: ent.flags & F_DIRTY != 0,
                 latest: false,
                 group: NO_GROUP,
@@ -492,6 +514,8 @@ impl<P: Payload> Engine<P> {
             let slot = &mut e.slots[s as usize];
             slot.lbn = v.lbn;
             slot.seq = v.seq;
+            slot.lo = v.lo;
+            slot.hi = v.hi;
             slot.disk_valid = true;
             if !keep {
                 slot.state = SlotState::Retired;
@@ -507,17 +531,20 @@ impl<P: Payload> Engine<P> {
                 e.dirty_slots += 1;
                 report.dirty_versions += 1;
                 // The policy registered the version with its group in `recover`.
-                assert!(v.group != NO_GROUP || e.cfg.write_policy == crate::config::WritePolicyKind::WriteBack, "dirty version without a group");
             } else {
                 report.clean_versions += 1;
                 if v.dirty {
                     e.mark_meta(s);
                 }
             }
+            let b = e.block_for(v.lbn);
+            e.slots[s as usize].block = b;
+            if !is_latest {
+                e.slots[s as usize].shadow = true;
+                e.blocks[b as usize].shadows += 1;
+            }
             if is_latest {
-                let b = e.block_for(v.lbn);
                 e.blocks[b as usize].latest = s;
-                e.slots[s as usize].block = b;
                 let rid = e.free_rids.pop().expect("more cached blocks than slots");
                 e.rid_block[rid as usize] = b;
                 e.blocks[b as usize].rid = rid;
@@ -799,7 +826,7 @@ impl<P: Payload> Engine<P> {
         if let Some(&b) = self.index.get(&lbn) {
             return b;
         }
-        let blk = Block { lbn, latest: NIL, rid: NIL, busy: false, readers: 0, gen: 0 };
+        let blk = Block { lbn, latest: NIL, rid: NIL, busy: false, readers: 0, gen: 0, shadows: 0 };
         let b = if let Some(b) = self.free_blocks.pop() {
             self.blocks[b as usize] = blk;
             b
@@ -813,7 +840,7 @@ impl<P: Payload> Engine<P> {
 
     fn maybe_drop_block(&mut self, b: u32) {
         let blk = &self.blocks[b as usize];
-        if blk.latest == NIL && !blk.busy && blk.readers == 0 && !self.waiters.contains_key(&b) {
+        if blk.latest == NIL && !blk.busy && blk.readers == 0 && blk.shadows == 0 && !self.waiters.contains_key(&b) {
             debug_assert_eq!(blk.rid, NIL);
             self.index.remove(&blk.lbn);
             self.free_blocks.push(b);
@@ -854,7 +881,8 @@ impl<P: Payload> Engine<P> {
         let slot = &mut self.slots[s as usize];
         assert_eq!(slot.state, SlotState::Valid, "retiring a slot that is not valid");
         slot.state = SlotState::Retired;
-        slot.block = NIL;
+        let owner = std::mem::replace(&mut slot.block, NIL);
+        let was_shadow = std::mem::replace(&mut slot.shadow, false);
         if slot.dirty {
             slot.dirty = false;
             self.dirty_slots -= 1;
@@ -869,6 +897,15 @@ impl<P: Payload> Engine<P> {
         } else {
             self.try_release(s);
         }
+        if was_shadow {
+            self.blocks[owner as usize].shadows -= 1;
+            self.maybe_drop_block(owner);
+        }
+    }
+
+    fn is_latest(&self, s: u32) -> bool {
+        let b = self.slots[s as usize].block;
+        b != NIL && self.blocks[b as usize].latest == s
     }
 
     fn try_release(&mut self, s: u32) {
@@ -918,7 +955,17 @@ impl<P: Payload> Engine<P> {
         let n = (last - first + 1) as u32;
         self.reqs.insert(
             id,
-            Req { kind: if write { ReqKind::Write } else { ReqKind::Read }, pieces_left: n, failed: None, parts: Vec::new(), offset, seq, group, fua },
+            Req {
+                kind: if write { ReqKind::Write } else { ReqKind::Read },
+                pieces_left: n,
+                failed: None,
+                parts: Vec::new(),
+                offset,
+                seq,
+                group,
+                fua,
+                installed: Vec::new(),
+            },
         );
         for lbn in first..=last {
             let bstart = lbn * self.bs;
@@ -1042,7 +1089,7 @@ impl<P: Payload> Engine<P> {
             let lbn = self.blocks[b as usize].lbn;
             let seq = self.next_seq;
             self.next_seq += 1;
-            self.install(b, s, lbn, seq, NO_GROUP, false);
+            self.install(b, s, lbn, seq, NO_GROUP, false, (0, 0));
         } else {
             self.unalloc_slot(s);
         }
@@ -1092,6 +1139,12 @@ impl<P: Payload> Engine<P> {
             let off = lbn * self.bs + start as u64;
             self.pieces.get_mut(p).ios += 1;
             self.emit(Dev::Backing, IoOp::Write { offset: off, data: data.clone(), fua }, None, IoCtx::PieceBackingWrite { piece: p });
+            // The backing store is authoritative: drop the old copy now (a read in
+            // flight on it finishes first; the slot is reused after), and install a
+            // new one only if its cache write succeeds.
+            if latest != NIL {
+                self.evict_block(b);
+            }
             if full && self.free_slots.len() > self.cfg.free_reserve as usize / 2 {
                 let s = self.alloc_slot().unwrap();
                 let pc = self.pieces.get_mut(p);
@@ -1099,12 +1152,6 @@ impl<P: Payload> Engine<P> {
                 pc.ios += 1;
                 let off = self.layout.slot_offset(s);
                 self.emit(Dev::Cache, IoOp::Write { offset: off, data, fua: false }, None, IoCtx::PieceCacheWrite { piece: p, inplace: false });
-            } else if latest != NIL {
-                // A partial write to a cached block: drop the cached copy
-                // (the backing store is authoritative in write-through).
-                if self.slots[latest as usize].refs == 0 && !self.slots[latest as usize].destaging {
-                    self.evict_block(b);
-                }
             }
             return;
         }
@@ -1192,6 +1239,10 @@ impl<P: Payload> Engine<P> {
             slot.state = SlotState::Valid;
             if ok {
                 slot.seq = seq;
+                let (a, e) = (self.pieces.get(p).start, self.pieces.get(p).end);
+                let slot = &mut self.slots[s as usize];
+                slot.lo = slot.lo.min(a);
+                slot.hi = slot.hi.max(e);
                 self.mark_meta(s);
                 if group != NO_GROUP {
                     self.policy.on_version_installed(group, s, lbn, seq);
@@ -1211,7 +1262,10 @@ impl<P: Payload> Engine<P> {
         }
         if ok {
             let b = self.index[&lbn];
-            self.install(b, s, lbn, seq, group, true);
+            let (a, e) = (self.pieces.get(p).start, self.pieces.get(p).end);
+            self.install(b, s, lbn, seq, group, true, (a, e));
+            let req = self.pieces.get(p).req;
+            self.reqs.get_mut(&req).expect("piece of unknown request").installed.push(s);
         } else {
             self.unalloc_slot(s);
         }
@@ -1237,16 +1291,28 @@ impl<P: Payload> Engine<P> {
                 self.unalloc_slot(s);
             } else {
                 let b = self.index[&lbn];
-                self.install(b, s, lbn, seq, NO_GROUP, false);
+                self.install(b, s, lbn, seq, NO_GROUP, false, (0, 0));
             }
         }
         self.finish_write_piece(p);
     }
 
     /// Make slot `s` the latest version of block `b`.
-    fn install(&mut self, b: u32, s: u32, lbn: u64, seq: u64, group: Group, dirty: bool) {
+    fn install(&mut self, b: u32, s: u32, lbn: u64, seq: u64, group: Group, dirty: bool, range: (u32, u32)) {
+        let old = self.blocks[b as usize].latest;
+        let coalesce = old != NIL && {
+            let o = &self.slots[old as usize];
+            !(o.dirty && self.policy.keep_superseded(o.group, group))
+        };
+        let (mut lo, mut hi) = range;
+        if coalesce && self.slots[old as usize].dirty {
+            lo = lo.min(self.slots[old as usize].lo);
+            hi = hi.max(self.slots[old as usize].hi);
+        }
         {
             let slot = &mut self.slots[s as usize];
+            slot.lo = lo;
+            slot.hi = hi;
             assert_eq!(slot.state, SlotState::Writing);
             slot.state = SlotState::Valid;
             slot.lbn = lbn;
@@ -1262,13 +1328,13 @@ impl<P: Payload> Engine<P> {
         if group != NO_GROUP {
             self.policy.on_version_installed(group, s, lbn, seq);
         }
-        let old = self.blocks[b as usize].latest;
         self.blocks[b as usize].latest = s;
         if old != NIL {
             let o = self.slots[old as usize];
-            self.slots[old as usize].block = NIL;
-            if o.dirty && self.policy.keep_superseded(o.group, group) {
+            if !coalesce {
                 // Shadow version: kept until its group reaches the backing store.
+                self.blocks[b as usize].shadows += 1;
+                self.slots[old as usize].shadow = true;
             } else {
                 if o.dirty {
                     self.stats.overwrites += 1;
@@ -1339,6 +1405,12 @@ impl<P: Payload> Engine<P> {
             ReqKind::Write => {
                 if r.group != NO_GROUP {
                     self.policy.on_write_data_done(self.now, r.group);
+                    for &s in &r.installed {
+                        let slot = &self.slots[s as usize];
+                        if slot.state == SlotState::Valid && slot.group == r.group {
+                            self.mark_meta(s);
+                        }
+                    }
                 }
                 if let Some(e) = r.failed {
                     return self.reply(id, Err(e), r.seq);
@@ -1522,9 +1594,11 @@ impl<P: Payload> Engine<P> {
         if slots.is_empty() {
             return self.plan_copied(pid);
         }
+        let exact = self.plans.get(pid).plan.exact;
         for s in slots {
-            let off = self.layout.slot_offset(s);
-            self.emit(Dev::Cache, IoOp::Read { offset: off, len: self.bs as u32 }, None, IoCtx::DestageRead { plan: pid, slot: s });
+            let (lo, hi) = if exact { (self.slots[s as usize].lo, self.slots[s as usize].hi) } else { (0, self.bs as u32) };
+            let off = self.layout.slot_offset(s) + lo as u64;
+            self.emit(Dev::Cache, IoOp::Read { offset: off, len: hi - lo }, None, IoCtx::DestageRead { plan: pid, slot: s });
         }
     }
 
@@ -1540,10 +1614,12 @@ impl<P: Payload> Engine<P> {
 
     fn on_destage_read(&mut self, pid: u32, s: u32, res: IoResult<P>) {
         match res {
-            Ok(Some(d)) if d.len() == self.bs as usize => {
-                let lbn = self.slots[s as usize].lbn;
+            Ok(Some(d)) => {
+                let sl = &self.slots[s as usize];
+                let lo = if self.plans.get(pid).plan.exact { sl.lo } else { 0 };
+                let lbn = sl.lbn;
                 let group = self.plans.get(pid).plan.atomic_group;
-                self.emit(Dev::Backing, IoOp::Write { offset: lbn * self.bs, data: d, fua: false }, group, IoCtx::DestageWrite { plan: pid });
+                self.emit(Dev::Backing, IoOp::Write { offset: lbn * self.bs + lo as u64, data: d, fua: false }, group, IoCtx::DestageWrite { plan: pid });
             }
             _ => self.on_destage_write(pid, false),
         }
@@ -1597,33 +1673,51 @@ impl<P: Payload> Engine<P> {
             return;
         }
         self.stats.destaged_blocks += pe.plan.write.len() as u64;
+        // Older versions first, so that each block's shadow count is final
+        // when its latest version is considered.
+        let mut per_block: HashMap<u32, u32> = HashMap::new();
         for &s in &pe.plan.write {
-            let slot = self.slots[s as usize];
-            if slot.state == SlotState::Valid {
-                if slot.block != NIL {
-                    // The latest version: now clean.
-                    let sl = &mut self.slots[s as usize];
-                    sl.dirty = false;
-                    let g = std::mem::replace(&mut sl.group, NO_GROUP);
-                    self.dirty_slots -= 1;
-                    if g != NO_GROUP {
-                        self.policy.on_version_removed(g, s);
-                    }
-                    let rid = self.blocks[slot.block as usize].rid;
-                    self.repl.set_dirty(BlockId(rid), false);
-                    self.mark_meta(s);
-                } else {
-                    self.retire(s);
-                }
+            let b = self.slots[s as usize].block;
+            if b != NIL {
+                *per_block.entry(b).or_default() += 1;
             }
-            self.unref(s);
         }
-        for &s in &pe.plan.drop {
-            let slot = self.slots[s as usize];
-            assert_eq!(slot.block, NIL, "dropping the latest version of a block");
-            if slot.state == SlotState::Valid {
+        for &s in &pe.plan.write {
+            if self.slots[s as usize].state == SlotState::Valid && !self.is_latest(s) {
                 self.retire(s);
             }
+        }
+        for &s in &pe.plan.drop {
+            assert!(!self.is_latest(s), "dropping the latest version of a block");
+            if self.slots[s as usize].state == SlotState::Valid {
+                self.retire(s);
+            }
+        }
+        for &s in &pe.plan.write {
+            let slot = self.slots[s as usize];
+            if slot.state == SlotState::Valid && self.is_latest(s) && slot.dirty {
+                let b = slot.block;
+                let full = slot.lo == 0 && slot.hi as u64 == self.bs;
+                let alone = self.blocks[b as usize].shadows == 0 && per_block.get(&b).copied().unwrap_or(0) == 1;
+                let g = std::mem::replace(&mut self.slots[s as usize].group, NO_GROUP);
+                if g != NO_GROUP {
+                    self.policy.on_version_removed(g, s);
+                }
+                if !pe.plan.exact || (full && alone) {
+                    // The backing store now holds exactly this version: clean.
+                    self.slots[s as usize].dirty = false;
+                    self.dirty_slots -= 1;
+                    let rid = self.blocks[b as usize].rid;
+                    self.repl.set_dirty(BlockId(rid), false);
+                }
+                // Otherwise its own bytes are written but the block as a whole may
+                // not match yet: it stays dirty, outside any group, and is re-synced
+                // whole once no older version of the block is left.
+                self.mark_meta(s);
+            }
+        }
+        for &s in &pe.plan.write {
+            self.unref(s);
         }
         self.policy.on_plan_done(self.now, &pe.plan);
     }
@@ -1689,8 +1783,17 @@ impl<P: Payload> Engine<P> {
                     // durable commit: rewrite their durable content, tagged with it.
                     let tag = if slot.in_snapshot { n } else { durable };
                     let e = if slot.state == SlotState::Valid {
-                        let (aux0, aux1) = if slot.group != NO_GROUP { self.policy.entry_aux(slot.group) } else { (0, 0) };
-                        Entry { lbn: slot.lbn, seq: slot.seq, commit: tag, aux0, aux1, flags: F_VALID | if slot.dirty { F_DIRTY } else { 0 } }
+                        let (aux0, aux1) = if slot.dirty { self.policy.entry_aux(slot.group) } else { (0, 0) };
+                        Entry {
+                            lbn: slot.lbn,
+                            seq: slot.seq,
+                            commit: tag,
+                            aux0,
+                            aux1,
+                            lo: slot.lo,
+                            hi: slot.hi,
+                            flags: F_VALID | if slot.dirty { F_DIRTY } else { 0 },
+                        }
                     } else {
                         Entry { commit: tag, ..Default::default() }
                     };

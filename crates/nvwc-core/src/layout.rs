@@ -228,6 +228,9 @@ pub struct Entry {
     pub aux0: u64,
     /// Ordered: number of completions before the write was issued (its dependency floor).
     pub aux1: u64,
+    /// Byte range within the block that the version's writes changed.
+    pub lo: u32,
+    pub hi: u32,
     /// `F_VALID | F_DIRTY`.
     pub flags: u32,
 }
@@ -242,6 +245,8 @@ impl Entry {
         put64(b, 16, self.commit);
         put64(b, 24, self.aux0);
         put64(b, 32, self.aux1);
+        put32(b, 40, self.lo);
+        put32(b, 44, self.hi);
         put32(b, 48, self.flags);
         put32(b, 56, slot);
         let c = crc(&b[0..60]);
@@ -258,6 +263,8 @@ impl Entry {
             commit: get64(b, 16),
             aux0: get64(b, 24),
             aux1: get64(b, 32),
+            lo: get32(b, 40),
+            hi: get32(b, 44),
             flags: get32(b, 48),
         })
     }
@@ -332,7 +339,7 @@ mod tests {
 
     #[test]
     fn entry_roundtrip_and_torn_detection() {
-        let e = Entry { lbn: 7, seq: 99, commit: 3, aux0: 5, aux1: 6, flags: F_VALID | F_DIRTY };
+        let e = Entry { lbn: 7, seq: 99, commit: 3, aux0: 5, aux1: 6, lo: 512, hi: 1024, flags: F_VALID | F_DIRTY };
         let mut b = [0u8; 64];
         e.encode_into(12, &mut b);
         assert_eq!(Entry::decode(12, &b), Some(e));

@@ -1,1 +1,28 @@
-//! placeholder
+//! `nvwc-nbd`: the NBD (Network Block Device) protocol for nvwc.
+//!
+//! - [`proto`]: sans-IO wire codec (fixed-newstyle handshake, options,
+//!   requests, simple and structured replies), constants from the spec
+//!   (`doc/proto.md` of NetworkBlockDevice/nbd).
+//! - [`server`]: async server framework over the [`Export`] trait: several
+//!   named exports, TCP and unix listeners, concurrent request processing,
+//!   graceful shutdown.
+//! - [`client`]: async pipelining client, nvwc's upstream backing-store client.
+//! - [`memory`]: a sparse in-memory export.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod client;
+pub mod error;
+pub mod export;
+pub mod memory;
+pub mod proto;
+pub mod server;
+
+pub use client::{Client, ClientError, ClientOptions, ExportDetails, NbdUri};
+pub use error::{CodecError, ErrorCode, NbdError};
+pub use export::{
+    BoxFuture, Export, ExportInfo, NbdResult, RequestCtx, WriteZeroesFlags, MAX_BLOCK_LIMIT,
+};
+pub use memory::{MemoryExport, MemoryStats};
+pub use proto::Extent;
+pub use server::{Server, ServerBuilder, ServerConfig, ServerError};

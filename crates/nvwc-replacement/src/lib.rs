@@ -20,7 +20,31 @@
 //! * `lbn` of a tracked block never changes while it is tracked;
 //! * `set_dirty` is only called with a state different from the current one.
 
+//!
+//! Policies (one per module): [`Lru`], [`Arc`], [`Lst`], [`Stack`]; select one
+//! with [`ReplacementKind`] (parses `"lru"`, `"arc"`, `"lst"`, `"stack"`, with
+//! optional parameters) and [`build`].
+//!
+//! All policies `assert!` the O(1) parts of the contracts above: ids in range,
+//! `insert` of an untracked id, other calls on tracked ids, `set_dirty` with a
+//! changed state, and (LST/stack) no two dirty blocks with the same lbn.
+
 #![forbid(unsafe_code)]
+
+pub mod arc;
+mod kind;
+mod lists;
+pub mod lru;
+pub mod lst;
+pub mod segments;
+pub mod stack;
+
+pub use arc::Arc;
+pub use kind::{build, ParseKindError, ReplacementKind, DEFAULT_TRACK_BLOCKS};
+pub use lru::Lru;
+pub use lst::Lst;
+pub use segments::SegmentInfo;
+pub use stack::{KneeSource, Stack};
 
 /// Dense handle of a cached block, chosen by the engine.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -388,6 +388,14 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
             let disk = if cmd.dev == Dev::Cache { &cache } else { &backing };
             let fail = err_rate > 0.0 && rng.gen_bool(err_rate) && !matches!(cmd.op, IoOp::GroupBegin { .. });
             let stamp = disk.flush_issue_stamp();
+            if opts.verbose {
+                let what = match &cmd.op {
+                    IoOp::Read { offset, len } => format!("read {offset}+{len}"),
+                    IoOp::Write { offset, data, fua } => format!("write {offset}+{} fua={fua} stamp=w{}/s{}", data.len(), u64::from_le_bytes(data[8..16].try_into().unwrap()), u64::from_le_bytes(data[16..24].try_into().unwrap())),
+                    other => format!("{other:?}"),
+                };
+                eprintln!("t={now}   io {} {:?} {what} group={:?} fail={fail} done_at={}", cmd.id, cmd.dev, cmd.group, now + lat);
+            }
             push(&mut events, now + lat, Ev::Io(cmd.id));
             inflight.insert(cmd.id, InFlight { cmd, stamp, fail });
         }
@@ -547,8 +555,25 @@ fn check_recovered(cfg: &Config, layout: &Layout, cache_img: Vec<u8>, backing_im
         commit_b: cache_img[layout.commit_offset(1) as usize..layout.commit_offset(1) as usize + 512].to_vec(),
         table: cache_img[layout::TABLE_OFFSET as usize..(layout::TABLE_OFFSET + layout.table_bytes) as usize].to_vec(),
     };
+    if std::env::var_os("NVWC_VOPR_DUMP").is_some() {
+        let cr = [layout::CommitRecord::decode(&image.commit_a), layout::CommitRecord::decode(&image.commit_b)];
+        eprintln!("recovery: commit records {cr:?}");
+        for s in 0..layout.capacity as u32 {
+            let at = s as usize * 64;
+            if let Some(e) = layout::Entry::decode(s, &image.table[at..at + 64]) {
+                if e.flags != 0 {
+                    eprintln!("  slot {s}: {e:?}");
+                }
+            }
+        }
+    }
     let mut eng: Engine<Bytes> = match Engine::recover(cfg.clone(), &image) {
-        Ok((e, _)) => e,
+        Ok((e, rep)) => {
+            if std::env::var_os("NVWC_VOPR_DUMP").is_some() {
+                eprintln!("recovery report: {rep:?}");
+            }
+            e
+        }
         Err(e) => {
             o.violations.push(format!("(b) recovery failed: {e}"));
             return;

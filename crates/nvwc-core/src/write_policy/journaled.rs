@@ -260,7 +260,7 @@ impl WritePolicy for Journaled {
         self.ckpt_in_flight = true;
         let mut write: Vec<u32> = map.values().map(|&(_, s)| s).collect();
         write.sort_unstable();
-        Some(Plan { write, drop, atomic_group: Some(last), commit_after: true, tag: last })
+        Some(Plan { write, drop, atomic_group: Some(last), commit_after: true, exact: false, tag: last })
     }
     fn on_plan_done(&mut self, _now: u64, plan: &Plan) {
         assert!(self.ckpt_in_flight);

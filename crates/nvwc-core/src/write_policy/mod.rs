@@ -29,6 +29,9 @@ pub struct Plan {
     pub atomic_group: Option<u64>,
     /// Persist metadata (an engine commit) after the plan, before the next plan.
     pub commit_after: bool,
+    /// Write only the bytes each version's own writes changed (ordered waves),
+    /// instead of whole blocks.
+    pub exact: bool,
     /// Policy-private tag (ordered: wave number; journaled: last txn in the plan).
     pub tag: u64,
 }
@@ -58,6 +61,8 @@ pub struct RecoveredVersion {
     pub seq: u64,
     pub aux0: u64,
     pub aux1: u64,
+    pub lo: u32,
+    pub hi: u32,
     pub dirty: bool,
     /// The newest version of its block.
     pub latest: bool,
@@ -116,7 +121,8 @@ pub trait WritePolicy: Send {
     fn on_plan_done(&mut self, _now: u64, _plan: &Plan) {}
     /// A plan failed and was abandoned; its versions stay dirty.
     fn on_plan_failed(&mut self, _plan: &Plan) {}
-    /// Entry fields persisted with versions of `group`: `(aux0, aux1)`.
+    /// Entry fields persisted with dirty versions of `group` (which may be
+    /// `NO_GROUP`): `(aux0, aux1)`.
     fn entry_aux(&self, _group: Group) -> (u64, u64) {
         (0, 0)
     }

@@ -23,6 +23,16 @@
 //! A queue-depth-1 stream then costs one edge per write instead of
 //! `dummy_every / 2`. It only removes edges implied by transitivity.
 //!
+//! **Blocks with several versions.** A version made by a partial write carries
+//! bytes of the block's previous version, and two writes in flight together
+//! are not ordered by the graph. Waves therefore write each version's own
+//! bytes only (its exact range). A latest version whose wave is done stays
+//! dirty, outside any node, unless it covers the whole block and is its
+//! block's only version; once no older version of its block is left, it is
+//! written again whole (a *sync*), which only rewrites bytes of writes that are
+//! all on the backing store already. One plan (wave or sync batch) is in flight
+//! at a time, so a sync and a wave never race on a block.
+//!
 //! "Completion" here is the moment a write's data is in the cache (before its
 //! reply): that is never later than the client's completion, so every real
 //! dependency is captured (some extra, harmless ones may be added).
@@ -39,6 +49,10 @@ use crate::config::{Config, WritePolicyKind};
 use crate::layout::CommitRecord;
 
 const UNSET: u64 = u64::MAX;
+/// `aux0` of a dirty version whose own wave is done but whose block must still
+/// be re-synced whole (see [`Ordered`]).
+const ORPHAN: u64 = u64::MAX - 1;
+const NO_GROUP: Group = u64::MAX;
 
 #[derive(Debug, Default)]
 struct Node {
@@ -67,6 +81,7 @@ pub struct Ordered {
     next_cidx: u64,
     wave: Vec<u32>,
     wave_in_flight: bool,
+    sync_in_flight: bool,
     awaiting_commit: bool,
     commit_started: bool,
     scratch: Vec<(u32, Group)>,
@@ -92,6 +107,7 @@ impl Ordered {
             next_cidx: 0,
             wave: Vec::new(),
             wave_in_flight: false,
+            sync_in_flight: false,
             awaiting_commit: false,
             commit_started: false,
             scratch: Vec::new(),
@@ -289,16 +305,23 @@ impl WritePolicy for Ordered {
         false
     }
     fn next_plan(&mut self, ctx: &mut dyn PlanCtx) -> Option<Plan> {
-        if self.wave_in_flight || self.awaiting_commit || !ctx.cleaning_wanted() {
+        if self.wave_in_flight || self.sync_in_flight || self.awaiting_commit || !ctx.cleaning_wanted() {
             return None;
         }
         self.scratch.clear();
-        ctx.pick_victims(8, &mut self.scratch);
         let limit = ctx.destage_limit().max(1);
-        let mut wave = Vec::new();
+        ctx.pick_victims(limit.min(16), &mut self.scratch);
         let victims = std::mem::take(&mut self.scratch);
+        // Versions whose waves are done: re-sync whole blocks.
+        let sync: Vec<u32> = victims.iter().filter(|v| v.1 == NO_GROUP).map(|v| v.0).collect();
+        if !sync.is_empty() {
+            self.scratch = victims;
+            self.sync_in_flight = true;
+            return Some(Plan { write: sync, tag: 0, ..Default::default() });
+        }
+        let mut wave = Vec::new();
         for &(_, g) in &victims {
-            if g == UNSET || (g as usize) >= self.nodes.len() {
+            if (g as usize) >= self.nodes.len() {
                 continue;
             }
             self.ready_ancestors(g as u32, limit, &mut wave);
@@ -307,6 +330,19 @@ impl WritePolicy for Ordered {
             }
         }
         self.scratch = victims;
+        if wave.is_empty() {
+            // The victims' nodes are not ready (or their blocks' latest versions
+            // wait for older ones): destage the oldest ready node instead.
+            let mut best: Option<(u64, u32)> = None;
+            for (i, n) in self.nodes.iter().enumerate() {
+                if n.live && n.completed && !n.dummy && !n.destaged && !n.in_wave && n.preds_left == 0 && !n.slots.is_empty() && best.is_none_or(|b| n.cidx < b.0) {
+                    best = Some((n.cidx, i as u32));
+                }
+            }
+            if let Some((_, id)) = best {
+                wave.push(id);
+            }
+        }
         if wave.is_empty() {
             return None;
         }
@@ -318,9 +354,13 @@ impl WritePolicy for Ordered {
         self.wave = wave;
         self.wave_in_flight = true;
         self.waves += 1;
-        Some(Plan { write, drop: Vec::new(), atomic_group: None, commit_after: true, tag: self.waves })
+        Some(Plan { write, drop: Vec::new(), atomic_group: None, commit_after: true, exact: true, tag: self.waves })
     }
-    fn on_plan_done(&mut self, _now: u64, _plan: &Plan) {
+    fn on_plan_done(&mut self, _now: u64, plan: &Plan) {
+        if plan.tag == 0 {
+            self.sync_in_flight = false;
+            return;
+        }
         let wave = std::mem::take(&mut self.wave);
         for n in wave {
             self.nodes[n as usize].in_wave = false;
@@ -330,13 +370,20 @@ impl WritePolicy for Ordered {
         self.awaiting_commit = true;
         self.commit_started = false;
     }
-    fn on_plan_failed(&mut self, _plan: &Plan) {
+    fn on_plan_failed(&mut self, plan: &Plan) {
+        if plan.tag == 0 {
+            self.sync_in_flight = false;
+            return;
+        }
         for n in std::mem::take(&mut self.wave) {
             self.nodes[n as usize].in_wave = false;
         }
         self.wave_in_flight = false;
     }
     fn entry_aux(&self, group: Group) -> (u64, u64) {
+        if group == NO_GROUP {
+            return (ORPHAN, 0);
+        }
         match self.nodes.get(group as usize) {
             Some(n) if n.live => (n.cidx, n.dfloor),
             _ => (UNSET, 0),
@@ -374,6 +421,10 @@ impl WritePolicy for Ordered {
             }
             if v.aux0 == UNSET {
                 v.discard = true;
+                continue;
+            }
+            if v.aux0 == ORPHAN {
+                v.group = NO_GROUP;
                 continue;
             }
             by_cidx.entry(v.aux0).or_insert((v.aux1, Vec::new())).1.push(i);

@@ -1,0 +1,121 @@
+//! Throughput of exact Mattson and SHARDS (fixed-rate R=0.01, fixed-size).
+//!
+//! `cargo bench -p nvwc-mrc --bench shards` (release). Prints requests/s for a
+//! synthetic 20M-key Zipf-like stream and, if present, the 4 KiB block numbers
+//! of /work/shared/traces/cloudPhysicsIO.vscsi repeated to >= 10M accesses
+//! (override the path with NVWC_VSCSI).
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use nvwc_mrc::{mix64, Histogram, Mrc, ShardsFixedRate, ShardsFixedSize, StackDistance};
+
+const SYNTH_N: usize = 20_000_000;
+const SYNTH_UNIVERSE: u64 = 4_000_000;
+const TRACE_MIN: usize = 10_000_000;
+
+fn zipfish(n: usize, universe: u64) -> Vec<u64> {
+    let mut x = 42u64;
+    let ln = (universe as f64).ln();
+    (0..n)
+        .map(|_| {
+            x = mix64(x);
+            let u = (x >> 11) as f64 / (1u64 << 53) as f64;
+            let rank = ((u * ln).exp() as u64).min(universe) - 1;
+            mix64(rank)
+        })
+        .collect()
+}
+
+/// 4 KiB block numbers touched by each vSCSI v1 record, in order.
+fn vscsi_blocks(path: &str) -> Option<Vec<u64>> {
+    let data = std::fs::read(path).ok()?;
+    let mut out = Vec::new();
+    for r in data.chunks_exact(32) {
+        let len = u32::from_le_bytes(r[4..8].try_into().unwrap()) as u64;
+        let lbn = u64::from_le_bytes(r[16..24].try_into().unwrap());
+        let first = lbn * 512 / 4096;
+        let last = (lbn * 512 + len.max(1) - 1) / 4096;
+        out.extend(first..=last);
+    }
+    Some(out)
+}
+
+fn rate(n: usize, secs: f64) -> String {
+    format!("{:7.2} M req/s", n as f64 / secs / 1e6)
+}
+
+fn run(label: &str, keys: &[u64]) {
+    println!("== {label}: {} accesses", keys.len());
+    let t = Instant::now();
+    let mut sd = StackDistance::new();
+    let mut h = Histogram::bounded(1 << 20);
+    for &k in keys {
+        h.record(sd.access(k));
+    }
+    let secs = t.elapsed().as_secs_f64();
+    let distinct = sd.distinct();
+    println!(
+        "exact Mattson            {}  ({secs:.2} s, {distinct} distinct, {:.1} MiB)",
+        rate(keys.len(), secs),
+        (sd.mem_bytes() + h.mem_bytes()) as f64 / 1048576.0
+    );
+    let exact: Mrc = h.mrc();
+    let sizes: Vec<u64> = (1..=100).map(|i| i * distinct as u64 / 100).collect();
+
+    let t = Instant::now();
+    let mut fr = ShardsFixedRate::new(0.01);
+    for &k in black_box(keys) {
+        fr.access(k);
+    }
+    let secs = t.elapsed().as_secs_f64();
+    println!(
+        "SHARDS fixed-rate 0.01   {}  ({secs:.2} s, {} sampled, MAE {:.4}, {:.2} MiB)",
+        rate(keys.len(), secs),
+        fr.sampled_keys(),
+        exact.mae(&fr.mrc(), &sizes),
+        fr.mem_bytes() as f64 / 1048576.0
+    );
+
+    let t = Instant::now();
+    let mut fs = ShardsFixedSize::new(8192);
+    for &k in black_box(keys) {
+        fs.access(k);
+    }
+    let secs = t.elapsed().as_secs_f64();
+    println!(
+        "SHARDS fixed-size 8192   {}  ({secs:.2} s, final R {:.5}, MAE {:.4}, {:.2} MiB)",
+        rate(keys.len(), secs),
+        fs.rate(),
+        exact.mae(&fs.mrc(), &sizes),
+        fs.mem_bytes() as f64 / 1048576.0
+    );
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` would too. Skip heavy work
+    // when invoked as a test (e.g. `cargo test --all-targets` runs benches in test mode).
+    if std::env::args().any(|a| a == "--test") || cfg!(debug_assertions) {
+        println!("shards bench: skipped (run with `cargo bench`)");
+        return;
+    }
+    let t = Instant::now();
+    let keys = zipfish(SYNTH_N, SYNTH_UNIVERSE);
+    println!("generated synthetic stream in {:.2} s", t.elapsed().as_secs_f64());
+    run("synthetic Zipf-like (log-uniform over 4M keys)", &keys);
+    drop(keys);
+
+    let path = std::env::var("NVWC_VSCSI")
+        .unwrap_or_else(|_| "/work/shared/traces/cloudPhysicsIO.vscsi".to_string());
+    match vscsi_blocks(&path) {
+        Some(blocks) if !blocks.is_empty() => {
+            let reps = TRACE_MIN.div_ceil(blocks.len());
+            let mut keys = Vec::with_capacity(reps * blocks.len());
+            for _ in 0..reps {
+                keys.extend_from_slice(&blocks);
+            }
+            run(&format!("{path} 4 KiB blocks ({} per pass) x{reps}", blocks.len()), &keys);
+        }
+        _ => println!("{path}: not found, trace benchmark skipped"),
+    }
+}

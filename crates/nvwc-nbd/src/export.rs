@@ -1,0 +1,326 @@
+//! The [`Export`] trait that the server framework drives, and its companions.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::error::NbdError;
+use crate::proto::{tx_flags, Extent, MAX_STRING_LEN};
+
+/// A boxed, `Send` future (the trait is object safe and async-trait free).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Result of an export operation.
+pub type NbdResult<T> = Result<T, NbdError>;
+
+/// Largest `max_block` an export may advertise: the server buffers whole
+/// payloads, so this bounds per-request memory (64 MiB).
+pub const MAX_BLOCK_LIMIT: u32 = 64 << 20;
+
+/// Description of an export, as advertised during the handshake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportInfo {
+    /// Export name; "" is the default export.
+    pub name: String,
+    /// Human-readable description ("" for none).
+    pub description: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Writes, trims and zeroes are refused with `EPERM`.
+    pub read_only: bool,
+    /// Advertise `NBD_CMD_FLUSH`.
+    pub can_flush: bool,
+    /// Advertise `NBD_CMD_FLAG_FUA`.
+    pub can_fua: bool,
+    /// Advertise `NBD_CMD_TRIM`.
+    pub can_trim: bool,
+    /// Advertise `NBD_CMD_WRITE_ZEROES`.
+    pub can_zero: bool,
+    /// Advertise `NBD_CMD_FLAG_FAST_ZERO` (requires `can_zero`).
+    pub can_fast_zero: bool,
+    /// Advertise `NBD_CMD_CACHE`.
+    pub can_cache: bool,
+    /// Advertise `NBD_FLAG_CAN_MULTI_CONN`: flush/FUA effects MUST then be
+    /// visible across all connections when the reply is sent.
+    pub can_multi_conn: bool,
+    /// Minimum block size: power of two, 1..=65536. Requests not aligned to it get `EINVAL`.
+    pub min_block: u32,
+    /// Preferred block size: power of two ≥ max(min_block, 512).
+    pub pref_block: u32,
+    /// Maximum READ/WRITE payload: ≥ pref_block and ≤ [`MAX_BLOCK_LIMIT`].
+    pub max_block: u32,
+}
+
+impl Default for ExportInfo {
+    fn default() -> Self {
+        ExportInfo {
+            name: String::new(),
+            description: String::new(),
+            size: 0,
+            read_only: false,
+            can_flush: false,
+            can_fua: false,
+            can_trim: false,
+            can_zero: false,
+            can_fast_zero: false,
+            can_cache: false,
+            can_multi_conn: false,
+            min_block: 1,
+            pref_block: 4096,
+            max_block: 1 << 25,
+        }
+    }
+}
+
+impl ExportInfo {
+    /// A writable export with the spec's default block sizes and no optional features.
+    pub fn new(name: impl Into<String>, size: u64) -> Self {
+        ExportInfo {
+            name: name.into(),
+            size,
+            ..Default::default()
+        }
+    }
+
+    /// Enable every optional feature (flush, FUA, trim, zero, fast zero, cache, multi-conn).
+    pub fn with_all_features(mut self) -> Self {
+        self.can_flush = true;
+        self.can_fua = true;
+        self.can_trim = true;
+        self.can_zero = true;
+        self.can_fast_zero = true;
+        self.can_cache = true;
+        self.can_multi_conn = true;
+        self
+    }
+
+    /// Check the spec's constraints on the advertised values.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.name.len() > MAX_STRING_LEN || self.name.contains('\0') {
+            return Err("name MUST be at most 4096 bytes without NUL".into());
+        }
+        if self.description.len() > MAX_STRING_LEN || self.description.contains('\0') {
+            return Err("description MUST be at most 4096 bytes without NUL".into());
+        }
+        if !self.min_block.is_power_of_two() || self.min_block > 65536 {
+            return Err(format!(
+                "min_block {} MUST be a power of two ≤ 65536",
+                self.min_block
+            ));
+        }
+        if !self.pref_block.is_power_of_two() || self.pref_block < self.min_block.max(512) {
+            return Err(format!(
+                "pref_block {} MUST be a power of two ≥ max(min_block, 512)",
+                self.pref_block
+            ));
+        }
+        if self.max_block < self.pref_block || self.max_block > MAX_BLOCK_LIMIT {
+            return Err(format!(
+                "max_block {} MUST be ≥ pref_block and ≤ {MAX_BLOCK_LIMIT}",
+                self.max_block
+            ));
+        }
+        if self.can_fast_zero && !self.can_zero {
+            return Err("can_fast_zero requires can_zero".into());
+        }
+        Ok(())
+    }
+
+    /// The 16-bit transmission flags for this export. `structured` tells
+    /// whether structured replies were negotiated (`SEND_DF` needs them).
+    pub fn transmission_flags(&self, structured: bool) -> u16 {
+        let mut f = tx_flags::HAS_FLAGS;
+        let mut set = |cond: bool, bit: u16| {
+            if cond {
+                f |= bit;
+            }
+        };
+        set(self.read_only, tx_flags::READ_ONLY);
+        set(self.can_flush, tx_flags::SEND_FLUSH);
+        set(self.can_fua, tx_flags::SEND_FUA);
+        set(self.can_trim, tx_flags::SEND_TRIM);
+        set(self.can_zero, tx_flags::SEND_WRITE_ZEROES);
+        set(structured, tx_flags::SEND_DF);
+        set(self.can_multi_conn, tx_flags::CAN_MULTI_CONN);
+        set(self.can_cache, tx_flags::SEND_CACHE);
+        set(
+            self.can_zero && self.can_fast_zero,
+            tx_flags::SEND_FAST_ZERO,
+        );
+        f
+    }
+}
+
+/// Per-request context handed to every [`Export`] operation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestCtx {
+    /// Server-unique connection id (never 0).
+    pub conn_id: u64,
+    /// Canonical name of the export the connection selected.
+    pub export: Arc<str>,
+    /// The client's cookie for this request.
+    pub handle: u64,
+}
+
+/// Flags of `NBD_CMD_WRITE_ZEROES`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct WriteZeroesFlags {
+    /// `NBD_CMD_FLAG_FUA`: persist before returning.
+    pub fua: bool,
+    /// `NBD_CMD_FLAG_NO_HOLE`: the area MUST end up fully provisioned.
+    pub no_hole: bool,
+    /// `NBD_CMD_FLAG_FAST_ZERO`: fail quickly with `ENOTSUP` unless faster than a write.
+    pub fast_zero: bool,
+}
+
+/// A block device served over NBD.
+///
+/// The server validates every request before calling an operation, so
+/// implementations may rely on these preconditions:
+/// - `offset + len <= info().size` (as captured when the client connected),
+///   and both are multiples of `min_block`;
+/// - `len > 0` (zero-length requests are answered by the server itself);
+/// - `read`/`write` lengths are `<= max_block`;
+/// - a write-like operation is never called on a `read_only` export, and an
+///   optional operation is only called if its `can_*` flag is set.
+///
+/// Operations of one connection run concurrently (up to the server's
+/// in-flight limit) and may complete in any order. Implementations MUST:
+/// - `read`: return exactly `len` bytes (otherwise the server replies `EIO`);
+/// - `write`/`trim`/`write_zeroes` with `fua`: persist the effect before
+///   the returned future completes;
+/// - `flush`: persist every write that completed before `flush` was called;
+/// - `block_status`: return at least one extent, each with nonzero length,
+///   describing consecutive bytes starting at `offset` (the server drops
+///   extents past `len` and clips the last one; an empty list becomes `EIO`);
+/// - with `can_multi_conn`, make flush/FUA effects visible to every connection.
+pub trait Export: Send + Sync + 'static {
+    /// Current description. Called once per `NBD_OPT_INFO`/`GO`/`EXPORT_NAME`;
+    /// the values in force for a connection are those seen when it entered
+    /// transmission.
+    fn info(&self) -> ExportInfo;
+
+    /// `NBD_CMD_READ`: return exactly `len` bytes from `offset`.
+    fn read(&self, ctx: RequestCtx, offset: u64, len: u32) -> BoxFuture<'_, NbdResult<Bytes>>;
+
+    /// `NBD_CMD_WRITE` of `data` (length ≥ 1) at `offset`.
+    fn write(
+        &self,
+        ctx: RequestCtx,
+        offset: u64,
+        data: Bytes,
+        fua: bool,
+    ) -> BoxFuture<'_, NbdResult<()>>;
+
+    /// `NBD_CMD_FLUSH`. Only called if `can_flush`.
+    fn flush(&self, ctx: RequestCtx) -> BoxFuture<'_, NbdResult<()>> {
+        let _ = ctx;
+        Box::pin(async { Err(NbdError::inval("flush not supported")) })
+    }
+
+    /// `NBD_CMD_TRIM` (a hint; MAY do nothing). Only called if `can_trim`.
+    fn trim(
+        &self,
+        ctx: RequestCtx,
+        offset: u64,
+        len: u32,
+        fua: bool,
+    ) -> BoxFuture<'_, NbdResult<()>> {
+        let _ = (ctx, offset, len, fua);
+        Box::pin(async { Ok(()) })
+    }
+
+    /// `NBD_CMD_WRITE_ZEROES`: the range MUST read back as zeroes afterwards.
+    /// With `flags.fast_zero` it MAY fail with `ENOTSUP` instead (and then
+    /// SHOULD NOT change the contents). Only called if `can_zero`.
+    fn write_zeroes(
+        &self,
+        ctx: RequestCtx,
+        offset: u64,
+        len: u32,
+        flags: WriteZeroesFlags,
+    ) -> BoxFuture<'_, NbdResult<()>> {
+        let _ = (ctx, offset, len, flags);
+        Box::pin(async { Err(NbdError::inval("write zeroes not supported")) })
+    }
+
+    /// `NBD_CMD_CACHE` (prefetch hint). Only called if `can_cache`.
+    fn cache(&self, ctx: RequestCtx, offset: u64, len: u32) -> BoxFuture<'_, NbdResult<()>> {
+        let _ = (ctx, offset, len);
+        Box::pin(async { Ok(()) })
+    }
+
+    /// `NBD_CMD_BLOCK_STATUS` for `base:allocation`. The default reports the
+    /// whole range as allocated data (flags 0), which is always safe.
+    fn block_status(
+        &self,
+        ctx: RequestCtx,
+        offset: u64,
+        len: u32,
+    ) -> BoxFuture<'_, NbdResult<Vec<Extent>>> {
+        let _ = (ctx, offset);
+        Box::pin(async move { Ok(vec![Extent { len, flags: 0 }]) })
+    }
+
+    /// A connection selected this export and entered transmission.
+    fn on_connect(&self, conn_id: u64) {
+        let _ = conn_id;
+    }
+
+    /// The connection ended. Called after all of its operations completed;
+    /// no operation with this `conn_id` starts afterwards.
+    fn on_disconnect(&self, conn_id: u64) {
+        let _ = conn_id;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validate_rules() {
+        let ok = ExportInfo::new("x", 1 << 20);
+        assert!(ok.validate().is_ok());
+        let mut b = ok.clone();
+        b.min_block = 3;
+        assert!(b.validate().is_err());
+        let mut b = ok.clone();
+        b.min_block = 1 << 17;
+        assert!(b.validate().is_err());
+        let mut b = ok.clone();
+        b.pref_block = 256;
+        assert!(b.validate().is_err());
+        let mut b = ok.clone();
+        b.min_block = 8192;
+        b.pref_block = 4096;
+        assert!(b.validate().is_err());
+        let mut b = ok.clone();
+        b.max_block = 1024;
+        assert!(b.validate().is_err());
+        let mut b = ok.clone();
+        b.max_block = MAX_BLOCK_LIMIT + 1;
+        assert!(b.validate().is_err());
+        let mut b = ok.clone();
+        b.can_fast_zero = true;
+        assert!(b.validate().is_err());
+        let mut b = ok;
+        b.name = "a\0".into();
+        assert!(b.validate().is_err());
+    }
+
+    #[test]
+    fn transmission_flags_bits() {
+        let e = ExportInfo::new("x", 1);
+        assert_eq!(e.transmission_flags(false), 0x0001);
+        assert_eq!(e.transmission_flags(true), 0x0081);
+        let all = e.clone().with_all_features();
+        // HAS_FLAGS|FLUSH|FUA|TRIM|ZEROES|MULTI_CONN|CACHE|FAST_ZERO
+        assert_eq!(all.transmission_flags(false), 0x0d6d);
+        let mut ro = e;
+        ro.read_only = true;
+        assert_eq!(ro.transmission_flags(false), 0x0003);
+    }
+}

@@ -1,0 +1,615 @@
+//! Per-connection driver: handshake, then the concurrent transmission phase.
+
+use std::any::Any;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{
+    AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter, ReadHalf, WriteHalf,
+};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+
+use super::handshake::{handshake, Negotiated, BASE_ALLOCATION_ID};
+use super::Inner;
+use crate::error::{ErrorCode, NbdError};
+use crate::export::{Export, ExportInfo, NbdResult, RequestCtx, WriteZeroesFlags};
+use crate::proto::{
+    self, cmd_flags, reply_flags, ChunkPayload, Command, Extent, RequestHeader, SimpleReplyHeader,
+    SAFE_PAYLOAD_LEN,
+};
+
+const IO_BUF: usize = 128 * 1024;
+/// Most extents we send in one `BLOCK_STATUS` chunk (spec: SHOULD NOT exceed 2^20).
+const MAX_EXTENTS: usize = 1 << 20;
+
+/// A reply queued for the writer task.
+enum Outgoing {
+    Simple {
+        handle: u64,
+        error: u32,
+        data: Option<Bytes>,
+    },
+    Chunk {
+        handle: u64,
+        flags: u16,
+        payload: ChunkPayload,
+    },
+}
+
+/// A reply plus the memory-budget permit covering its data, if any.
+type Queued = (Outgoing, Option<OwnedSemaphorePermit>);
+
+/// Unit of the per-connection payload memory budget.
+const BUDGET_UNIT: usize = 4096;
+
+/// Result of a successful export operation.
+enum OpOutput {
+    Unit,
+    Data(Bytes),
+    Extents(Vec<Extent>),
+}
+
+/// Connection state shared with request tasks.
+struct Conn {
+    conn_id: u64,
+    name: Arc<str>,
+    export: Arc<dyn Export>,
+    info: ExportInfo,
+    structured: bool,
+    base_allocation: bool,
+}
+
+enum End {
+    /// `NBD_CMD_DISC`, EOF, or shutdown drained: finish in-flight work, flush, close.
+    Graceful,
+    /// Protocol violation or broken stream: close immediately.
+    Hard,
+}
+
+pub(crate) async fn run_connection<S>(inner: Arc<Inner>, stream: S, conn_id: u64)
+where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let (rd, wr) = tokio::io::split(stream);
+    let mut rd = BufReader::with_capacity(IO_BUF, rd);
+    let mut wr = BufWriter::with_capacity(IO_BUF, wr);
+
+    let hs = handshake(&inner, &mut rd, &mut wr);
+    let nego = match inner.config.handshake_timeout {
+        Some(t) => match tokio::time::timeout(t, hs).await {
+            Ok(r) => r,
+            Err(_) => return,
+        },
+        None => hs.await,
+    };
+    let nego = match nego {
+        Ok(Some(n)) => n,
+        Ok(None) => {
+            let _ = wr.shutdown().await;
+            return;
+        }
+        Err(_) => return, // hard disconnect: drop both halves
+    };
+    let Negotiated {
+        name,
+        export,
+        info,
+        structured,
+        base_allocation,
+    } = nego;
+    export.on_connect(conn_id);
+    let conn = Arc::new(Conn {
+        conn_id,
+        name,
+        export: export.clone(),
+        info,
+        structured,
+        base_allocation,
+    });
+    transmission(&inner, conn, rd, wr).await;
+    export.on_disconnect(conn_id);
+}
+
+async fn transmission<S>(
+    inner: &Inner,
+    conn: Arc<Conn>,
+    mut rd: BufReader<ReadHalf<S>>,
+    wr: BufWriter<WriteHalf<S>>,
+) where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    let max = inner.config.max_in_flight;
+    let sem = Arc::new(Semaphore::new(max));
+    // Payload memory budget, in 4 KiB units. A request never needs more than
+    // the whole budget, so a single large request can always proceed.
+    let budget_units = (inner.config.max_in_flight_bytes / BUDGET_UNIT)
+        .clamp(1, Semaphore::MAX_PERMITS.min(u32::MAX as usize)) as u32;
+    let budget = Arc::new(Semaphore::new(budget_units as usize));
+    let units_for = |len: u32| -> u32 {
+        (u64::from(len).div_ceil(BUDGET_UNIT as u64)).min(u64::from(budget_units)) as u32
+    };
+    let (tx, rx) = mpsc::channel::<Queued>(max + 16);
+    let writer = tokio::spawn(writer_task(wr, rx));
+    let mut shutdown = inner.shutdown.subscribe();
+
+    let end = loop {
+        let mut hb = [0u8; RequestHeader::LEN];
+        let read = tokio::select! {
+            biased;
+            r = rd.read_exact(&mut hb) => r,
+            // The writer died (client gone): stop.
+            _ = tx.closed() => break End::Hard,
+            // Shutting down and nothing in flight: close.
+            _ = async {
+                let _ = shutdown.wait_for(|s| *s).await;
+                sem.acquire_many(max as u32).await
+            } => break End::Graceful,
+        };
+        if read.is_err() {
+            // EOF (possibly mid-header) or I/O error: the client is gone.
+            break End::Graceful;
+        }
+        let Ok(hdr) = RequestHeader::decode(&hb) else {
+            // Bad request magic: hard disconnect this client only.
+            break End::Hard;
+        };
+
+        // Consume the WRITE payload first so the stream stays in sync even
+        // when the request is rejected.
+        let mut payload = None;
+        let mut bytes_permit = None;
+        if hdr.command == Command::Write {
+            let len = hdr.length;
+            if len > conn.info.max_block && len > SAFE_PAYLOAD_LEN {
+                // Larger than both our limit and what the spec calls safe: DoS.
+                break End::Hard;
+            }
+            let Ok(p) = budget.clone().acquire_many_owned(units_for(len)).await else {
+                break End::Hard;
+            };
+            bytes_permit = Some(p);
+            let mut buf = BytesMut::zeroed(len as usize);
+            if rd.read_exact(&mut buf).await.is_err() {
+                // Disconnected mid-request: just end this connection.
+                break End::Graceful;
+            }
+            payload = Some(buf.freeze());
+        }
+
+        if hdr.command == Command::Disc {
+            break End::Graceful;
+        }
+
+        if inner.is_shutting_down() {
+            let msg = reply_for(
+                &conn,
+                &hdr,
+                Err(NbdError::shutdown("server is shutting down")),
+            );
+            if tx.send((msg, None)).await.is_err() {
+                break End::Hard;
+            }
+            continue;
+        }
+
+        if let Err(e) = validate(&conn, &hdr) {
+            if tx
+                .send((reply_for(&conn, &hdr, Err(e)), None))
+                .await
+                .is_err()
+            {
+                break End::Hard;
+            }
+            continue;
+        }
+
+        if hdr.command == Command::Read {
+            // Budget for the reply data, held until the writer has sent it.
+            let Ok(p) = budget
+                .clone()
+                .acquire_many_owned(units_for(hdr.length))
+                .await
+            else {
+                break End::Hard;
+            };
+            bytes_permit = Some(p);
+        }
+        let Ok(permit) = sem.clone().acquire_owned().await else {
+            break End::Hard;
+        };
+        tokio::spawn(handle_request(
+            conn.clone(),
+            hdr,
+            payload,
+            tx.clone(),
+            permit,
+            bytes_permit,
+        ));
+    };
+
+    match end {
+        End::Graceful => {
+            drop(rd);
+            // Wait for every in-flight request to queue its reply.
+            let _all = sem.acquire_many(max as u32).await;
+            drop(tx);
+            if let Ok(Some(mut w)) = writer.await {
+                let _ = w.shutdown().await;
+            }
+        }
+        End::Hard => {
+            writer.abort();
+            drop(rd);
+            drop(tx);
+            let _ = writer.await;
+            // The socket is closed now; still wait for in-flight operations so
+            // that on_disconnect runs after all of them.
+            let _all = sem.acquire_many(max as u32).await;
+        }
+    }
+}
+
+/// Writes replies in the order they are queued (= completion order),
+/// flushing whenever the queue is momentarily empty. A reply's memory-budget
+/// permit is released once it has been written. Returns the writer on a
+/// clean end (channel closed), `None` after an I/O error.
+async fn writer_task<W: AsyncWrite + Unpin>(
+    mut wr: BufWriter<W>,
+    mut rx: mpsc::Receiver<Queued>,
+) -> Option<BufWriter<W>> {
+    while let Some((msg, _permit)) = rx.recv().await {
+        if write_msg(&mut wr, msg).await.is_err() {
+            return None;
+        }
+        while let Ok((msg, _permit)) = rx.try_recv() {
+            if write_msg(&mut wr, msg).await.is_err() {
+                return None;
+            }
+        }
+        if wr.flush().await.is_err() {
+            return None;
+        }
+    }
+    Some(wr)
+}
+
+async fn write_msg<W: AsyncWrite + Unpin>(
+    wr: &mut BufWriter<W>,
+    msg: Outgoing,
+) -> std::io::Result<()> {
+    match msg {
+        Outgoing::Simple {
+            handle,
+            error,
+            data,
+        } => {
+            wr.write_all(&SimpleReplyHeader { error, handle }.encode())
+                .await?;
+            if let Some(d) = data {
+                wr.write_all(&d).await?;
+            }
+        }
+        Outgoing::Chunk {
+            handle,
+            flags,
+            payload: ChunkPayload::OffsetData { offset, data },
+        } => {
+            let len = u32::try_from(data.len()).expect("read length fits u32");
+            wr.write_all(&proto::encode_offset_data_prefix(
+                handle, flags, offset, len,
+            ))
+            .await?;
+            wr.write_all(&data).await?;
+        }
+        Outgoing::Chunk {
+            handle,
+            flags,
+            payload,
+        } => {
+            wr.write_all(&proto::encode_chunk(handle, flags, &payload))
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Check a request against the negotiated export. Order: unknown command,
+/// flags, command availability, read-only, payload size, range, alignment.
+fn validate(conn: &Conn, hdr: &RequestHeader) -> Result<(), NbdError> {
+    let info = &conn.info;
+    let fua = if info.can_fua { cmd_flags::FUA } else { 0 };
+    let allowed = match hdr.command {
+        Command::Read => fua | if conn.structured { cmd_flags::DF } else { 0 },
+        Command::Write | Command::Flush | Command::Trim | Command::Cache => fua,
+        Command::WriteZeroes => {
+            fua | cmd_flags::NO_HOLE
+                | if info.can_fast_zero {
+                    cmd_flags::FAST_ZERO
+                } else {
+                    0
+                }
+        }
+        Command::BlockStatus => fua | cmd_flags::REQ_ONE,
+        Command::Disc => u16::MAX,
+        Command::Other(c) => return Err(NbdError::inval(format!("unknown command {c}"))),
+    };
+    if hdr.flags & !allowed != 0 {
+        return Err(NbdError::inval(format!(
+            "command flags {:#x} not allowed for {:?}",
+            hdr.flags & !allowed,
+            hdr.command
+        )));
+    }
+    let available = match hdr.command {
+        Command::Flush => info.can_flush,
+        Command::Trim => info.can_trim,
+        Command::WriteZeroes => info.can_zero,
+        Command::Cache => info.can_cache,
+        Command::BlockStatus => conn.structured && conn.base_allocation,
+        _ => true,
+    };
+    if !available {
+        return Err(NbdError::inval(format!(
+            "{:?} was not negotiated",
+            hdr.command
+        )));
+    }
+    let writes = matches!(
+        hdr.command,
+        Command::Write | Command::Trim | Command::WriteZeroes
+    );
+    if writes && info.read_only {
+        return Err(NbdError::perm("export is read-only"));
+    }
+    if hdr.command == Command::Flush {
+        return Ok(()); // offset/length are reserved
+    }
+    if hdr.command == Command::Read && hdr.length > info.max_block {
+        return Err(if conn.structured {
+            NbdError::overflow("read longer than maximum payload")
+        } else {
+            NbdError::inval("read longer than maximum payload")
+        });
+    }
+    if hdr.command == Command::Write && hdr.length > info.max_block {
+        return Err(NbdError::inval("write longer than maximum payload"));
+    }
+    let in_range = matches!(
+        hdr.offset.checked_add(u64::from(hdr.length)),
+        Some(end) if end <= info.size
+    );
+    if !in_range {
+        return Err(
+            if matches!(hdr.command, Command::Write | Command::WriteZeroes) {
+                NbdError::nospc("request beyond end of export")
+            } else {
+                NbdError::inval("request beyond end of export")
+            },
+        );
+    }
+    let mb = u64::from(info.min_block);
+    if mb > 1 && (hdr.offset % mb != 0 || u64::from(hdr.length) % mb != 0) {
+        return Err(NbdError::inval(format!(
+            "request not aligned to minimum block size {mb}"
+        )));
+    }
+    if hdr.command == Command::BlockStatus && hdr.length == 0 {
+        return Err(NbdError::inval("zero-length block status"));
+    }
+    Ok(())
+}
+
+async fn handle_request(
+    conn: Arc<Conn>,
+    hdr: RequestHeader,
+    payload: Option<Bytes>,
+    tx: mpsc::Sender<Queued>,
+    permit: OwnedSemaphorePermit,
+    bytes_permit: Option<OwnedSemaphorePermit>,
+) {
+    let fut = execute(conn.clone(), hdr, payload);
+    let out = match CatchUnwind(Box::pin(fut)).await {
+        Ok(r) => r,
+        Err(_) => Err(NbdError::io("internal error: export operation panicked")),
+    };
+    let msg = reply_for(&conn, &hdr, out);
+    // The WRITE payload was consumed by the export; a READ's data lives on in
+    // the reply until written.
+    let keep = if hdr.command == Command::Read {
+        bytes_permit
+    } else {
+        drop(bytes_permit);
+        None
+    };
+    let _ = tx.send((msg, keep)).await; // the connection may be gone; nothing to do
+    drop(permit);
+}
+
+async fn execute(
+    conn: Arc<Conn>,
+    hdr: RequestHeader,
+    payload: Option<Bytes>,
+) -> NbdResult<OpOutput> {
+    let ctx = RequestCtx {
+        conn_id: conn.conn_id,
+        export: conn.name.clone(),
+        handle: hdr.handle,
+    };
+    let e = &conn.export;
+    let (off, len) = (hdr.offset, hdr.length);
+    let fua = hdr.flags & cmd_flags::FUA != 0;
+    // Zero-length requests: unspecified by the spec; succeed without
+    // bothering the export (which is promised len > 0).
+    if len == 0 && !matches!(hdr.command, Command::Flush | Command::BlockStatus) {
+        return Ok(match hdr.command {
+            Command::Read => OpOutput::Data(Bytes::new()),
+            _ => OpOutput::Unit,
+        });
+    }
+    match hdr.command {
+        Command::Read => {
+            let data = e.read(ctx, off, len).await?;
+            if data.len() != len as usize {
+                return Err(NbdError::io(format!(
+                    "export returned {} bytes for a {len}-byte read",
+                    data.len()
+                )));
+            }
+            Ok(OpOutput::Data(data))
+        }
+        Command::Write => {
+            let data = payload.expect("WRITE payload is read before dispatch");
+            debug_assert_eq!(data.len(), len as usize);
+            e.write(ctx, off, data, fua).await.map(|_| OpOutput::Unit)
+        }
+        Command::Flush => e.flush(ctx).await.map(|_| OpOutput::Unit),
+        Command::Trim => e.trim(ctx, off, len, fua).await.map(|_| OpOutput::Unit),
+        Command::Cache => e.cache(ctx, off, len).await.map(|_| OpOutput::Unit),
+        Command::WriteZeroes => {
+            let flags = WriteZeroesFlags {
+                fua,
+                no_hole: hdr.flags & cmd_flags::NO_HOLE != 0,
+                fast_zero: hdr.flags & cmd_flags::FAST_ZERO != 0,
+            };
+            e.write_zeroes(ctx, off, len, flags)
+                .await
+                .map(|_| OpOutput::Unit)
+        }
+        Command::BlockStatus => {
+            let ext = e.block_status(ctx, off, len).await?;
+            let req_one = hdr.flags & cmd_flags::REQ_ONE != 0;
+            normalize_extents(ext, len, req_one).map(OpOutput::Extents)
+        }
+        Command::Disc | Command::Other(_) => {
+            unreachable!("DISC and unknown commands are handled before dispatch")
+        }
+    }
+}
+
+/// Enforce the spec on an export's block status answer: drop zero-length
+/// extents, stop once `req_len` is covered (clipping the last extent), at
+/// most one extent with REQ_ONE, at most 2^20 extents.
+fn normalize_extents(ext: Vec<Extent>, req_len: u32, req_one: bool) -> NbdResult<Vec<Extent>> {
+    let mut out = Vec::new();
+    let mut covered: u64 = 0;
+    for e in ext.into_iter().filter(|e| e.len > 0) {
+        let remaining = u64::from(req_len) - covered;
+        let len = u64::from(e.len).min(remaining) as u32;
+        out.push(Extent {
+            len,
+            flags: e.flags,
+        });
+        covered += u64::from(len);
+        if covered >= u64::from(req_len) || req_one || out.len() >= MAX_EXTENTS {
+            break;
+        }
+    }
+    if out.is_empty() {
+        return Err(NbdError::io("export returned no block status extents"));
+    }
+    debug_assert!(covered <= u64::from(req_len));
+    Ok(out)
+}
+
+fn reply_for(conn: &Conn, hdr: &RequestHeader, out: NbdResult<OpOutput>) -> Outgoing {
+    let handle = hdr.handle;
+    if conn.structured {
+        let payload = match out {
+            Ok(OpOutput::Unit) => ChunkPayload::None,
+            Ok(OpOutput::Data(d)) if d.is_empty() => ChunkPayload::None,
+            Ok(OpOutput::Data(data)) => ChunkPayload::OffsetData {
+                offset: hdr.offset,
+                data,
+            },
+            Ok(OpOutput::Extents(extents)) => ChunkPayload::BlockStatus {
+                context_id: BASE_ALLOCATION_ID,
+                extents,
+            },
+            Err(e) => ChunkPayload::Error {
+                error: e.code.to_wire(),
+                message: proto::sanitize_message(&e.message),
+            },
+        };
+        Outgoing::Chunk {
+            handle,
+            flags: reply_flags::DONE,
+            payload,
+        }
+    } else {
+        match out {
+            Ok(OpOutput::Data(d)) => Outgoing::Simple {
+                handle,
+                error: 0,
+                data: Some(d),
+            },
+            Ok(OpOutput::Unit) => Outgoing::Simple {
+                handle,
+                error: 0,
+                data: None,
+            },
+            Ok(OpOutput::Extents(_)) => {
+                // validate() refuses BLOCK_STATUS without structured replies.
+                debug_assert!(false, "block status without structured replies");
+                Outgoing::Simple {
+                    handle,
+                    error: ErrorCode::Inval.to_wire(),
+                    data: None,
+                }
+            }
+            Err(e) => Outgoing::Simple {
+                handle,
+                error: e.code.to_wire(),
+                data: None,
+            },
+        }
+    }
+}
+
+/// Turns a panic inside an export operation into an error value so that the
+/// client still gets a reply and the connection keeps working.
+struct CatchUnwind<F>(Pin<Box<F>>);
+
+impl<F: Future> Future for CatchUnwind<F> {
+    type Output = Result<F::Output, Box<dyn Any + Send>>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let fut = self.get_mut().0.as_mut();
+        match std::panic::catch_unwind(AssertUnwindSafe(move || fut.poll(cx))) {
+            Ok(Poll::Pending) => Poll::Pending,
+            Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
+            Err(p) => Poll::Ready(Err(p)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normalize_clips_and_limits() {
+        let e = |len, flags| Extent { len, flags };
+        assert_eq!(
+            normalize_extents(vec![e(100, 1), e(100, 0)], 150, false).unwrap(),
+            vec![e(100, 1), e(50, 0)]
+        );
+        assert_eq!(
+            normalize_extents(vec![e(0, 3), e(100, 1), e(100, 0)], 150, true).unwrap(),
+            vec![e(100, 1)]
+        );
+        assert_eq!(
+            normalize_extents(vec![e(1000, 3)], 150, true).unwrap(),
+            vec![e(150, 3)]
+        );
+        assert_eq!(
+            normalize_extents(vec![e(10, 3)], 150, false).unwrap(),
+            vec![e(10, 3)]
+        );
+        assert!(normalize_extents(vec![], 150, false).is_err());
+        assert!(normalize_extents(vec![e(0, 0)], 150, false).is_err());
+    }
+}

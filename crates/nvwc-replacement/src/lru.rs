@@ -1,0 +1,150 @@
+//! LRU over all cached blocks.
+//!
+//! Two timestamp-ordered intrusive lists ([`crate::lists`]): clean and dirty.
+//! `victim_clean` walks the clean list from its LRU end (skipping pinned
+//! blocks); `clean_batch` walks the dirty list from its LRU end (skipping busy
+//! blocks). Both are O(1) plus the number of pinned/busy blocks skipped. A block
+//! whose dirty state changes moves to the other list at the position of its
+//! last access, so both lists stay in true LRU order. Per-block state is 13
+//! bytes (two u32 links, a u32 timestamp, a u8 list tag); no hash map.
+
+use crate::lists::TsLists;
+use crate::{BlockId, Replacement};
+
+const CLEAN: usize = 0;
+const DIRTY: usize = 1;
+
+/// Least-recently-used replacement and cleaning.
+#[derive(Clone, Debug)]
+pub struct Lru {
+    lists: TsLists,
+}
+
+impl Lru {
+    /// A policy for block ids `0..capacity_blocks`.
+    pub fn new(capacity_blocks: usize) -> Self {
+        Lru { lists: TsLists::new(capacity_blocks, 2) }
+    }
+
+    /// Number of tracked clean blocks.
+    pub fn clean_len(&self) -> usize {
+        self.lists.len(CLEAN)
+    }
+
+    /// Number of tracked dirty blocks.
+    pub fn dirty_len(&self) -> usize {
+        self.lists.len(DIRTY)
+    }
+
+    fn list_of(&self, id: BlockId) -> usize {
+        match self.lists.list_of(id) {
+            Some(l) => l,
+            None => panic!("BlockId {} is not tracked", id.0),
+        }
+    }
+}
+
+impl Replacement for Lru {
+    fn name(&self) -> &'static str {
+        "lru"
+    }
+
+    fn insert(&mut self, id: BlockId, _lbn: u64, dirty: bool) {
+        self.lists.push_mru(id, if dirty { DIRTY } else { CLEAN });
+    }
+
+    fn touch(&mut self, id: BlockId, _write: bool) {
+        let l = self.list_of(id);
+        self.lists.touch(id, l);
+    }
+
+    fn set_dirty(&mut self, id: BlockId, dirty: bool) {
+        let l = self.list_of(id);
+        let to = if dirty { DIRTY } else { CLEAN };
+        assert_ne!(l, to, "set_dirty({}, {dirty}) without a state change", id.0);
+        self.lists.move_sorted(id, to);
+    }
+
+    fn remove(&mut self, id: BlockId) {
+        self.lists.remove(id);
+    }
+
+    fn victim_clean(&mut self, pinned: &dyn Fn(BlockId) -> bool) -> Option<BlockId> {
+        self.lists.iter_lru(CLEAN).find(|&id| !pinned(id))
+    }
+
+    fn clean_batch(&mut self, max: usize, busy: &dyn Fn(BlockId) -> bool, out: &mut Vec<BlockId>) {
+        out.extend(self.lists.iter_lru(DIRTY).filter(|&id| !busy(id)).take(max));
+    }
+
+    fn mem_bytes(&self) -> usize {
+        self.lists.mem_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn none(_: BlockId) -> bool {
+        false
+    }
+
+    #[test]
+    fn evicts_least_recently_used_clean_and_skips_pinned() {
+        let mut p = Lru::new(8);
+        for i in 0..4 {
+            p.insert(BlockId(i), 100 + i as u64, false);
+        }
+        p.touch(BlockId(0), false);
+        assert_eq!(p.victim_clean(&none), Some(BlockId(1)));
+        assert_eq!(p.victim_clean(&|b| b == BlockId(1)), Some(BlockId(2)));
+        p.set_dirty(BlockId(2), true);
+        assert_eq!(p.victim_clean(&|b| b == BlockId(1)), Some(BlockId(3)));
+        assert_eq!(p.victim_clean(&|b| b != BlockId(0)), Some(BlockId(0)));
+        assert_eq!(p.victim_clean(&|_| true), None);
+        p.remove(BlockId(1));
+        assert_eq!(p.victim_clean(&none), Some(BlockId(3)));
+    }
+
+    #[test]
+    fn cleaned_block_keeps_its_lru_position() {
+        let mut p = Lru::new(8);
+        p.insert(BlockId(0), 0, true); // old dirty block
+        p.insert(BlockId(1), 1, false);
+        p.insert(BlockId(2), 2, false);
+        p.set_dirty(BlockId(0), false); // cleaned: oldest clean block, not MRU
+        assert_eq!(p.victim_clean(&none), Some(BlockId(0)));
+    }
+
+    #[test]
+    fn clean_batch_oldest_dirty_first_skipping_busy() {
+        let mut p = Lru::new(8);
+        for i in 0..5 {
+            p.insert(BlockId(i), i as u64, i != 2);
+        }
+        p.touch(BlockId(0), true);
+        let mut out = Vec::new();
+        p.clean_batch(2, &|b| b == BlockId(1), &mut out);
+        assert_eq!(out, vec![BlockId(3), BlockId(4)]);
+        out.clear();
+        p.clean_batch(10, &none, &mut out);
+        assert_eq!(out, vec![BlockId(1), BlockId(3), BlockId(4), BlockId(0)]);
+        assert_eq!((p.clean_len(), p.dirty_len()), (1, 4));
+    }
+
+    #[test]
+    fn memory_is_at_most_16_bytes_per_block() {
+        let p = Lru::new(1 << 16);
+        assert!(p.mem_bytes() <= 16 << 16, "{}", p.mem_bytes());
+        assert!(p.mem_bytes() >= 13 << 16, "{}", p.mem_bytes());
+    }
+
+    #[test]
+    #[should_panic(expected = "without a state change")]
+    fn set_dirty_same_state_panics() {
+        let mut p = Lru::new(2);
+        p.insert(BlockId(0), 0, true);
+        p.set_dirty(BlockId(0), true);
+    }
+}
