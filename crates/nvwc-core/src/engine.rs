@@ -196,7 +196,9 @@ struct CommitJob {
     n: u64,
     stage: CommitStage,
     snapshot: Vec<(u32, bool)>,
-    pages: Vec<(u64, Vec<u8>)>,
+    /// (page, copy, bytes)
+    pages: Vec<(u64, u8, Vec<u8>)>,
+    written: Vec<(u64, u8)>,
     waiters: Vec<Waiter>,
     left: u32,
     failed: bool,
@@ -282,6 +284,12 @@ pub struct Engine<P: Payload> {
     out_reply: VecDeque<Reply<P>>,
     out_event: VecDeque<Event>,
     meta_dirty: Vec<u32>,
+    /// Which copy (0 or 1) of each metadata page is durable; 2 = neither.
+    page_cur: Vec<u8>,
+    /// In-place data writes in flight (a commit waits for them).
+    inplace_inflight: u32,
+    /// A commit is due but waits for in-place writes to finish.
+    commit_deferred: bool,
     oldest_change: Option<u64>,
     commit: Option<CommitJob>,
     commit_waiters: Vec<Waiter>,
@@ -396,6 +404,9 @@ impl<P: Payload> Engine<P> {
             out_reply: VecDeque::new(),
             out_event: VecDeque::new(),
             meta_dirty: Vec::new(),
+            page_cur: vec![2; layout.pages() as usize],
+            inplace_inflight: 0,
+            commit_deferred: false,
             oldest_change: None,
             commit: None,
             commit_waiters: Vec::new(),
@@ -445,15 +456,35 @@ impl<P: Payload> Engine<P> {
         let mut max_tag = rec.commit;
         let mut max_seq = 0u64;
         let mut stale: Vec<u32> = Vec::new();
-        for s in 0..l.capacity as u32 {
-            let at = (s as u64 * layout::ENTRY_BYTES) as usize;
-            let Some(ent) = Entry::decode(s, &image.table[at..at + 64]) else { continue };
-            max_tag = max_tag.max(ent.commit);
-            if ent.commit > rec.commit {
-                stale.push(s);
-                report.ignored_uncommitted += 1;
-                continue;
+        let mut rewrite_pages: Vec<u64> = Vec::new();
+        let mut chosen: Vec<Option<usize>> = vec![None; l.pages() as usize];
+        for pg in 0..l.pages() {
+            let mut best: Option<(u64, u8)> = None;
+            for c in 0..2u8 {
+                let at = (2 * pg + c as u64) as usize * layout::PAGE_BYTES as usize;
+                let Some(tag) = layout::page_tag(pg, &image.table[at..at + layout::PAGE_BYTES as usize]) else { continue };
+                max_tag = max_tag.max(tag);
+                if tag > rec.commit {
+                    // Written by a commit that never completed: ignored, and
+                    // rewritten before any later commit could make its tag valid.
+                    report.ignored_uncommitted += 1;
+                    rewrite_pages.push(pg);
+                    continue;
+                }
+                if best.is_none_or(|b| tag > b.0) {
+                    best = Some((tag, c));
+                }
             }
+            if let Some((_, c)) = best {
+                e.page_cur[pg as usize] = c;
+                chosen[pg as usize] = Some((2 * pg + c as u64) as usize * layout::PAGE_BYTES as usize);
+            }
+        }
+        for s in 0..l.capacity as u32 {
+            let pg = s as u64 / layout::ENTRIES_PER_PAGE;
+            let Some(base) = chosen[pg as usize] else { continue };
+            let at = base + 64 + (s as u64 % layout::ENTRIES_PER_PAGE) as usize * 64;
+            let Some(ent) = Entry::decode(s, &image.table[at..at + 64]) else { continue };
             if ent.flags & F_VALID == 0 {
                 continue;
             }
@@ -563,6 +594,10 @@ impl<P: Payload> Engine<P> {
             if !used[s as usize] {
                 e.free_slots.push(s);
             }
+        }
+        for pg in rewrite_pages {
+            let s = (pg * layout::ENTRIES_PER_PAGE) as u32;
+            e.mark_meta(s);
         }
         e.next_commit = max_tag + 1;
         e.durable_commit = rec.commit;
@@ -1119,6 +1154,8 @@ impl<P: Payload> Engine<P> {
             && slot.refs == 0
             && !slot.destaging
             && slot.dirty
+            && self.commit_waiters.is_empty()
+            && !self.commit_deferred
             && self.policy.may_overwrite(slot.group, group)
     }
 
@@ -1162,6 +1199,7 @@ impl<P: Payload> Engine<P> {
             pc.slot = latest;
             pc.ios = 1;
             self.slots[latest as usize].state = SlotState::Writing;
+            self.inplace_inflight += 1;
             let off = self.layout.slot_offset(latest) + start as u64;
             self.emit(Dev::Cache, IoOp::Write { offset: off, data, fua: false }, None, IoCtx::PieceCacheWrite { piece: p, inplace: true });
             return;
@@ -1235,6 +1273,7 @@ impl<P: Payload> Engine<P> {
             (pc.slot, pc.lbn, pc.seq, pc.group)
         };
         if inplace {
+            self.inplace_inflight -= 1;
             let slot = &mut self.slots[s as usize];
             slot.state = SlotState::Valid;
             if ok {
@@ -1725,6 +1764,8 @@ impl<P: Payload> Engine<P> {
     // ----------------------------------------------------------------- commits
 
     fn maybe_commit(&mut self) -> bool {
+        // An in-place write in flight leaves its slot's contents undefined: the
+        // commit waits for it (new in-place writes are refused meanwhile).
         if self.commit.is_some() {
             return false;
         }
@@ -1738,6 +1779,11 @@ impl<P: Payload> Engine<P> {
         if self.shutting_down && !shutdown && self.commit_waiters.is_empty() && !self.policy.wants_commit() {
             return false;
         }
+        if self.inplace_inflight > 0 {
+            self.commit_deferred = true;
+            return false;
+        }
+        self.commit_deferred = false;
         self.start_commit();
         true
     }
@@ -1768,20 +1814,20 @@ impl<P: Payload> Engine<P> {
         self.oldest_change = None;
         pages.sort_unstable();
         pages.dedup();
-        let durable = self.durable_commit;
-        let page_bytes: Vec<(u64, Vec<u8>)> = pages
+        // Shadow paging: every touched page is written whole into the copy that
+        // is not durable. Slots outside the snapshot are unchanged since the last
+        // durable commit, so their in-memory state is their durable state.
+        let page_bytes: Vec<(u64, u8, Vec<u8>)> = pages
             .into_iter()
             .map(|pg| {
-                let mut buf = vec![0u8; layout::PAGE_BYTES as usize];
+                let mut entries = Vec::with_capacity(layout::ENTRIES_PER_PAGE as usize);
                 for i in 0..layout::ENTRIES_PER_PAGE {
                     let s = pg * layout::ENTRIES_PER_PAGE + i;
                     if s >= self.layout.capacity {
                         break;
                     }
                     let slot = &self.slots[s as usize];
-                    // Slots outside the snapshot are unchanged since the last
-                    // durable commit: rewrite their durable content, tagged with it.
-                    let tag = if slot.in_snapshot { n } else { durable };
+                    let tag = n;
                     let e = if slot.state == SlotState::Valid {
                         let (aux0, aux1) = if slot.dirty { self.policy.entry_aux(slot.group) } else { (0, 0) };
                         Entry {
@@ -1797,16 +1843,17 @@ impl<P: Payload> Engine<P> {
                     } else {
                         Entry { commit: tag, ..Default::default() }
                     };
-                    let at = (i * layout::ENTRY_BYTES) as usize;
-                    e.encode_into(s as u32, &mut buf[at..at + 64]);
+                    entries.push((s as u32, e));
                 }
-                (pg, buf)
+                let copy = if self.page_cur[pg as usize] == 0 { 1 } else { 0 };
+                (pg, copy, layout::encode_page(pg, n, &entries))
             })
             .collect();
         let mut record = CommitRecord { commit: n, next_seq: self.next_seq, clean_shutdown, ..Default::default() };
         self.policy.fill_commit(&mut record);
         let waiters = std::mem::take(&mut self.commit_waiters);
-        self.commit = Some(CommitJob { n, stage: CommitStage::DataFlush, snapshot, pages: page_bytes, waiters, left: 1, failed: false, record });
+        let written = page_bytes.iter().map(|(p, c, _)| (*p, *c)).collect();
+        self.commit = Some(CommitJob { n, stage: CommitStage::DataFlush, snapshot, pages: page_bytes, written, waiters, left: 1, failed: false, record });
         self.emit(Dev::Cache, IoOp::Flush, None, IoCtx::Commit);
     }
 
@@ -1832,8 +1879,8 @@ impl<P: Payload> Engine<P> {
                     return self.on_commit_io(true);
                 }
                 job.left = pages.len() as u32;
-                for (pg, buf) in pages {
-                    let off = self.layout.page_offset(pg);
+                for (pg, copy, buf) in pages {
+                    let off = self.layout.page_offset(pg, copy);
                     self.emit(Dev::Cache, IoOp::Write { offset: off, data: P::from_vec(buf), fua: false }, None, IoCtx::Commit);
                 }
             }
@@ -1858,6 +1905,9 @@ impl<P: Payload> Engine<P> {
         if ok {
             self.durable_commit = job.n;
             self.stats.commits += 1;
+            for &(pg, copy) in &job.written {
+                self.page_cur[pg as usize] = copy;
+            }
         } else {
             self.stats.commit_failures += 1;
         }

@@ -4,7 +4,8 @@
 //! offset 0        superblock (4 KiB region, record in the first 512 B)
 //! offset 4 KiB    commit record A (512 B record in a 4 KiB region)
 //! offset 8 KiB    commit record B
-//! offset 12 KiB   slot table: one 64-byte entry per slot, in 4 KiB pages
+//! offset 12 KiB   slot table: 4 KiB pages of 63 64-byte entries, two copies
+//!                 of each page (page p copy c at 12 KiB + (2p + c) × 4 KiB)
 //! data_offset     data slots: capacity × block_size, aligned to max(4 KiB, block_size)
 //! ```
 //! All integers are little-endian. Every record carries a CRC-32 (IEEE) of its
@@ -25,8 +26,10 @@ pub const FORMAT_VERSION: u32 = 1;
 pub const ENTRY_BYTES: u64 = 64;
 /// Bytes per metadata page.
 pub const PAGE_BYTES: u64 = 4096;
-/// Entries per metadata page.
-pub const ENTRIES_PER_PAGE: u64 = PAGE_BYTES / ENTRY_BYTES;
+/// Entries per metadata page (the first 64 bytes are the page header).
+pub const ENTRIES_PER_PAGE: u64 = PAGE_BYTES / ENTRY_BYTES - 1;
+/// Page header magic.
+pub const PAGE_MAGIC: &[u8; 8] = b"NVWCPAGE";
 /// Offset of commit record A; B follows 4 KiB later.
 pub const COMMIT_A: u64 = 4096;
 /// Offset of the slot table.
@@ -49,7 +52,7 @@ pub struct Layout {
 impl Layout {
     /// Geometry for `cfg`.
     pub fn new(cfg: &Config) -> Self {
-        let table_bytes = (cfg.capacity_blocks * ENTRY_BYTES).div_ceil(PAGE_BYTES) * PAGE_BYTES;
+        let table_bytes = 2 * cfg.capacity_blocks.div_ceil(ENTRIES_PER_PAGE) * PAGE_BYTES;
         let align = (cfg.block_size as u64).max(4096);
         let data_offset = (TABLE_OFFSET + table_bytes).div_ceil(align) * align;
         Layout { block_size: cfg.block_size, capacity: cfg.capacity_blocks, table_bytes, data_offset }
@@ -62,13 +65,13 @@ impl Layout {
     pub fn slot_offset(&self, s: u32) -> u64 {
         self.data_offset + s as u64 * self.block_size as u64
     }
-    /// Byte offset of metadata page `p`.
-    pub fn page_offset(&self, p: u64) -> u64 {
-        TABLE_OFFSET + p * PAGE_BYTES
+    /// Byte offset of copy `copy` (0 or 1) of metadata page `p`.
+    pub fn page_offset(&self, p: u64, copy: u8) -> u64 {
+        TABLE_OFFSET + (2 * p + copy as u64) * PAGE_BYTES
     }
-    /// Number of metadata pages.
+    /// Number of metadata pages (each stored twice).
     pub fn pages(&self) -> u64 {
-        self.table_bytes / PAGE_BYTES
+        self.table_bytes / PAGE_BYTES / 2
     }
     /// Offset of commit record `which` (0 = A, 1 = B).
     pub fn commit_offset(&self, which: u64) -> u64 {
@@ -77,7 +80,7 @@ impl Layout {
     /// Largest cache capacity (slots) that fits a device of `bytes` with `block_size`.
     pub fn capacity_for(bytes: u64, block_size: u32) -> u64 {
         let bs = block_size as u64;
-        let per_slot = bs + ENTRY_BYTES;
+        let per_slot = bs + 2 * ENTRY_BYTES + 2;
         let overhead = TABLE_OFFSET + PAGE_BYTES + bs.max(4096);
         bytes.saturating_sub(overhead) / per_slot
     }
@@ -270,6 +273,38 @@ impl Entry {
     }
 }
 
+/// Build a metadata page: header (magic, page number, commit tag, CRC) and entries.
+/// `entries[i]` is the entry of slot `page * ENTRIES_PER_PAGE + i`.
+pub fn encode_page(page: u64, tag: u64, entries: &[(u32, Entry)]) -> Vec<u8> {
+    assert!(entries.len() as u64 <= ENTRIES_PER_PAGE);
+    let mut b = vec![0u8; PAGE_BYTES as usize];
+    b[0..8].copy_from_slice(PAGE_MAGIC);
+    put64(&mut b, 8, page);
+    put64(&mut b, 16, tag);
+    for (i, (slot, e)) in entries.iter().enumerate() {
+        let at = 64 + i * 64;
+        e.encode_into(*slot, &mut b[at..at + 64]);
+    }
+    let c = page_crc(&b);
+    put32(&mut b, 60, c);
+    b
+}
+
+fn page_crc(b: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&b[0..60]);
+    h.update(&b[64..PAGE_BYTES as usize]);
+    h.finalize()
+}
+
+/// Decode a metadata page copy: `Some(tag)` if it is intact and belongs to page `page`.
+pub fn page_tag(page: u64, b: &[u8]) -> Option<u64> {
+    if b.len() < PAGE_BYTES as usize || &b[0..8] != PAGE_MAGIC || get64(b, 8) != page || page_crc(b) != get32(b, 60) {
+        return None;
+    }
+    Some(get64(b, 16))
+}
+
 /// Errors reading a cache device's metadata.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FormatError {
@@ -336,6 +371,18 @@ pub fn policy_name(code: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn page_roundtrip_and_torn_page() {
+        let e = Entry { lbn: 1, seq: 2, commit: 3, flags: F_VALID, ..Default::default() };
+        let b = encode_page(5, 3, &[(315, e)]);
+        assert_eq!(page_tag(5, &b), Some(3));
+        assert_eq!(page_tag(6, &b), None, "page number is checked");
+        let mut t = b.clone();
+        t[2048] ^= 1;
+        assert_eq!(page_tag(5, &t), None, "a torn page is rejected");
+        assert_eq!(Entry::decode(315, &b[64..128]), Some(e));
+    }
 
     #[test]
     fn entry_roundtrip_and_torn_detection() {
