@@ -558,11 +558,22 @@ fn check_recovered(cfg: &Config, layout: &Layout, cache_img: Vec<u8>, backing_im
     if std::env::var_os("NVWC_VOPR_DUMP").is_some() {
         let cr = [layout::CommitRecord::decode(&image.commit_a), layout::CommitRecord::decode(&image.commit_b)];
         eprintln!("recovery: commit records {cr:?}");
-        for s in 0..layout.capacity as u32 {
-            let at = s as usize * 64;
-            if let Some(e) = layout::Entry::decode(s, &image.table[at..at + 64]) {
-                if e.flags != 0 {
-                    eprintln!("  slot {s}: {e:?}");
+        for pg in 0..layout.pages() {
+            for c in 0..2u64 {
+                let base = ((2 * pg + c) * layout::PAGE_BYTES) as usize;
+                let tag = layout::page_tag(pg, &image.table[base..base + layout::PAGE_BYTES as usize]);
+                eprintln!(" page {pg} copy {c}: tag {tag:?}");
+                if tag.is_none() {
+                    continue;
+                }
+                for i in 0..layout::ENTRIES_PER_PAGE {
+                    let s = (pg * layout::ENTRIES_PER_PAGE + i) as u32;
+                    let at = base + 64 + i as usize * 64;
+                    if let Some(e) = layout::Entry::decode(s, &image.table[at..at + 64]) {
+                        if e.flags != 0 {
+                            eprintln!("  slot {s}: {e:?}");
+                        }
+                    }
                 }
             }
         }

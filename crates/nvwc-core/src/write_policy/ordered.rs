@@ -298,8 +298,10 @@ impl WritePolicy for Ordered {
     }
     /// Every version is kept until its node is destaged (§3.1: "older copies of
     /// all data blocks must be preserved in the cache until each of them are written back").
-    fn keep_superseded(&self, _old: Group, _new: Group) -> bool {
-        true
+    /// A version whose wave is done (outside any node) has its own bytes on
+    /// the backing store already and is released.
+    fn keep_superseded(&self, old: Group, _new: Group) -> bool {
+        old != NO_GROUP
     }
     fn may_overwrite(&self, _old: Group, _new: Group) -> bool {
         false
@@ -409,9 +411,13 @@ impl WritePolicy for Ordered {
         rec.next_cidx = self.next_cidx;
     }
     fn recover(&mut self, rec: &CommitRecord, versions: &mut [RecoveredVersion]) {
-        // Nodes are identified by their completion index; a version whose write
-        // never completed (cidx unset) was never acknowledged: drop it.
+        // Nodes are identified by their completion index. A version whose write
+        // had not completed (cidx unset) was never acknowledged; it is kept (a
+        // write in flight may survive a crash), completing after every known
+        // node: nothing depended on it. Discarding it instead could expose an
+        // older version whose bytes are older than what the backing store holds.
         let mut by_cidx: std::collections::BTreeMap<u64, (u64, Vec<usize>)> = Default::default();
+        let mut unset: std::collections::BTreeMap<u64, (u64, Vec<usize>)> = Default::default();
         for (i, v) in versions.iter_mut().enumerate() {
             if !v.dirty {
                 v.discard = !v.latest;
@@ -420,7 +426,7 @@ impl WritePolicy for Ordered {
                 continue;
             }
             if v.aux0 == UNSET {
-                v.discard = true;
+                unset.entry(v.seq).or_insert((v.aux1, Vec::new())).1.push(i);
                 continue;
             }
             if v.aux0 == ORPHAN {
@@ -428,6 +434,11 @@ impl WritePolicy for Ordered {
                 continue;
             }
             by_cidx.entry(v.aux0).or_insert((v.aux1, Vec::new())).1.push(i);
+        }
+        let mut next = by_cidx.keys().next_back().map_or(rec.next_cidx, |&c| (c + 1).max(rec.next_cidx));
+        for (_, (d, idxs)) in unset {
+            by_cidx.insert(next, (d, idxs));
+            next += 1;
         }
         // Replay issue and completion events in their original order:
         // issue with floor d sits between completion d-1 and completion d.
