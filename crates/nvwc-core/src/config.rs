@@ -3,7 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-pub use crate::repl_shim::{KneeSource, ReplacementKind};
+pub use nvwc_replacement::{KneeSource, ReplacementKind};
 pub use nvwc_replacement::Watermarks;
 
 /// The write policy (see `docs/ARCHITECTURE.md`).

@@ -136,6 +136,8 @@ struct Piece<P> {
     seq: u64,
     group: Group,
     fua: bool,
+    /// Holds one unit of `Engine::reserved` until it allocates a slot or ends.
+    reserved: bool,
 }
 
 #[derive(Debug)]
@@ -203,6 +205,18 @@ struct CommitJob {
     left: u32,
     failed: bool,
     record: CommitRecord,
+}
+
+/// A write waiting for admission.
+#[derive(Debug)]
+struct Admit<P> {
+    id: ReqId,
+    offset: u64,
+    len: u64,
+    data: P,
+    fua: bool,
+    /// Slots it reserves when admitted.
+    need: u64,
 }
 
 /// A request waiting for a metadata commit (FLUSH, or a FUA write).
@@ -278,6 +292,10 @@ pub struct Engine<P: Payload> {
     active_pieces: u32,
     max_active: u32,
     alloc_waiters: VecDeque<u32>,
+    /// Writes waiting to be admitted (FIFO) until their slots can be reserved.
+    admit_queue: VecDeque<Admit<P>>,
+    /// Free slots promised to admitted write pieces that have not allocated yet.
+    reserved: u64,
     ios: HashMap<IoId, IoCtx>,
     next_io: IoId,
     out_io: VecDeque<IoCmd<P>>,
@@ -375,7 +393,7 @@ impl<P: Payload> Engine<P> {
         let cap = cfg.capacity_blocks as usize;
         let layout = Layout::new(&cfg);
         let policy = write_policy::build(&cfg);
-        let repl = crate::repl_shim::build(cfg.replacement, cfg.capacity_blocks as u32);
+        let repl = nvwc_replacement::build(cfg.replacement, cfg.capacity_blocks as usize);
         let bs = cfg.block_size as u64;
         let max_active = ((cap / 4) as u32).max(4);
         Engine {
@@ -398,6 +416,8 @@ impl<P: Payload> Engine<P> {
             active_pieces: 0,
             max_active,
             alloc_waiters: VecDeque::new(),
+            admit_queue: VecDeque::new(),
+            reserved: 0,
             ios: HashMap::new(),
             next_io: 1,
             out_io: VecDeque::new(),
@@ -669,7 +689,7 @@ impl<P: Payload> Engine<P> {
     }
     /// Nothing in flight: no requests, no device commands, no plans, no commit.
     pub fn is_idle(&self) -> bool {
-        self.reqs.is_empty() && self.ios.is_empty() && self.commit.is_none() && self.plans.is_empty()
+        self.reqs.is_empty() && self.admit_queue.is_empty() && self.ios.is_empty() && self.commit.is_none() && self.plans.is_empty()
     }
     /// Requests in flight.
     pub fn requests_in_flight(&self) -> usize {
@@ -718,7 +738,7 @@ impl<P: Payload> Engine<P> {
                 if len == 0 {
                     return self.reply(req.id, Ok(None), 0);
                 }
-                self.start_rw(req.id, offset, len, Some(data), fua);
+                self.admit_write(req.id, offset, len, data, fua);
             }
             ReqOp::WriteZeroes { offset, len, fua } => {
                 self.stats.writes += 1;
@@ -729,7 +749,7 @@ impl<P: Payload> Engine<P> {
                 if len == 0 {
                     return self.reply(req.id, Ok(None), 0);
                 }
-                self.start_rw(req.id, offset, len as u64, Some(P::zeroes(len as usize)), fua);
+                self.admit_write(req.id, offset, len as u64, P::zeroes(len as usize), fua);
             }
             ReqOp::Flush => {
                 self.stats.flushes += 1;
@@ -975,7 +995,44 @@ impl<P: Payload> Engine<P> {
 
     // ------------------------------------------------------------- reads/writes
 
-    fn start_rw(&mut self, id: ReqId, offset: u64, len: u64, data: Option<P>, fua: bool) {
+    /// Queue a write for admission. A write joins its write-policy group (node,
+    /// transaction) only once the slots it may need are reserved, so it never
+    /// waits for space while a group it belongs to waits for it (which would
+    /// deadlock a journal transaction that must commit to free space).
+    fn admit_write(&mut self, id: ReqId, offset: u64, len: u64, data: P, fua: bool) {
+        let first = offset / self.bs;
+        let last = (offset + len - 1) / self.bs;
+        let need = if self.policy.synchronous_backing() { 0 } else { (last - first + 1).min((self.cfg.capacity_blocks / 4).max(1)) };
+        self.admit_queue.push_back(Admit { id, offset, len, data, fua, need });
+    }
+
+    fn admit(&mut self) -> bool {
+        let mut changed = false;
+        while let Some(a) = self.admit_queue.front() {
+            if (self.free_slots.len() as u64) < self.reserved + a.need {
+                break;
+            }
+            let a = self.admit_queue.pop_front().unwrap();
+            let pieces = self.start_rw(a.id, a.offset, a.len, Some(a.data), a.fua);
+            // The first `need` pieces each hold one reservation.
+            for &k in pieces.iter().take(a.need as usize) {
+                self.pieces.get_mut(k).reserved = true;
+                self.reserved += 1;
+            }
+            changed = true;
+        }
+        changed
+    }
+
+    fn release_reservation(&mut self, p: u32) {
+        let pc = self.pieces.get_mut(p);
+        if std::mem::replace(&mut pc.reserved, false) {
+            self.reserved -= 1;
+        }
+    }
+
+    /// Split a request into block pieces and queue them; returns the pieces.
+    fn start_rw(&mut self, id: ReqId, offset: u64, len: u64, data: Option<P>, fua: bool) -> Vec<u32> {
         let write = data.is_some();
         let (seq, group) = if write {
             let seq = self.next_seq;
@@ -988,6 +1045,7 @@ impl<P: Payload> Engine<P> {
         let first = offset / self.bs;
         let last = (offset + len - 1) / self.bs;
         let n = (last - first + 1) as u32;
+        let mut ids = Vec::with_capacity(n as usize);
         self.reqs.insert(
             id,
             Req {
@@ -1008,6 +1066,7 @@ impl<P: Payload> Engine<P> {
             let e = (offset + len).min(bstart + self.bs);
             let pdata = data.as_ref().map(|d| d.slice((s - offset) as usize..(e - offset) as usize));
             let p = self.pieces.insert(Piece {
+                reserved: false,
                 req: id,
                 lbn,
                 start: (s - bstart) as u32,
@@ -1024,7 +1083,9 @@ impl<P: Payload> Engine<P> {
                 fua,
             });
             self.piece_queue.push_back(p);
+            ids.push(p);
         }
+        ids
     }
 
     fn start_piece(&mut self, p: u32) {
@@ -1109,7 +1170,7 @@ impl<P: Payload> Engine<P> {
 
     /// Copy a block read from the backing store into the cache as a clean version.
     fn fill(&mut self, b: u32, data: P) {
-        if self.free_slots.len() <= self.cfg.free_reserve as usize / 2 {
+        if self.free_slots.len() as u64 <= self.reserved + self.cfg.free_reserve as u64 / 2 {
             return;
         }
         let Some(s) = self.alloc_slot() else { return };
@@ -1182,7 +1243,7 @@ impl<P: Payload> Engine<P> {
             if latest != NIL {
                 self.evict_block(b);
             }
-            if full && self.free_slots.len() > self.cfg.free_reserve as usize / 2 {
+            if full && self.free_slots.len() as u64 > self.reserved + self.cfg.free_reserve as u64 / 2 {
                 let s = self.alloc_slot().unwrap();
                 let pc = self.pieces.get_mut(p);
                 pc.slot = s;
@@ -1207,7 +1268,7 @@ impl<P: Payload> Engine<P> {
         if full {
             let d = self.pieces.get(p).data.clone();
             self.pieces.get_mut(p).buf = d;
-            self.alloc_and_write(p);
+            let _ = self.alloc_and_write(p);
         } else if latest != NIL {
             self.slots[latest as usize].refs += 1;
             let pc = self.pieces.get_mut(p);
@@ -1234,7 +1295,7 @@ impl<P: Payload> Engine<P> {
                 let pc = self.pieces.get_mut(p);
                 let d = pc.data.as_ref().unwrap();
                 pc.buf = Some(old.overlay(pc.start as usize, d));
-                self.alloc_and_write(p);
+                let _ = self.alloc_and_write(p);
             }
             _ => {
                 self.pieces.get_mut(p).failed = true;
@@ -1243,9 +1304,15 @@ impl<P: Payload> Engine<P> {
         }
     }
 
-    fn alloc_and_write(&mut self, p: u32) {
-        match self.alloc_slot() {
+    /// Allocate a slot and write the piece's block to it, or queue the piece
+    /// as a stalled writer. Returns whether it got a slot.
+    fn alloc_and_write(&mut self, p: u32) -> bool {
+        // A piece without a reservation must leave the reserved slots alone.
+        let spare = self.free_slots.len() as u64 > self.reserved;
+        let slot = if self.pieces.get(p).reserved || spare { self.alloc_slot() } else { None };
+        match slot {
             Some(s) => {
+                self.release_reservation(p);
                 if let Some(since) = self.pieces.get_mut(p).stalled_since.take() {
                     self.stats.stall_ns += self.now - since;
                 }
@@ -1255,6 +1322,7 @@ impl<P: Payload> Engine<P> {
                 pc.ios = 1;
                 let off = self.layout.slot_offset(s);
                 self.emit(Dev::Cache, IoOp::Write { offset: off, data, fua: false }, None, IoCtx::PieceCacheWrite { piece: p, inplace: false });
+                true
             }
             None => {
                 let pc = self.pieces.get_mut(p);
@@ -1263,6 +1331,7 @@ impl<P: Payload> Engine<P> {
                     self.stats.stalled_writes += 1;
                 }
                 self.alloc_waiters.push_back(p);
+                false
             }
         }
     }
@@ -1394,6 +1463,7 @@ impl<P: Payload> Engine<P> {
     }
 
     fn finish_write_piece(&mut self, p: u32) {
+        self.release_reservation(p);
         let pc = self.pieces.remove(p);
         self.active_pieces -= 1;
         let b = self.index[&pc.lbn];
@@ -1524,9 +1594,16 @@ impl<P: Payload> Engine<P> {
             // Stalled writers take freed slots first.
             while !self.free_slots.is_empty() {
                 let Some(p) = self.alloc_waiters.pop_front() else { break };
-                self.alloc_and_write(p);
+                if !self.alloc_and_write(p) {
+                    // Still no slot for it: keep its place at the head.
+                    let back = self.alloc_waiters.pop_back();
+                    debug_assert_eq!(back, Some(p));
+                    self.alloc_waiters.push_front(p);
+                    break;
+                }
                 changed = true;
             }
+            changed |= self.admit();
             while self.active_pieces < self.max_active {
                 let Some(p) = self.piece_queue.pop_front() else { break };
                 self.active_pieces += 1;
@@ -1544,7 +1621,7 @@ impl<P: Payload> Engine<P> {
 
     /// Evict clean blocks to keep `free_reserve` slots (plus one per stalled writer) ready.
     fn ensure_free(&mut self) -> bool {
-        let want = self.cfg.free_reserve as u64 + self.alloc_waiters.len() as u64;
+        let want = self.free_wanted();
         let mut changed = false;
         while (self.free_slots.len() as u64 + self.retired_pending) < want {
             let blocks = &self.blocks;
@@ -1568,7 +1645,12 @@ impl<P: Payload> Engine<P> {
     }
 
     fn space_pressure(&self) -> bool {
-        !self.alloc_waiters.is_empty()
+        !self.alloc_waiters.is_empty() || !self.admit_queue.is_empty()
+    }
+
+    /// Free slots wanted now: the reserve, promised slots, and the next admission.
+    fn free_wanted(&self) -> u64 {
+        self.cfg.free_reserve as u64 + self.reserved + self.alloc_waiters.len() as u64 + self.admit_queue.front().map_or(0, |a| a.need)
     }
 
     fn plan(&mut self) -> bool {
@@ -1771,7 +1853,7 @@ impl<P: Payload> Engine<P> {
         }
         let autocommit = self.oldest_change.is_some_and(|t| self.now >= t.saturating_add(self.cfg.autocommit_ns))
             || self.meta_dirty.len() >= self.cfg.autocommit_changes as usize;
-        let reclaim = self.retired_pending > 0 && (self.free_slots.len() as u64) < self.cfg.free_reserve as u64 + self.alloc_waiters.len() as u64;
+        let reclaim = self.retired_pending > 0 && (self.free_slots.len() as u64) < self.free_wanted();
         let shutdown = self.shutting_down && self.reqs.is_empty() && self.plans.is_empty() && self.commit_asap;
         if !(self.commit_asap || !self.commit_waiters.is_empty() || self.policy.wants_commit() || autocommit || reclaim) {
             return false;

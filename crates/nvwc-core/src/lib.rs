@@ -13,7 +13,6 @@ pub mod config;
 pub mod engine;
 pub mod layout;
 pub mod payload;
-pub mod repl_shim;
 mod slab;
 pub mod stats;
 pub mod types;

@@ -101,7 +101,10 @@ fn main() {
     }
     let t = Instant::now();
     let keys = zipfish(SYNTH_N, SYNTH_UNIVERSE);
-    println!("generated synthetic stream in {:.2} s", t.elapsed().as_secs_f64());
+    println!(
+        "generated synthetic stream in {:.2} s",
+        t.elapsed().as_secs_f64()
+    );
     run("synthetic Zipf-like (log-uniform over 4M keys)", &keys);
     drop(keys);
 
@@ -114,7 +117,10 @@ fn main() {
             for _ in 0..reps {
                 keys.extend_from_slice(&blocks);
             }
-            run(&format!("{path} 4 KiB blocks ({} per pass) x{reps}", blocks.len()), &keys);
+            run(
+                &format!("{path} 4 KiB blocks ({} per pass) x{reps}", blocks.len()),
+                &keys,
+            );
         }
         _ => println!("{path}: not found, trace benchmark skipped"),
     }

@@ -29,13 +29,22 @@ impl Default for Histogram {
 impl Histogram {
     /// An exact histogram (bucket width 1, unbounded length).
     pub fn new() -> Self {
-        Histogram { shift: 0, counts: Vec::new(), max_buckets: usize::MAX, cold: 0.0, total: 0.0 }
+        Histogram {
+            shift: 0,
+            counts: Vec::new(),
+            max_buckets: usize::MAX,
+            cold: 0.0,
+            total: 0.0,
+        }
     }
 
     /// A histogram of at most `max_buckets` buckets. Caller guarantees `max_buckets >= 2`.
     pub fn bounded(max_buckets: usize) -> Self {
         assert!(max_buckets >= 2, "need at least 2 buckets");
-        Histogram { max_buckets, ..Self::new() }
+        Histogram {
+            max_buckets,
+            ..Self::new()
+        }
     }
 
     /// Bucket width in distance units.
@@ -151,7 +160,9 @@ impl Histogram {
 
     /// Miss-ratio curve at the given sizes (any order; output follows input order).
     pub fn mrc_at(&self, sizes: &[u64]) -> Mrc {
-        Mrc { points: sizes.iter().map(|&s| (s, self.miss_ratio(s))).collect() }
+        Mrc {
+            points: sizes.iter().map(|&s| (s, self.miss_ratio(s))).collect(),
+        }
     }
 
     /// Miss-ratio curve at every bucket boundary `0, w, 2w, …, max_size()`
@@ -210,13 +221,19 @@ impl Mrc {
     /// `sizes` (`other` is interpolated with [`Mrc::miss_ratio`]).
     pub fn mae(&self, other: &Mrc, sizes: &[u64]) -> f64 {
         assert!(!sizes.is_empty());
-        sizes.iter().map(|&s| (self.miss_ratio(s) - other.miss_ratio(s)).abs()).sum::<f64>()
+        sizes
+            .iter()
+            .map(|&s| (self.miss_ratio(s) - other.miss_ratio(s)).abs())
+            .sum::<f64>()
             / sizes.len() as f64
     }
 
     /// The curve as `(size, hit_ratio)` pairs in `f64`, ready for Kneedle.
     pub fn hit_points(&self) -> Vec<(f64, f64)> {
-        self.points.iter().map(|&(s, m)| (s as f64, 1.0 - m)).collect()
+        self.points
+            .iter()
+            .map(|&(s, m)| (s as f64, 1.0 - m))
+            .collect()
     }
 }
 
@@ -254,7 +271,11 @@ mod tests {
         assert_eq!(h.total(), 64.0);
         // Uniform distances: interpolation is exact at every size.
         for s in 0..=64 {
-            assert!((h.hits(s) - s as f64).abs() < 1e-9, "size {s}: {}", h.hits(s));
+            assert!(
+                (h.hits(s) - s as f64).abs() < 1e-9,
+                "size {s}: {}",
+                h.hits(s)
+            );
         }
     }
 

@@ -39,19 +39,27 @@ pub const DEFAULT_SENSITIVITY: f64 = 1.0;
 /// finite, `sensitivity >= 0` (asserted). Returns no knee for fewer than three
 /// points or a constant y (flat line), and none for a straight line.
 pub fn kneedle(points: &[(f64, f64)], shape: CurveShape, sensitivity: f64) -> Vec<Knee> {
-    assert!(sensitivity >= 0.0 && sensitivity.is_finite(), "bad sensitivity {sensitivity}");
+    assert!(
+        sensitivity >= 0.0 && sensitivity.is_finite(),
+        "bad sensitivity {sensitivity}"
+    );
     for w in points.windows(2) {
         assert!(w[0].0 < w[1].0, "x values must be strictly increasing");
     }
-    assert!(points.iter().all(|p| p.0.is_finite() && p.1.is_finite()), "non-finite point");
+    assert!(
+        points.iter().all(|p| p.0.is_finite() && p.1.is_finite()),
+        "non-finite point"
+    );
     let n = points.len();
     if n < 3 {
         return Vec::new();
     }
     let (x0, x1) = (points[0].0, points[n - 1].0);
-    let (ymin, ymax) = points.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| {
-        (lo.min(p.1), hi.max(p.1))
-    });
+    let (ymin, ymax) = points
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| {
+            (lo.min(p.1), hi.max(p.1))
+        });
     let yrange = ymax - ymin;
     if yrange <= f64::EPSILON * ymax.abs().max(1.0) {
         return Vec::new();
@@ -78,7 +86,12 @@ pub fn kneedle(points: &[(f64, f64)], shape: CurveShape, sensitivity: f64) -> Ve
         let threshold = diff[i] - step;
         for j in i + 1..n {
             if diff[j] < threshold {
-                knees.push(Knee { index: i, x: points[i].0, y: points[i].1, diff: diff[i] });
+                knees.push(Knee {
+                    index: i,
+                    x: points[i].0,
+                    y: points[i].1,
+                    diff: diff[i],
+                });
                 break;
             }
             if diff[j] > diff[j - 1] {
@@ -91,10 +104,13 @@ pub fn kneedle(points: &[(f64, f64)], shape: CurveShape, sensitivity: f64) -> Ve
 
 /// The knee with the largest difference value (ties: the smaller x), if any.
 pub fn most_prominent(knees: &[Knee]) -> Option<Knee> {
-    knees.iter().copied().fold(None, |best: Option<Knee>, k| match best {
-        Some(b) if b.diff >= k.diff => Some(b),
-        _ => Some(k),
-    })
+    knees
+        .iter()
+        .copied()
+        .fold(None, |best: Option<Knee>, k| match best {
+            Some(b) if b.diff >= k.diff => Some(b),
+            _ => Some(k),
+        })
 }
 
 #[cfg(test)]
@@ -107,7 +123,9 @@ mod tests {
         (0..=last)
             .map(|x| {
                 let x = x as f64;
-                let i = corners.partition_point(|c| c.0 <= x).clamp(1, corners.len() - 1);
+                let i = corners
+                    .partition_point(|c| c.0 <= x)
+                    .clamp(1, corners.len() - 1);
                 let (a, b) = (corners[i - 1], corners[i]);
                 (x, a.1 + (b.1 - a.1) * (x - a.0) / (b.0 - a.0))
             })
@@ -137,8 +155,13 @@ mod tests {
 
     #[test]
     fn two_knees() {
-        let pts =
-            piecewise(&[(0.0, 0.0), (10.0, 0.4), (40.0, 0.5), (50.0, 0.9), (100.0, 1.0)]);
+        let pts = piecewise(&[
+            (0.0, 0.0),
+            (10.0, 0.4),
+            (40.0, 0.5),
+            (50.0, 0.9),
+            (100.0, 1.0),
+        ]);
         let k = kneedle(&pts, CurveShape::ConcaveIncreasing, 1.0);
         assert_eq!(k.iter().map(|k| k.x).collect::<Vec<_>>(), vec![10.0, 50.0]);
         assert_eq!(most_prominent(&k).unwrap().x, 50.0);
@@ -156,7 +179,13 @@ mod tests {
     #[test]
     fn sensitivity_suppresses_a_shallow_knee() {
         // A bump whose difference curve falls by only 0.02 before rising again.
-        let pts = piecewise(&[(0.0, 0.0), (10.0, 0.2), (14.0, 0.22), (20.0, 0.3), (100.0, 1.0)]);
+        let pts = piecewise(&[
+            (0.0, 0.0),
+            (10.0, 0.2),
+            (14.0, 0.22),
+            (20.0, 0.3),
+            (100.0, 1.0),
+        ]);
         let low = kneedle(&pts, CurveShape::ConcaveIncreasing, 1.0);
         assert!(low.iter().any(|k| k.index == 10), "{low:?}");
         let high = kneedle(&pts, CurveShape::ConcaveIncreasing, 5.0);

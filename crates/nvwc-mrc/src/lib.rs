@@ -5,7 +5,7 @@
 //! * [`Histogram`] / [`Mrc`]: distance histograms and the miss-ratio curves
 //!   they imply for LRU caches of every size.
 //! * [`ShardsFixedRate`] / [`ShardsFixedSize`]: SHARDS sampling (FAST'15).
-//! * [`kneedle`]: Kneedle knee detection, reporting every knee.
+//! * [`kneedle()`]: Kneedle knee detection, reporting every knee.
 //! * [`OnlineKnee`]: a bounded-memory, periodically recomputed knee of a
 //!   stream's hit-ratio curve, for the stack-model replacement policy.
 

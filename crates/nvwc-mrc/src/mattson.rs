@@ -158,7 +158,10 @@ impl StackDistance {
 
     #[inline]
     fn clear_mark(&mut self, i: usize) {
-        debug_assert!(self.marks[i >> 6] & (1 << (i & 63)) != 0, "clearing an unmarked position");
+        debug_assert!(
+            self.marks[i >> 6] & (1 << (i & 63)) != 0,
+            "clearing an unmarked position"
+        );
         self.marks[i >> 6] &= !(1 << (i & 63));
     }
 
@@ -181,7 +184,10 @@ impl StackDistance {
             *v = word_rank[t >> 6] + below.count_ones();
         }
         let cap = (2 * m).max(self.min_cap);
-        assert!(cap < u32::MAX as usize, "too many distinct keys for u32 timestamps");
+        assert!(
+            cap < u32::MAX as usize,
+            "too many distinct keys for u32 timestamps"
+        );
         self.cap = cap;
         self.now = m;
         self.marks.clear();
@@ -213,8 +219,14 @@ mod tests {
     fn simple_sequence() {
         let mut sd = StackDistance::new();
         // a b c a a c b
-        let got: Vec<_> = [1, 2, 3, 1, 1, 3, 2].iter().map(|&k| sd.access(k)).collect();
-        assert_eq!(got, vec![None, None, None, Some(2), Some(0), Some(1), Some(2)]);
+        let got: Vec<_> = [1, 2, 3, 1, 1, 3, 2]
+            .iter()
+            .map(|&k| sd.access(k))
+            .collect();
+        assert_eq!(
+            got,
+            vec![None, None, None, Some(2), Some(0), Some(1), Some(2)]
+        );
         assert_eq!(sd.distinct(), 3);
     }
 

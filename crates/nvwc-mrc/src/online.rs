@@ -75,9 +75,18 @@ impl OnlineKnee {
         assert!(cfg.period >= 1, "period must be >= 1");
         assert!(cfg.max_size >= 2, "max_size must be >= 2");
         assert!(cfg.points >= 3, "points must be >= 3");
-        assert!(cfg.sensitivity >= 0.0 && cfg.sensitivity.is_finite(), "bad sensitivity");
+        assert!(
+            cfg.sensitivity >= 0.0 && cfg.sensitivity.is_finite(),
+            "bad sensitivity"
+        );
         let shards = ShardsFixedSize::new(cfg.sample_keys).with_max_buckets(4096);
-        OnlineKnee { cfg, shards, since: 0, knee: None, recomputes: 0 }
+        OnlineKnee {
+            cfg,
+            shards,
+            since: 0,
+            knee: None,
+            recomputes: 0,
+        }
     }
 
     /// The configuration.
@@ -127,7 +136,11 @@ impl OnlineKnee {
         let n = self.cfg.points as u64;
         let mut out: Vec<(u64, f64)> = Vec::with_capacity(self.cfg.points);
         for i in 0..n {
-            let s = if m < n { i.min(m) } else { (i as u128 * m as u128 / (n - 1) as u128) as u64 };
+            let s = if m < n {
+                i.min(m)
+            } else {
+                (i as u128 * m as u128 / (n - 1) as u128) as u64
+            };
             if out.last().is_some_and(|&(p, _)| p == s) {
                 continue;
             }
@@ -191,10 +204,16 @@ mod tests {
         cfg.points = 50;
         let k = OnlineKnee::new(cfg);
         let c = k.hit_curve();
-        assert_eq!(c.iter().map(|p| p.0).collect::<Vec<_>>(), (0..=10).collect::<Vec<_>>());
+        assert_eq!(
+            c.iter().map(|p| p.0).collect::<Vec<_>>(),
+            (0..=10).collect::<Vec<_>>()
+        );
         let mut cfg = OnlineKneeConfig::new(1000);
         cfg.points = 11;
         let c = OnlineKnee::new(cfg).hit_curve();
-        assert_eq!(c.iter().map(|p| p.0).collect::<Vec<_>>(), (0..=10).map(|i| i * 100).collect::<Vec<_>>());
+        assert_eq!(
+            c.iter().map(|p| p.0).collect::<Vec<_>>(),
+            (0..=10).map(|i| i * 100).collect::<Vec<_>>()
+        );
     }
 }

@@ -31,7 +31,10 @@ fn rate_of(threshold: u64) -> f64 {
 
 /// Inclusive threshold for a rate in `(0, 1]`.
 fn threshold_of(rate: f64) -> u64 {
-    assert!(rate > 0.0 && rate <= 1.0, "sampling rate must be in (0, 1], got {rate}");
+    assert!(
+        rate > 0.0 && rate <= 1.0,
+        "sampling rate must be in (0, 1], got {rate}"
+    );
     let t = rate * TWO_POW_64;
     if t >= TWO_POW_64 {
         u64::MAX
@@ -261,7 +264,10 @@ mod tests {
         assert_eq!(s.rate(), 1.0);
         let a = s.mrc();
         for size in [0u64, 1, 10, 100, 600, 1000] {
-            assert!((a.miss_ratio(size) - h.miss_ratio(size)).abs() < 1e-9, "size {size}");
+            assert!(
+                (a.miss_ratio(size) - h.miss_ratio(size)).abs() < 1e-9,
+                "size {size}"
+            );
         }
     }
 

@@ -56,18 +56,29 @@ struct Ghosts {
 
 impl Ghosts {
     fn new() -> Self {
-        Ghosts { mru: [NIL; 2], lru: [NIL; 2], ..Default::default() }
+        Ghosts {
+            mru: [NIL; 2],
+            lru: [NIL; 2],
+            ..Default::default()
+        }
     }
 
     fn find(&self, lbn: u64) -> Option<usize> {
-        self.map.get(&lbn).map(|&s| self.nodes[s as usize].list as usize)
+        self.map
+            .get(&lbn)
+            .map(|&s| self.nodes[s as usize].list as usize)
     }
 
     fn push(&mut self, l: usize, lbn: u64) {
         if self.map.contains_key(&lbn) {
             self.remove(lbn);
         }
-        let node = Ghost { lbn, newer: NIL, older: self.mru[l], list: l as u8 };
+        let node = Ghost {
+            lbn,
+            newer: NIL,
+            older: self.mru[l],
+            list: l as u8,
+        };
         let s = match self.free.pop() {
             Some(s) => {
                 self.nodes[s as usize] = node;
@@ -90,7 +101,9 @@ impl Ghosts {
 
     fn remove(&mut self, lbn: u64) -> Option<usize> {
         let s = self.map.remove(&lbn)?;
-        let Ghost { newer, older, list, .. } = self.nodes[s as usize];
+        let Ghost {
+            newer, older, list, ..
+        } = self.nodes[s as usize];
         let l = list as usize;
         if newer == NIL {
             self.mru[l] = older;
@@ -165,6 +178,11 @@ impl Arc {
         )
     }
 
+    /// `Some(true)` if `id` is resident in T2, `Some(false)` if in T1, `None` if untracked.
+    pub fn in_t2(&self, id: BlockId) -> Option<bool> {
+        self.lists.list_of(id).map(|l| l >= T2C)
+    }
+
     fn t1_len(&self) -> usize {
         self.lists.len(T1C) + self.lists.len(T1D)
     }
@@ -209,7 +227,10 @@ impl Arc {
         assert!(self.t1_len() + self.t2_len() <= self.c);
         assert!(self.ghosts.len[B1] + self.ghosts.len[B2] <= self.c);
         assert!((0.0..=self.c as f64).contains(&self.p));
-        assert_eq!(self.ghosts.map.len(), self.ghosts.len[B1] + self.ghosts.len[B2]);
+        assert_eq!(
+            self.ghosts.map.len(),
+            self.ghosts.len[B1] + self.ghosts.len[B2]
+        );
     }
 }
 
@@ -259,7 +280,11 @@ impl Replacement for Arc {
     fn set_dirty(&mut self, id: BlockId, dirty: bool) {
         let l = self.list_of(id);
         let was_dirty = l == T1D || l == T2D;
-        assert_ne!(was_dirty, dirty, "set_dirty({}, {dirty}) without a state change", id.0);
+        assert_ne!(
+            was_dirty, dirty,
+            "set_dirty({}, {dirty}) without a state change",
+            id.0
+        );
         let base = if l < T2C { T1C } else { T2C };
         self.lists.move_sorted(id, base + dirty as usize);
     }
@@ -269,13 +294,18 @@ impl Replacement for Arc {
         self.lists.remove(id);
         if self.is_offered(id) {
             self.set_offered(id, false);
-            self.ghosts.push(if l < T2C { B1 } else { B2 }, self.lbn[id.0 as usize]);
+            self.ghosts
+                .push(if l < T2C { B1 } else { B2 }, self.lbn[id.0 as usize]);
             self.cap_ghosts();
         }
     }
 
     fn victim_clean(&mut self, pinned: &dyn Fn(BlockId) -> bool) -> Option<BlockId> {
-        let (first, second) = if self.t1_len() as f64 > self.p { (T1C, T2C) } else { (T2C, T1C) };
+        let (first, second) = if self.t1_len() as f64 > self.p {
+            (T1C, T2C)
+        } else {
+            (T2C, T1C)
+        };
         let v = self
             .lists
             .iter_lru(first)
@@ -287,12 +317,19 @@ impl Replacement for Arc {
 
     fn clean_batch(&mut self, max: usize, busy: &dyn Fn(BlockId) -> bool, out: &mut Vec<BlockId>) {
         out.extend(
-            self.lists.iter_lru(T1D).chain(self.lists.iter_lru(T2D)).filter(|&id| !busy(id)).take(max),
+            self.lists
+                .iter_lru(T1D)
+                .chain(self.lists.iter_lru(T2D))
+                .filter(|&id| !busy(id))
+                .take(max),
         );
     }
 
     fn mem_bytes(&self) -> usize {
-        self.lists.mem_bytes() + self.lbn.capacity() * 8 + self.offered.capacity() * 8 + self.ghosts.mem_bytes()
+        self.lists.mem_bytes()
+            + self.lbn.capacity() * 8
+            + self.offered.capacity() * 8
+            + self.ghosts.mem_bytes()
     }
 }
 
@@ -373,7 +410,11 @@ mod tests {
         p.touch(BlockId(0), true);
         p.insert(BlockId(2), 13, true);
         p.clean_batch(4, &none, &mut out);
-        assert_eq!(out, vec![BlockId(2), BlockId(0)], "T1 dirty before T2 dirty");
+        assert_eq!(
+            out,
+            vec![BlockId(2), BlockId(0)],
+            "T1 dirty before T2 dirty"
+        );
     }
 
     #[test]

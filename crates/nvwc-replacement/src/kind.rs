@@ -61,7 +61,10 @@ pub enum ParseKindError {
 fn num<T: FromStr + PartialOrd + From<u8>>(param: &str, value: &str) -> Result<T, ParseKindError> {
     match value.parse::<T>() {
         Ok(v) if v >= T::from(1u8) => Ok(v),
-        _ => Err(ParseKindError::BadValue { param: param.into(), value: value.into() }),
+        _ => Err(ParseKindError::BadValue {
+            param: param.into(),
+            value: value.into(),
+        }),
     }
 }
 
@@ -81,17 +84,27 @@ impl FromStr for ReplacementKind {
                 .split(',')
                 .map(|kv| match kv.split_once('=') {
                     Some((k, v)) => Ok((k.trim().to_ascii_lowercase(), v.trim().to_string())),
-                    None => Err(ParseKindError::BadValue { param: kv.trim().into(), value: String::new() }),
+                    None => Err(ParseKindError::BadValue {
+                        param: kv.trim().into(),
+                        value: String::new(),
+                    }),
                 })
                 .collect::<Result<_, _>>()?,
         };
-        let unknown = |k: &str| ParseKindError::UnknownParam { policy: name.clone(), param: k.into() };
+        let unknown = |k: &str| ParseKindError::UnknownParam {
+            policy: name.clone(),
+            param: k.into(),
+        };
         match name.as_str() {
             "lru" | "arc" => {
                 if let Some((k, _)) = pairs.first() {
                     return Err(unknown(k));
                 }
-                Ok(if name == "lru" { ReplacementKind::Lru } else { ReplacementKind::Arc })
+                Ok(if name == "lru" {
+                    ReplacementKind::Lru
+                } else {
+                    ReplacementKind::Arc
+                })
             }
             "lst" => {
                 let mut track_blocks = DEFAULT_TRACK_BLOCKS;
@@ -162,7 +175,10 @@ impl fmt::Display for ReplacementKind {
                 }
                 match knee {
                     KneeSource::Fixed(k) => params.push(format!("knee={k}")),
-                    KneeSource::Online { period, sample_keys } => {
+                    KneeSource::Online {
+                        period,
+                        sample_keys,
+                    } => {
                         if period != DEFAULT_KNEE_PERIOD {
                             params.push(format!("period={period}"));
                         }
@@ -189,7 +205,9 @@ pub fn build(kind: ReplacementKind, capacity_blocks: usize) -> Box<dyn Replaceme
         ReplacementKind::Lru => Box::new(Lru::new(capacity_blocks)),
         ReplacementKind::Arc => Box::new(Arc::new(capacity_blocks)),
         ReplacementKind::Lst { track_blocks } => Box::new(Lst::new(capacity_blocks, track_blocks)),
-        ReplacementKind::Stack { track_blocks, knee } => Box::new(Stack::new(capacity_blocks, track_blocks, knee)),
+        ReplacementKind::Stack { track_blocks, knee } => {
+            Box::new(Stack::new(capacity_blocks, track_blocks, knee))
+        }
     }
 }
 
@@ -213,27 +231,63 @@ mod tests {
             assert_eq!(k.to_string(), s);
             assert_eq!(k.to_string().parse::<ReplacementKind>().unwrap(), k);
         }
-        assert_eq!("LRU".parse::<ReplacementKind>().unwrap(), ReplacementKind::Lru);
+        assert_eq!(
+            "LRU".parse::<ReplacementKind>().unwrap(),
+            ReplacementKind::Lru
+        );
         assert_eq!(
             "stack".parse::<ReplacementKind>().unwrap(),
-            ReplacementKind::Stack { track_blocks: 64, knee: KneeSource::default() }
+            ReplacementKind::Stack {
+                track_blocks: 64,
+                knee: KneeSource::default()
+            }
         );
-        assert_eq!("stack:knee=online".parse::<ReplacementKind>().unwrap().to_string(), "stack");
+        assert_eq!(
+            "stack:knee=online"
+                .parse::<ReplacementKind>()
+                .unwrap()
+                .to_string(),
+            "stack"
+        );
     }
 
     #[test]
     fn parse_errors() {
-        assert!(matches!("fifo".parse::<ReplacementKind>(), Err(ParseKindError::UnknownPolicy(_))));
-        assert!(matches!("lru:track=4".parse::<ReplacementKind>(), Err(ParseKindError::UnknownParam { .. })));
-        assert!(matches!("lst:track=0".parse::<ReplacementKind>(), Err(ParseKindError::BadValue { .. })));
-        assert!(matches!("lst:track=x".parse::<ReplacementKind>(), Err(ParseKindError::BadValue { .. })));
-        assert!(matches!("stack:knee=5,period=9".parse::<ReplacementKind>(), Err(ParseKindError::BadValue { .. })));
-        assert!(matches!("stack:knee".parse::<ReplacementKind>(), Err(ParseKindError::BadValue { .. })));
+        assert!(matches!(
+            "fifo".parse::<ReplacementKind>(),
+            Err(ParseKindError::UnknownPolicy(_))
+        ));
+        assert!(matches!(
+            "lru:track=4".parse::<ReplacementKind>(),
+            Err(ParseKindError::UnknownParam { .. })
+        ));
+        assert!(matches!(
+            "lst:track=0".parse::<ReplacementKind>(),
+            Err(ParseKindError::BadValue { .. })
+        ));
+        assert!(matches!(
+            "lst:track=x".parse::<ReplacementKind>(),
+            Err(ParseKindError::BadValue { .. })
+        ));
+        assert!(matches!(
+            "stack:knee=5,period=9".parse::<ReplacementKind>(),
+            Err(ParseKindError::BadValue { .. })
+        ));
+        assert!(matches!(
+            "stack:knee".parse::<ReplacementKind>(),
+            Err(ParseKindError::BadValue { .. })
+        ));
     }
 
     #[test]
     fn build_names() {
-        for (s, n) in [("lru", "lru"), ("arc", "arc"), ("lst", "lst"), ("stack:knee=3", "stack"), ("stack", "stack")] {
+        for (s, n) in [
+            ("lru", "lru"),
+            ("arc", "arc"),
+            ("lst", "lst"),
+            ("stack:knee=3", "stack"),
+            ("stack", "stack"),
+        ] {
             let p = build(s.parse().unwrap(), 16);
             assert_eq!(p.name(), n);
             assert!(p.mem_bytes() >= 16 * 13);

@@ -30,6 +30,7 @@
 //! changed state, and (LST/stack) no two dirty blocks with the same lbn.
 
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod arc;
 mod kind;
@@ -61,7 +62,10 @@ pub struct Watermarks {
 
 impl Default for Watermarks {
     fn default() -> Self {
-        Watermarks { high: 0.9, low: 0.5 }
+        Watermarks {
+            high: 0.9,
+            low: 0.5,
+        }
     }
 }
 

@@ -1,58 +1,139 @@
-//! Intrusive, timestamp-ordered doubly-linked lists over dense block ids.
+//! Timestamp-ordered block lists over dense block ids.
 //!
-//! Each tracked block is in exactly one of a few lists (clean/dirty, T1/T2…).
-//! Every list is kept sorted by the block's last-access timestamp, MRU at the
-//! head, so moving a block between lists (e.g. when it is cleaned) can put it
-//! where true LRU order says it belongs instead of at the MRU end. The sorted
-//! insert walks from both ends at once, so it costs `O(min(distance from MRU,
-//! distance from LRU))`; cleaned blocks are usually old and dirtied blocks
-//! usually just written, so both are near an end in practice.
+//! Each tracked block is in exactly one of a few lists (clean/dirty, T1/T2…)
+//! and owns one *slot*: the logical time of its last access. A slot array maps
+//! slots back to blocks, and each list is a hierarchical bitset (64-ary) over
+//! slots. So:
+//! * touching a block takes a fresh slot (O(levels));
+//! * moving a block to another list keeps its slot, so it lands exactly where
+//!   its last access puts it in true LRU order (O(levels), no list walk);
+//! * walking a list from its LRU end is a sequence of find-next-set-bit
+//!   queries (O(levels) each; levels = ⌈log64(slots)⌉, 3 for a million slots).
 //!
-//! Per-block state: 4 + 4 + 4 + 1 = 13 bytes (links, timestamp, list tag).
+//! The slot space has `2 × capacity` slots (at least 64); when it is used up,
+//! live slots are renumbered `0..n` in order (O(slots), at most once per
+//! `capacity` accesses). Per-block state: slot (4 B) + list tag (1 B) + two
+//! slot-owner entries (8 B) + one bit per slot per list (plus <2% for the
+//! upper bitset levels): about 13.5 bytes for two lists.
 
 use crate::BlockId;
 
 pub(crate) const NIL: u32 = u32::MAX;
 const UNTRACKED: u8 = u8::MAX;
 
+/// A 64-ary hierarchical bitset with find-next-set.
+#[derive(Clone, Debug)]
+struct Bits {
+    /// `levels[0]` has one bit per position; `levels[k+1]` one bit per word of `levels[k]`.
+    levels: Vec<Vec<u64>>,
+}
+
+impl Bits {
+    fn new(n: usize) -> Self {
+        let mut levels = Vec::new();
+        let mut words = n.div_ceil(64).max(1);
+        loop {
+            levels.push(vec![0u64; words]);
+            if words == 1 {
+                break;
+            }
+            words = words.div_ceil(64);
+        }
+        Bits { levels }
+    }
+
+    fn set(&mut self, mut pos: usize) {
+        for level in &mut self.levels {
+            let w = &mut level[pos >> 6];
+            let was_zero = *w == 0;
+            *w |= 1 << (pos & 63);
+            if !was_zero {
+                return;
+            }
+            pos >>= 6;
+        }
+    }
+
+    fn clear(&mut self, mut pos: usize) {
+        for level in &mut self.levels {
+            let w = &mut level[pos >> 6];
+            debug_assert!(*w & (1 << (pos & 63)) != 0, "clearing a clear bit");
+            *w &= !(1 << (pos & 63));
+            if *w != 0 {
+                return;
+            }
+            pos >>= 6;
+        }
+    }
+
+    /// Smallest set position `>= from`.
+    fn next(&self, from: usize) -> Option<usize> {
+        let mut pos = from;
+        let mut k = 0;
+        loop {
+            let level = self.levels.get(k)?;
+            let w = pos >> 6;
+            let bits = *level.get(w)? & (u64::MAX << (pos & 63));
+            if bits != 0 {
+                pos = (w << 6) | bits.trailing_zeros() as usize;
+                break;
+            }
+            pos = w + 1;
+            k += 1;
+        }
+        while k > 0 {
+            k -= 1;
+            pos = (pos << 6) | self.levels[k][pos].trailing_zeros() as usize;
+        }
+        Some(pos)
+    }
+
+    fn mem_bytes(&self) -> usize {
+        self.levels.iter().map(|l| l.capacity() * 8).sum()
+    }
+}
+
 #[derive(Clone, Debug)]
 pub(crate) struct TsLists {
-    newer: Vec<u32>,
-    older: Vec<u32>,
-    ts: Vec<u32>,
+    /// Per block: its slot (valid while tracked).
+    slot: Vec<u32>,
+    /// Per block: its list, or `UNTRACKED`.
     list: Vec<u8>,
-    mru: Vec<u32>,
-    lru: Vec<u32>,
+    /// Per slot: the owning block, or `NIL`.
+    owner: Vec<u32>,
+    /// Per list: the slots of its blocks.
+    bits: Vec<Bits>,
     len: Vec<usize>,
-    clock: u32,
+    /// Next free slot.
+    now: usize,
 }
 
 impl TsLists {
     /// `nlists` lists over ids `0..capacity`.
     pub(crate) fn new(capacity: usize, nlists: usize) -> Self {
         assert!(nlists < UNTRACKED as usize);
-        assert!(capacity < NIL as usize, "capacity must fit u32 ids");
+        assert!(capacity < (NIL / 2) as usize, "capacity must fit u32 ids");
+        let slots = (2 * capacity).max(64);
         TsLists {
-            newer: vec![NIL; capacity],
-            older: vec![NIL; capacity],
-            ts: vec![0; capacity],
+            slot: vec![0; capacity],
             list: vec![UNTRACKED; capacity],
-            mru: vec![NIL; nlists],
-            lru: vec![NIL; nlists],
+            owner: vec![NIL; slots],
+            bits: (0..nlists).map(|_| Bits::new(slots)).collect(),
             len: vec![0; nlists],
-            clock: 0,
+            now: 0,
         }
-    }
-
-    pub(crate) fn capacity(&self) -> usize {
-        self.list.len()
     }
 
     /// Asserts `id` is a valid id and returns it as an index.
     #[inline]
     pub(crate) fn idx(&self, id: BlockId) -> usize {
         let i = id.0 as usize;
-        assert!(i < self.list.len(), "BlockId {} out of range (capacity {})", id.0, self.list.len());
+        assert!(
+            i < self.list.len(),
+            "BlockId {} out of range (capacity {})",
+            id.0,
+            self.list.len()
+        );
         i
     }
 
@@ -68,147 +149,97 @@ impl TsLists {
         self.len[l]
     }
 
-    /// Least recently used member of list `l`.
-    #[inline]
-    pub(crate) fn lru(&self, l: usize) -> Option<BlockId> {
-        let i = self.lru[l];
-        (i != NIL).then_some(BlockId(i))
-    }
-
-    /// The next more recently used block in the same list.
-    #[inline]
-    pub(crate) fn newer(&self, id: BlockId) -> Option<BlockId> {
-        let i = self.newer[id.0 as usize];
-        (i != NIL).then_some(BlockId(i))
-    }
-
     /// Iterates list `l` from LRU to MRU.
     pub(crate) fn iter_lru(&self, l: usize) -> impl Iterator<Item = BlockId> + '_ {
-        std::iter::successors(self.lru(l), move |&id| self.newer(id))
+        let bits = &self.bits[l];
+        std::iter::successors(bits.next(0), move |&s| bits.next(s + 1))
+            .map(move |s| BlockId(self.owner[s]))
     }
 
-    fn tick(&mut self) -> u32 {
-        if self.clock == u32::MAX {
-            self.renumber();
+    fn tick(&mut self) -> usize {
+        if self.now == self.owner.len() {
+            self.compact();
         }
-        let t = self.clock;
-        self.clock += 1;
-        t
+        self.now += 1;
+        self.now - 1
+    }
+
+    fn place(&mut self, i: usize, l: usize, s: usize) {
+        self.slot[i] = s as u32;
+        self.list[i] = l as u8;
+        self.owner[s] = i as u32;
+        self.bits[l].set(s);
+        self.len[l] += 1;
+    }
+
+    fn unplace(&mut self, i: usize) {
+        let (l, s) = (self.list[i] as usize, self.slot[i] as usize);
+        self.bits[l].clear(s);
+        self.len[l] -= 1;
+        self.owner[s] = NIL;
+        self.list[i] = UNTRACKED;
     }
 
     /// Starts tracking `id` (MUST be untracked) at the MRU end of `l`, accessed now.
     pub(crate) fn push_mru(&mut self, id: BlockId, l: usize) {
         let i = self.idx(id);
         assert_eq!(self.list[i], UNTRACKED, "BlockId {} inserted twice", id.0);
-        let t = self.tick();
-        self.ts[i] = t;
-        self.list[i] = l as u8;
-        self.link(i as u32, l, NIL, self.mru[l]);
+        let s = self.tick();
+        self.place(i, l, s);
     }
 
     /// Marks tracked `id` accessed now and moves it to the MRU end of `l`.
     pub(crate) fn touch(&mut self, id: BlockId, l: usize) {
         let i = self.idx(id);
         assert_ne!(self.list[i], UNTRACKED, "BlockId {} not tracked", id.0);
-        self.unlink_idx(i);
-        let t = self.tick();
-        self.ts[i] = t;
-        self.list[i] = l as u8;
-        self.link(i as u32, l, NIL, self.mru[l]);
+        self.unplace(i);
+        let s = self.tick();
+        self.place(i, l, s);
     }
 
-    /// Moves tracked `id` to list `l`, at the position its timestamp dictates.
+    /// Moves tracked `id` to list `l`, at the position its last access dictates.
     pub(crate) fn move_sorted(&mut self, id: BlockId, l: usize) {
         let i = self.idx(id);
         assert_ne!(self.list[i], UNTRACKED, "BlockId {} not tracked", id.0);
-        self.unlink_idx(i);
-        self.list[i] = l as u8;
-        let t = self.ts[i];
-        let (mut a, mut b) = (self.mru[l], self.lru[l]);
-        // `a` walks MRU->LRU looking for the first older block; `b` walks
-        // LRU->MRU looking for the first newer one. Whichever finds it first wins.
-        let (newer, older) = loop {
-            if a == NIL {
-                break (self.lru[l], NIL);
-            }
-            if self.ts[a as usize] < t {
-                break (self.newer[a as usize], a);
-            }
-            a = self.older[a as usize];
-            if b == NIL {
-                break (NIL, self.mru[l]);
-            }
-            if self.ts[b as usize] > t {
-                break (b, self.older[b as usize]);
-            }
-            b = self.newer[b as usize];
-        };
-        self.link(i as u32, l, newer, older);
+        let s = self.slot[i] as usize;
+        self.unplace(i);
+        self.place(i, l, s);
     }
 
     /// Stops tracking `id` (MUST be tracked).
     pub(crate) fn remove(&mut self, id: BlockId) {
         let i = self.idx(id);
-        assert_ne!(self.list[i], UNTRACKED, "BlockId {} removed but not tracked", id.0);
-        self.unlink_idx(i);
-        self.list[i] = UNTRACKED;
+        assert_ne!(
+            self.list[i], UNTRACKED,
+            "BlockId {} removed but not tracked",
+            id.0
+        );
+        self.unplace(i);
     }
 
-    fn link(&mut self, i: u32, l: usize, newer: u32, older: u32) {
-        let iu = i as usize;
-        self.newer[iu] = newer;
-        self.older[iu] = older;
-        if newer == NIL {
-            self.mru[l] = i;
-        } else {
-            self.older[newer as usize] = i;
-        }
-        if older == NIL {
-            self.lru[l] = i;
-        } else {
-            self.newer[older as usize] = i;
-        }
-        self.len[l] += 1;
-    }
-
-    fn unlink_idx(&mut self, i: usize) {
-        let l = self.list[i] as usize;
-        let (n, o) = (self.newer[i], self.older[i]);
-        if n == NIL {
-            self.mru[l] = o;
-        } else {
-            self.older[n as usize] = o;
-        }
-        if o == NIL {
-            self.lru[l] = n;
-        } else {
-            self.newer[o as usize] = n;
-        }
-        self.newer[i] = NIL;
-        self.older[i] = NIL;
-        self.len[l] -= 1;
-    }
-
-    /// Renumbers timestamps `0..n` in order when the clock would overflow.
+    /// Renumbers live slots `0..n` in order. At most `capacity` blocks are live
+    /// and there are `>= 2 × capacity` slots, so at least half become free.
     #[cold]
-    fn renumber(&mut self) {
-        let mut live: Vec<(u32, u32)> = (0..self.list.len())
-            .filter(|&i| self.list[i] != UNTRACKED)
-            .map(|i| (self.ts[i], i as u32))
-            .collect();
-        live.sort_unstable();
-        for (rank, &(_, i)) in live.iter().enumerate() {
-            self.ts[i as usize] = rank as u32;
+    fn compact(&mut self) {
+        let slots = self.owner.len();
+        for b in &mut self.bits {
+            *b = Bits::new(slots);
         }
-        self.clock = live.len() as u32;
+        let mut n = 0;
+        for s in 0..slots {
+            let i = self.owner[s];
+            if i != NIL {
+                self.owner[s] = NIL;
+                self.owner[n] = i;
+                self.slot[i as usize] = n as u32;
+                self.bits[self.list[i as usize] as usize].set(n);
+                n += 1;
+            }
+        }
+        self.now = n;
     }
 
-    #[cfg(test)]
-    pub(crate) fn set_clock(&mut self, c: u32) {
-        self.clock = c;
-    }
-
-    /// Checks links, lengths and timestamp order (tests only; O(n)).
+    /// Checks slots, lists and lengths (tests only; O(n)).
     #[cfg(test)]
     pub(crate) fn check(&self) {
         let mut total = 0;
@@ -216,22 +247,26 @@ impl TsLists {
             let v: Vec<BlockId> = self.iter_lru(l).collect();
             assert_eq!(v.len(), self.len[l]);
             for w in v.windows(2) {
-                assert!(self.ts[w[0].0 as usize] < self.ts[w[1].0 as usize], "list {l} out of order");
+                assert!(
+                    self.slot[w[0].0 as usize] < self.slot[w[1].0 as usize],
+                    "list {l} out of order"
+                );
             }
             for id in &v {
                 assert_eq!(self.list[id.0 as usize] as usize, l);
+                assert_eq!(self.owner[self.slot[id.0 as usize] as usize], id.0);
             }
             total += v.len();
         }
         assert_eq!(total, self.list.iter().filter(|&&l| l != UNTRACKED).count());
+        assert_eq!(total, self.owner.iter().filter(|&&o| o != NIL).count());
     }
 
     pub(crate) fn mem_bytes(&self) -> usize {
-        self.newer.capacity() * 4
-            + self.older.capacity() * 4
-            + self.ts.capacity() * 4
+        self.slot.capacity() * 4
             + self.list.capacity()
-            + (self.mru.capacity() + self.lru.capacity()) * 4
+            + self.owner.capacity() * 4
+            + self.bits.iter().map(Bits::mem_bytes).sum::<usize>()
             + self.len.capacity() * std::mem::size_of::<usize>()
     }
 }
@@ -269,16 +304,45 @@ mod tests {
     }
 
     #[test]
-    fn clock_overflow_renumbers_in_order() {
-        let mut t = TsLists::new(4, 1);
-        t.set_clock(u32::MAX - 2);
-        t.push_mru(BlockId(0), 0);
-        t.push_mru(BlockId(1), 0);
-        t.push_mru(BlockId(2), 0); // clock is MAX: renumbers before ticking
-        t.touch(BlockId(0), 0);
-        assert!(t.clock < 10);
-        assert_eq!(ids(t.iter_lru(0)), vec![1, 2, 0]);
-        t.check();
+    fn compaction_keeps_order() {
+        let mut t = TsLists::new(5, 2);
+        for i in 0..5 {
+            t.push_mru(BlockId(i), (i % 2) as usize);
+        }
+        // 64 slots: many touches force several compactions.
+        for r in 0..1000u32 {
+            let id = BlockId([0, 2, 4, 1, 3][(r % 5) as usize]);
+            let l = t.list_of(id).unwrap();
+            t.touch(id, l);
+            t.check();
+        }
+        assert!(t.now <= 64);
+        assert_eq!(ids(t.iter_lru(0)), vec![0, 2, 4]);
+        assert_eq!(ids(t.iter_lru(1)), vec![1, 3]);
+    }
+
+    #[test]
+    fn hierarchical_bits_find_next() {
+        let n = 64 * 64 * 3 + 5;
+        let mut b = Bits::new(n);
+        assert_eq!(b.levels.len(), 3);
+        assert_eq!(b.next(0), None);
+        for p in [0usize, 63, 64, 4095, 4096, 9000, n - 1] {
+            b.set(p);
+        }
+        let mut got = Vec::new();
+        let mut from = 0;
+        while let Some(p) = b.next(from) {
+            got.push(p);
+            from = p + 1;
+        }
+        assert_eq!(got, vec![0, 63, 64, 4095, 4096, 9000, n - 1]);
+        b.clear(4095);
+        b.clear(4096);
+        assert_eq!(b.next(65), Some(9000));
+        b.clear(9000);
+        assert_eq!(b.next(65), Some(n - 1));
+        assert_eq!(b.next(n), None);
     }
 
     #[test]

@@ -26,7 +26,10 @@ impl Lst {
     /// A policy for block ids `0..capacity_blocks` and tracks of `track_blocks`
     /// blocks (caller guarantees `track_blocks >= 1`).
     pub fn new(capacity_blocks: usize, track_blocks: u64) -> Self {
-        Lst { lists: TsLists::new(capacity_blocks, 2), segs: SegmentIndex::new(capacity_blocks, track_blocks) }
+        Lst {
+            lists: TsLists::new(capacity_blocks, 2),
+            segs: SegmentIndex::new(capacity_blocks, track_blocks),
+        }
     }
 
     /// Track size in blocks.
@@ -70,8 +73,14 @@ impl Replacement for Lst {
 
     fn set_dirty(&mut self, id: BlockId, dirty: bool) {
         let l = self.list_of(id);
-        assert_ne!(l == DIRTY, dirty, "set_dirty({}, {dirty}) without a state change", id.0);
-        self.lists.move_sorted(id, if dirty { DIRTY } else { CLEAN });
+        assert_ne!(
+            l == DIRTY,
+            dirty,
+            "set_dirty({}, {dirty}) without a state change",
+            id.0
+        );
+        self.lists
+            .move_sorted(id, if dirty { DIRTY } else { CLEAN });
         if dirty {
             self.segs.add_dirty(id);
         } else {
@@ -117,7 +126,17 @@ mod tests {
         let mut p = Lst::new(64, 8);
         // Track 0: lbns 5,6,7 ; track 1: lbns 8,9 (contiguous with 7 but another track);
         // track 2: 16..20 but 18 clean -> runs {16,17} and {19}.
-        let layout = [(5, true), (6, true), (7, true), (8, true), (9, true), (16, true), (17, true), (18, false), (19, true)];
+        let layout = [
+            (5, true),
+            (6, true),
+            (7, true),
+            (8, true),
+            (9, true),
+            (16, true),
+            (17, true),
+            (18, false),
+            (19, true),
+        ];
         for (i, &(l, d)) in layout.iter().enumerate() {
             p.insert(BlockId(i as u32), l, d);
         }

@@ -157,7 +157,10 @@ impl SegmentIndex {
     }
 
     fn place_at(&mut self, g: u32, slot: u32) {
-        assert_eq!(self.slot_seg[slot as usize], NIL, "slot {slot} already holds a segment");
+        assert_eq!(
+            self.slot_seg[slot as usize], NIL,
+            "slot {slot} already holds a segment"
+        );
         self.segs[g as usize].slot = slot;
         self.slot_seg[slot as usize] = g;
         self.update(slot as usize);
@@ -188,6 +191,7 @@ impl SegmentIndex {
         }
     }
 
+    #[cfg(test)]
     pub(crate) fn is_dirty(&self, id: BlockId) -> bool {
         self.seg_of[id.0 as usize] != NIL
     }
@@ -203,13 +207,22 @@ impl SegmentIndex {
             panic!("blocks {other} and {} both cache lbn {l}", id.0);
         }
         let tb = self.track_blocks;
-        let left = if l % tb != 0 { self.by_lbn.get(&(l - 1)).map(|&b| self.seg_of[b as usize]) } else { None };
+        let left = if l % tb != 0 {
+            self.by_lbn.get(&(l - 1)).map(|&b| self.seg_of[b as usize])
+        } else {
+            None
+        };
         let right = match l.checked_add(1) {
             Some(r) if r % tb != 0 => self.by_lbn.get(&r).map(|&b| self.seg_of[b as usize]),
             _ => None,
         };
         let g = match (left, right) {
-            (None, None) => self.alloc(Seg { start: l, len: 1, slot: NIL, excluded: false }),
+            (None, None) => self.alloc(Seg {
+                start: l,
+                len: 1,
+                slot: NIL,
+                excluded: false,
+            }),
             (Some(a), None) => {
                 self.unplace(a);
                 self.segs[a as usize].len += 1;
@@ -256,35 +269,58 @@ impl SegmentIndex {
         let g = self.seg_of[i];
         assert_ne!(g, NIL, "block {} is not dirty", id.0);
         let l = self.lbn[i];
-        self.unplace(g);
         self.by_lbn.remove(&l);
         self.seg_of[i] = NIL;
-        let Seg { start, len, .. } = self.segs[g as usize];
+        let Seg {
+            start, len, slot, ..
+        } = self.segs[g as usize];
+        // Unless the removed block was the segment's newest, the segment's
+        // time (slot) is unchanged; cleaning a segment block by block then
+        // costs O(len) in total instead of O(len^2).
+        let was_newest = self.wtime[i] == slot;
         let end = start + u64::from(len);
         let left = (l - start) as u32;
         let right = (end - l - 1) as u32;
         match (left > 0, right > 0) {
-            (false, false) => self.free.push(g),
-            (true, false) => {
-                self.segs[g as usize].len = left;
-                self.place(g);
-            }
-            (false, true) => {
-                let s = &mut self.segs[g as usize];
-                s.start = l + 1;
-                s.len = right;
-                self.place(g);
+            (false, false) => {
+                self.unplace(g);
+                self.free.push(g);
             }
             (true, true) => {
+                self.unplace(g);
                 let (lseg, rseg) = ((start, left), (l + 1, right));
-                let (keep, moved) = if left >= right { (lseg, rseg) } else { (rseg, lseg) };
+                let (keep, moved) = if left >= right {
+                    (lseg, rseg)
+                } else {
+                    (rseg, lseg)
+                };
                 let s = &mut self.segs[g as usize];
                 s.start = keep.0;
                 s.len = keep.1;
-                let n = self.alloc(Seg { start: moved.0, len: moved.1, slot: NIL, excluded: false });
+                let n = self.alloc(Seg {
+                    start: moved.0,
+                    len: moved.1,
+                    slot: NIL,
+                    excluded: false,
+                });
                 self.relabel(n);
                 self.place(g);
                 self.place(n);
+            }
+            (true, false) | (false, true) => {
+                let s = &mut self.segs[g as usize];
+                if left > 0 {
+                    s.len = left;
+                } else {
+                    s.start = l + 1;
+                    s.len = right;
+                }
+                if was_newest {
+                    self.unplace(g);
+                    self.place(g);
+                } else {
+                    self.update(slot as usize);
+                }
             }
         }
     }
@@ -303,7 +339,7 @@ impl SegmentIndex {
             let right = 2 * node + 1;
             if acc + u64::from(self.sum[right]) <= knee {
                 acc += u64::from(self.sum[right]);
-                node = 2 * node;
+                node *= 2;
                 hi = mid;
             } else {
                 node = right;
@@ -350,7 +386,13 @@ impl SegmentIndex {
     /// busy segments are skipped. If no cold segment exists at all, the oldest
     /// (hot) segment with a non-busy block is used instead. If cold segments
     /// exist but all are fully busy, nothing is appended.
-    pub(crate) fn clean_batch(&mut self, knee: u64, max: usize, busy: &dyn Fn(BlockId) -> bool, out: &mut Vec<BlockId>) {
+    pub(crate) fn clean_batch(
+        &mut self,
+        knee: u64,
+        max: usize,
+        busy: &dyn Fn(BlockId) -> bool,
+        out: &mut Vec<BlockId>,
+    ) {
         if max == 0 || self.total() == 0 {
             return;
         }
@@ -396,7 +438,11 @@ impl SegmentIndex {
     /// Renumbers live write times `0..D` in order and resizes the slot space.
     #[cold]
     fn compact(&mut self) {
-        let mut live: Vec<(u32, u32)> = self.by_lbn.values().map(|&i| (self.wtime[i as usize], i)).collect();
+        let mut live: Vec<(u32, u32)> = self
+            .by_lbn
+            .values()
+            .map(|&i| (self.wtime[i as usize], i))
+            .collect();
         live.sort_unstable();
         let d = live.len();
         let ns = (2 * d).next_power_of_two().max(MIN_SLOTS);
@@ -435,7 +481,11 @@ impl SegmentIndex {
                 let g = self.slot_seg[slot];
                 (g != NIL).then(|| {
                     let s = self.segs[g as usize];
-                    SegmentInfo { start: s.start, len: s.len, time: slot as u32 }
+                    SegmentInfo {
+                        start: s.start,
+                        len: s.len,
+                        time: slot as u32,
+                    }
                 })
             })
             .collect()
@@ -449,12 +499,22 @@ impl SegmentIndex {
         for s in self.segments() {
             assert!(s.len >= 1);
             let end = s.start + u64::from(s.len);
-            assert_eq!(s.start / tb, (end - 1) / tb, "segment crosses a track boundary");
+            assert_eq!(
+                s.start / tb,
+                (end - 1) / tb,
+                "segment crosses a track boundary"
+            );
             if s.start % tb != 0 {
-                assert!(!self.by_lbn.contains_key(&(s.start - 1)), "segment not maximal (left)");
+                assert!(
+                    !self.by_lbn.contains_key(&(s.start - 1)),
+                    "segment not maximal (left)"
+                );
             }
             if end % tb != 0 {
-                assert!(!self.by_lbn.contains_key(&end), "segment not maximal (right)");
+                assert!(
+                    !self.by_lbn.contains_key(&end),
+                    "segment not maximal (right)"
+                );
             }
             let g = self.slot_seg[s.time as usize];
             let mut tmax = 0;
@@ -537,20 +597,32 @@ mod tests {
         // knee 3: hot = {1, 2}; cold = {3, 5}; largest cold = track 1.
         let mut out = Vec::new();
         s.clean_batch(3, 100, &|_| false, &mut out);
-        assert_eq!(out.iter().map(|b| s.lbn(*b)).collect::<Vec<_>>(), vec![8, 9, 10, 11, 12]);
+        assert_eq!(
+            out.iter().map(|b| s.lbn(*b)).collect::<Vec<_>>(),
+            vec![8, 9, 10, 11, 12]
+        );
         // knee 8: hot = {1, 2, 5}; cold = {3}.
         out.clear();
         s.clean_batch(8, 100, &|_| false, &mut out);
-        assert_eq!(out.iter().map(|b| s.lbn(*b)).collect::<Vec<_>>(), vec![0, 1, 2]);
+        assert_eq!(
+            out.iter().map(|b| s.lbn(*b)).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
         // knee 11: nothing cold; falls back to the oldest segment.
         out.clear();
         s.clean_batch(11, 2, &|_| false, &mut out);
-        assert_eq!(out.iter().map(|b| s.lbn(*b)).collect::<Vec<_>>(), vec![0, 1]);
+        assert_eq!(
+            out.iter().map(|b| s.lbn(*b)).collect::<Vec<_>>(),
+            vec![0, 1]
+        );
         // knee 3 with the whole 5-run busy: next largest cold is the 3-run.
         out.clear();
         let busy = |b: BlockId| (3..8).contains(&b.0);
         s.clean_batch(3, 100, &busy, &mut out);
-        assert_eq!(out.iter().map(|b| s.lbn(*b)).collect::<Vec<_>>(), vec![0, 1, 2]);
+        assert_eq!(
+            out.iter().map(|b| s.lbn(*b)).collect::<Vec<_>>(),
+            vec![0, 1, 2]
+        );
         // All cold blocks busy: nothing, even though hot blocks are available.
         out.clear();
         s.clean_batch(3, 100, &|b: BlockId| b.0 < 8, &mut out);

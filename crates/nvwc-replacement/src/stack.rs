@@ -54,7 +54,10 @@ pub enum KneeSource {
 
 impl Default for KneeSource {
     fn default() -> Self {
-        KneeSource::Online { period: DEFAULT_KNEE_PERIOD, sample_keys: DEFAULT_KNEE_SAMPLES }
+        KneeSource::Online {
+            period: DEFAULT_KNEE_PERIOD,
+            sample_keys: DEFAULT_KNEE_SAMPLES,
+        }
     }
 }
 
@@ -79,7 +82,10 @@ impl Stack {
     pub fn new(capacity_blocks: usize, track_blocks: u64, knee: KneeSource) -> Self {
         let knee = match knee {
             KneeSource::Fixed(k) => Knee::Fixed(k),
-            KneeSource::Online { period, sample_keys } => {
+            KneeSource::Online {
+                period,
+                sample_keys,
+            } => {
                 let mut cfg = OnlineKneeConfig::new((capacity_blocks as u64).max(2));
                 cfg.period = period;
                 cfg.sample_keys = sample_keys;
@@ -91,8 +97,16 @@ impl Stack {
 
     /// Like [`Stack::new`] with an online knee of arbitrary configuration
     /// (`cfg.max_size` is normally the capacity).
-    pub fn with_online_config(capacity_blocks: usize, track_blocks: u64, cfg: OnlineKneeConfig) -> Self {
-        Self::build(capacity_blocks, track_blocks, Knee::Online(Box::new(OnlineKnee::new(cfg))))
+    pub fn with_online_config(
+        capacity_blocks: usize,
+        track_blocks: u64,
+        cfg: OnlineKneeConfig,
+    ) -> Self {
+        Self::build(
+            capacity_blocks,
+            track_blocks,
+            Knee::Online(Box::new(OnlineKnee::new(cfg))),
+        )
     }
 
     fn build(capacity_blocks: usize, track_blocks: u64, knee: Knee) -> Self {
@@ -131,10 +145,13 @@ impl Stack {
         self.segs.segments()
     }
 
-    /// Whether a segment starting at `start` is currently hot.
+    /// Whether a segment starting at `start` is currently hot (O(segments);
+    /// for tests and diagnostics).
     pub fn is_hot(&self, start: u64) -> bool {
         let (b, _) = self.segs.hot_boundary(self.s_knee());
-        self.segments().iter().any(|s| s.start == start && s.time as usize >= b)
+        self.segments()
+            .iter()
+            .any(|s| s.start == start && s.time as usize >= b)
     }
 
     fn feed(&mut self, lbn: u64) {
@@ -178,8 +195,14 @@ impl Replacement for Stack {
 
     fn set_dirty(&mut self, id: BlockId, dirty: bool) {
         let l = self.list_of(id);
-        assert_ne!(l == DIRTY, dirty, "set_dirty({}, {dirty}) without a state change", id.0);
-        self.lists.move_sorted(id, if dirty { DIRTY } else { CLEAN });
+        assert_ne!(
+            l == DIRTY,
+            dirty,
+            "set_dirty({}, {dirty}) without a state change",
+            id.0
+        );
+        self.lists
+            .move_sorted(id, if dirty { DIRTY } else { CLEAN });
         if dirty {
             self.segs.add_dirty(id);
         } else {
@@ -249,7 +272,11 @@ mod tests {
         let lbns = |p: &Stack, v: &[BlockId]| v.iter().map(|&b| p.segs.lbn(b)).collect::<Vec<_>>();
         let mut out = Vec::new();
         p.clean_batch(64, &none, &mut out);
-        assert_eq!(lbns(&p, &out), vec![16, 17, 18], "largest cold, not the larger hot one");
+        assert_eq!(
+            lbns(&p, &out),
+            vec![16, 17, 18],
+            "largest cold, not the larger hot one"
+        );
         for &b in &out {
             p.set_dirty(b, false);
         }
@@ -282,7 +309,10 @@ mod tests {
     #[test]
     fn should_clean_hysteresis() {
         let mut p = Stack::new(100, 64, KneeSource::Fixed(20));
-        let wm = Watermarks { high: 0.9, low: 0.5 };
+        let wm = Watermarks {
+            high: 0.9,
+            low: 0.5,
+        };
         assert!(!p.should_clean(90, 100, false, wm));
         assert!(p.should_clean(91, 100, false, wm));
         write_runs(&mut p, &[(0, 30)], 0);
@@ -290,7 +320,10 @@ mod tests {
         assert!(p.should_clean(30, 100, true, wm));
         let q = Stack::new(100, 64, KneeSource::Fixed(40));
         assert!(!q.should_clean(30, 100, true, wm));
-        assert!(q.should_clean(95, 100, true, wm), "above high it keeps going");
+        assert!(
+            q.should_clean(95, 100, true, wm),
+            "above high it keeps going"
+        );
     }
 
     #[test]
@@ -310,7 +343,11 @@ mod tests {
         let mut x = 99u64;
         for i in 0..40_000u64 {
             x = nvwc_mrc::mix64(x);
-            let lbn = if x % 10 == 0 { 10_000 + (x >> 8) % 20_000 } else { i % 200 };
+            let lbn = if x % 10 == 0 {
+                10_000 + (x >> 8) % 20_000
+            } else {
+                i % 200
+            };
             if let Some(&id) = id_of.get(&lbn) {
                 p.touch(BlockId(id), true);
                 if !p.segs.is_dirty(BlockId(id)) {
@@ -334,6 +371,8 @@ mod tests {
             p.insert(BlockId(id), lbn, true);
         }
         let k = p.s_knee();
+        // Measured: 246 (curve sampled every 5 blocks; the hot cycle's distances
+        // spread around 200/0.9 = 222 and the curve saturates at their tail).
         assert!((200..=260).contains(&k), "online knee {k}");
         assert_eq!(p.knee_tracker().unwrap().knee_blocks(), Some(k));
     }

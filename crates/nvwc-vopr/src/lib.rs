@@ -204,7 +204,8 @@ fn random_config(rng: &mut ChaCha8Rng, opts: &Options) -> Config {
     let cap = rng.gen_range(16..96u64);
     let nblocks = rng.gen_range(cap / 2..cap * 3);
     let mut c = Config::new(bs, cap, nblocks * bs as u64, opts.policy);
-    c.replacement = opts.replacement.unwrap_or_else(|| match rng.gen_range(0..4) {
+    c.replacement = opts.replacement.unwrap_or_else(|| match rng.gen_range(0..5) {
+        4 => ReplacementKind::Stack { track_blocks: 8, knee: nvwc_core::config::KneeSource::Online { period: 32, sample_keys: 256 } },
         0 => ReplacementKind::Lru,
         1 => ReplacementKind::Arc,
         2 => ReplacementKind::Lst { track_blocks: [4, 8, 16][rng.gen_range(0..3)] },

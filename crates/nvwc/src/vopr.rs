@@ -34,13 +34,7 @@ pub struct Args {
 }
 
 fn parse_repl(s: &str) -> Result<ReplacementKind> {
-    Ok(match s {
-        "lru" => ReplacementKind::Lru,
-        "arc" => ReplacementKind::Arc,
-        "lst" => ReplacementKind::Lst { track_blocks: 8 },
-        "stack" => ReplacementKind::Stack { track_blocks: 8, knee: nvwc_core::config::KneeSource::Online },
-        _ => bail!("unknown replacement policy {s:?} (expected lru, arc, lst or stack)"),
-    })
+    s.parse().map_err(|e| anyhow::anyhow!("{e}"))
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
