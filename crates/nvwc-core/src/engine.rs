@@ -1413,7 +1413,7 @@ impl<P: Payload> Engine<P> {
             !(o.dirty && self.policy.keep_superseded(o.group, group))
         };
         let (mut lo, mut hi) = range;
-        if coalesce && self.slots[old as usize].dirty {
+        if coalesce && self.slots[old as usize].dirty && self.policy.inherits_dirty_range() {
             lo = lo.min(self.slots[old as usize].lo);
             hi = hi.max(self.slots[old as usize].hi);
         }

@@ -802,6 +802,8 @@ pub struct PolicySummary {
     pub first_failure: Option<SeedOutcome>,
     pub forced_close_seeds: u64,
     pub stale_writes: u64,
+    /// Seeds failing each check: (a), (b), (c), and anything else (panic, deadlock).
+    pub by_check: [u64; 4],
 }
 
 /// Run `seeds` seeds starting at `first` on `threads` threads.
@@ -811,7 +813,7 @@ pub fn run_many(opts: &Options, first: u64, seeds: u64, threads: usize, progress
     let next = AtomicU64::new(first);
     let done = AtomicU64::new(0);
     let results: Mutex<BTreeMap<u64, SeedOutcome>> = Mutex::new(BTreeMap::new());
-    let agg = Mutex::new((0u64, 0u64, 0u64));
+    let agg = Mutex::new((0u64, 0u64, 0u64, [0u64; 4]));
     std::panic::set_hook(Box::new(|info| {
         let loc = info.location().map(|l| format!("{}:{}", l.file(), l.line())).unwrap_or_default();
         let msg = info.payload().downcast_ref::<String>().cloned().or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
@@ -833,6 +835,14 @@ pub fn run_many(opts: &Options, first: u64, seeds: u64, threads: usize, progress
                     if !r.violations.is_empty() {
                         a.0 += 1;
                     }
+                    for (i, tag) in ["(a)", "(b)", "(c)"].iter().enumerate() {
+                        if r.violations.iter().any(|v| v.starts_with(tag)) {
+                            a.3[i] += 1;
+                        }
+                    }
+                    if r.violations.iter().any(|v| !v.starts_with('(')) {
+                        a.3[3] += 1;
+                    }
                     if r.forced_closes > 0 {
                         a.1 += 1;
                     }
@@ -852,5 +862,5 @@ pub fn run_many(opts: &Options, first: u64, seeds: u64, threads: usize, progress
     let a = agg.into_inner().unwrap();
     let _ = std::panic::take_hook();
     let first_failure = results.into_inner().unwrap().into_values().next();
-    PolicySummary { policy: opts.policy.name().to_string(), seeds, violations: a.0, first_failure, forced_close_seeds: a.1, stale_writes: a.2 }
+    PolicySummary { policy: opts.policy.name().to_string(), seeds, violations: a.0, first_failure, forced_close_seeds: a.1, stale_writes: a.2, by_check: a.3 }
 }

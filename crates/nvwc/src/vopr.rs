@@ -71,6 +71,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
         let s = run_many(&opts, a.first_seed, a.seeds, threads, &progress);
         eprint!("\r\x1b[K");
         println!("write-policy={} seeds={} violations={}", s.policy, s.seeds, s.violations);
+        let [ca, cb, cc, other] = s.by_check;
+        println!(
+            "  failing seeds by check: (a) reads={ca} (b) flush-contract={cb} (c) cache-lost={cc} other={other}; seeds with forced journal closes={}; stale acknowledged writes after cache loss={}",
+            s.forced_close_seeds, s.stale_writes
+        );
         if let Some(f) = &s.first_failure {
             let rep = a.replacement.as_ref().map(|r| format!(" --replacement {r}")).unwrap_or_default();
             println!("  first failing seed: {} ({})", f.seed, f.violations.first().map(String::as_str).unwrap_or(""));

@@ -109,6 +109,12 @@ pub trait WritePolicy: Send {
     fn keep_superseded(&self, _old: Group, _new: Group) -> bool {
         false
     }
+    /// When a new version replaces (coalesces) a dirty version, does it inherit
+    /// the old version's dirty byte range? (Not in ordered write-back, where a
+    /// replaced version's own bytes are already on the backing store.)
+    fn inherits_dirty_range(&self) -> bool {
+        true
+    }
     /// May a write of group `new` overwrite in place an uncommitted version of group `old`?
     fn may_overwrite(&self, old: Group, new: Group) -> bool {
         old == new

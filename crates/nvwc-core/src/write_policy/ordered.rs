@@ -306,6 +306,9 @@ impl WritePolicy for Ordered {
     fn may_overwrite(&self, _old: Group, _new: Group) -> bool {
         false
     }
+    fn inherits_dirty_range(&self) -> bool {
+        false
+    }
     fn next_plan(&mut self, ctx: &mut dyn PlanCtx) -> Option<Plan> {
         if self.wave_in_flight || self.sync_in_flight || self.awaiting_commit || !ctx.cleaning_wanted() {
             return None;
