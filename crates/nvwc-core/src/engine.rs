@@ -115,6 +115,9 @@ struct Block {
     gen: u32,
     /// Older dirty versions (shadows) kept for the write policy.
     shadows: u32,
+    /// Destage writes of this block's versions in flight (at most one plan
+    /// writes a block at a time, so writes of two versions never race).
+    destaging: u32,
 }
 
 #[derive(Debug)]
@@ -181,6 +184,8 @@ enum IoCtx {
 #[derive(Debug)]
 struct PlanExec {
     plan: Plan,
+    /// Owning block of each written slot.
+    blocks: Vec<u32>,
     left: u32,
     failed: bool,
 }
@@ -354,6 +359,9 @@ impl PlanCtx for View<'_> {
         let busy = |id: BlockId| {
             let b = &blocks[rid_block[id.0 as usize] as usize];
             if b.busy || b.latest == NIL {
+                return true;
+            }
+            if b.destaging > 0 {
                 return true;
             }
             let s = &slots[b.latest as usize];
@@ -881,7 +889,7 @@ impl<P: Payload> Engine<P> {
         if let Some(&b) = self.index.get(&lbn) {
             return b;
         }
-        let blk = Block { lbn, latest: NIL, rid: NIL, busy: false, readers: 0, gen: 0, shadows: 0 };
+        let blk = Block { lbn, latest: NIL, rid: NIL, busy: false, readers: 0, gen: 0, shadows: 0, destaging: 0 };
         let b = if let Some(b) = self.free_blocks.pop() {
             self.blocks[b as usize] = blk;
             b
@@ -895,7 +903,7 @@ impl<P: Payload> Engine<P> {
 
     fn maybe_drop_block(&mut self, b: u32) {
         let blk = &self.blocks[b as usize];
-        if blk.latest == NIL && !blk.busy && blk.readers == 0 && blk.shadows == 0 && !self.waiters.contains_key(&b) {
+        if blk.latest == NIL && !blk.busy && blk.readers == 0 && blk.shadows == 0 && blk.destaging == 0 && !self.waiters.contains_key(&b) {
             debug_assert_eq!(blk.rid, NIL);
             self.index.remove(&blk.lbn);
             self.free_blocks.push(b);
@@ -1697,11 +1705,16 @@ impl<P: Payload> Engine<P> {
             slot.destaging = true;
             slot.refs += 1;
         }
+        let blocks: Vec<u32> = plan.write.iter().map(|&s| self.slots[s as usize].block).collect();
+        assert!(blocks.iter().all(|&b| b != NIL), "plan names a version without a block");
+        for &b in &blocks {
+            self.blocks[b as usize].destaging += 1;
+        }
         self.destage_inflight += plan.write.len();
         self.stats.destage_plans += 1;
         let group = plan.atomic_group;
         let n = plan.write.len() as u32;
-        let pid = self.plans.insert(PlanExec { plan, left: n, failed: false });
+        let pid = self.plans.insert(PlanExec { plan, blocks, left: n, failed: false });
         match group {
             Some(g) => {
                 self.emit(Dev::Backing, IoOp::GroupBegin { group: g }, Some(g), IoCtx::PlanBegin { plan: pid });
@@ -1780,6 +1793,9 @@ impl<P: Payload> Engine<P> {
     fn plan_end(&mut self, pid: u32, ok: bool) {
         let pe = self.plans.remove(pid);
         self.destage_inflight -= pe.plan.write.len();
+        for &b in &pe.blocks {
+            self.blocks[b as usize].destaging -= 1;
+        }
         for &s in &pe.plan.write {
             self.slots[s as usize].destaging = false;
         }
@@ -1839,6 +1855,9 @@ impl<P: Payload> Engine<P> {
         }
         for &s in &pe.plan.write {
             self.unref(s);
+        }
+        for &b in &pe.blocks {
+            self.maybe_drop_block(b);
         }
         self.policy.on_plan_done(self.now, &pe.plan);
     }
