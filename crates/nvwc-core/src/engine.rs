@@ -699,6 +699,40 @@ impl<P: Payload> Engine<P> {
     pub fn is_idle(&self) -> bool {
         self.reqs.is_empty() && self.admit_queue.is_empty() && self.ios.is_empty() && self.commit.is_none() && self.plans.is_empty()
     }
+    /// Largest write (in bytes) the engine accepts: half the cache, so that a
+    /// write can always reserve every slot it needs before it joins a
+    /// transaction or node. Drivers advertise it (NBD maximum block size) or
+    /// split larger writes.
+    pub fn max_write_bytes(&self) -> u64 {
+        (self.cfg.capacity_blocks / 2).max(1) * self.bs
+    }
+
+    /// A one-line summary of queues and counts, for logs and debugging.
+    pub fn debug_state(&self) -> String {
+        format!(
+            "reqs={} admit_queue={} reserved={} piece_queue={} active={} alloc_waiters={} free={} retired_pending={} dirty={} cached={} ios={} plans={} destage_inflight={} commit={:?} commit_waiters={} meta_dirty={} inplace={} deferred={} policy={:?}",
+            self.reqs.len(),
+            self.admit_queue.len(),
+            self.reserved,
+            self.piece_queue.len(),
+            self.active_pieces,
+            self.alloc_waiters.len(),
+            self.free_slots.len(),
+            self.retired_pending,
+            self.dirty_slots,
+            self.index.len(),
+            self.ios.len(),
+            self.plans.len(),
+            self.destage_inflight,
+            self.commit.as_ref().map(|c| (c.n, c.stage)),
+            self.commit_waiters.len(),
+            self.meta_dirty.len(),
+            self.inplace_inflight,
+            self.commit_deferred,
+            self.policy.counters(),
+        )
+    }
+
     /// Requests in flight.
     pub fn requests_in_flight(&self) -> usize {
         self.reqs.len()
@@ -746,6 +780,9 @@ impl<P: Payload> Engine<P> {
                 if len == 0 {
                     return self.reply(req.id, Ok(None), 0);
                 }
+                if self.spans(offset, len) > self.max_write_bytes() / self.bs {
+                    return self.reply(req.id, Err(ReqError::TooLarge), 0);
+                }
                 self.admit_write(req.id, offset, len, data, fua);
             }
             ReqOp::WriteZeroes { offset, len, fua } => {
@@ -756,6 +793,9 @@ impl<P: Payload> Engine<P> {
                 }
                 if len == 0 {
                     return self.reply(req.id, Ok(None), 0);
+                }
+                if self.spans(offset, len as u64) > self.max_write_bytes() / self.bs {
+                    return self.reply(req.id, Err(ReqError::TooLarge), 0);
                 }
                 self.admit_write(req.id, offset, len as u64, P::zeroes(len as usize), fua);
             }
@@ -840,6 +880,11 @@ impl<P: Payload> Engine<P> {
     fn set_now(&mut self, now: u64) {
         debug_assert!(now >= self.now, "time went backwards");
         self.now = self.now.max(now);
+    }
+
+    /// Number of cache blocks a byte range touches (`len > 0`).
+    fn spans(&self, offset: u64, len: u64) -> u64 {
+        (offset + len - 1) / self.bs - offset / self.bs + 1
     }
 
     fn in_range(&self, offset: u64, len: u64) -> bool {
@@ -1010,7 +1055,7 @@ impl<P: Payload> Engine<P> {
     fn admit_write(&mut self, id: ReqId, offset: u64, len: u64, data: P, fua: bool) {
         let first = offset / self.bs;
         let last = (offset + len - 1) / self.bs;
-        let need = if self.policy.synchronous_backing() { 0 } else { (last - first + 1).min((self.cfg.capacity_blocks / 4).max(1)) };
+        let need = if self.policy.synchronous_backing() { 0 } else { last - first + 1 };
         self.admit_queue.push_back(Admit { id, offset, len, data, fua, need });
     }
 

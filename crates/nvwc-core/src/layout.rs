@@ -80,9 +80,20 @@ impl Layout {
     /// Largest cache capacity (slots) that fits a device of `bytes` with `block_size`.
     pub fn capacity_for(bytes: u64, block_size: u32) -> u64 {
         let bs = block_size as u64;
-        let per_slot = bs + 2 * ENTRY_BYTES + 2;
-        let overhead = TABLE_OFFSET + PAGE_BYTES + bs.max(4096);
-        bytes.saturating_sub(overhead) / per_slot
+        let fits = |cap: u64| {
+            let table = 2 * cap.div_ceil(ENTRIES_PER_PAGE) * PAGE_BYTES;
+            let align = bs.max(4096);
+            (TABLE_OFFSET + table).div_ceil(align) * align + cap * bs <= bytes
+        };
+        // Each slot costs its block plus two copies of a 64-byte entry.
+        let mut cap = bytes / (bs + 2 * ENTRY_BYTES);
+        while cap > 0 && !fits(cap) {
+            cap -= 1 + cap / 1024;
+        }
+        while fits(cap + 1) {
+            cap += 1;
+        }
+        cap
     }
 }
 

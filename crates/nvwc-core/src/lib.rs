@@ -15,10 +15,12 @@ pub mod layout;
 pub mod payload;
 mod slab;
 pub mod stats;
+#[doc(hidden)]
+pub mod testkit;
 pub mod types;
 pub mod write_policy;
 
-pub use config::{Config, ConfigError, JournalConfig, ReplacementKind, Watermarks, WritePolicyKind};
+pub use config::{Config, ConfigError, JournalConfig, KneeSource, ReplacementKind, Watermarks, WritePolicyKind};
 pub use engine::{CacheImage, Engine, Event, RecoverError, RecoveryReport};
 pub use payload::{Payload, Phantom};
 pub use stats::Stats;

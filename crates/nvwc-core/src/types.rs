@@ -46,6 +46,8 @@ pub struct Request<P> {
 pub enum ReqError {
     #[error("request range is outside the device or not allowed")]
     InvalidRange,
+    #[error("write larger than the engine accepts (see Engine::max_write_bytes)")]
+    TooLarge,
     #[error("I/O error")]
     Io,
     #[error("no space")]

@@ -516,7 +516,21 @@ mod tests {
         assert!(preds(&o, n1).is_empty() && preds(&o, n2).is_empty());
         assert_eq!(preds(&o, n3), vec![n1 as u32, n2 as u32]);
         assert_eq!(preds(&o, n4), vec![n1 as u32, n2 as u32]);
-        assert_eq!(preds(&o, n5).len(), 4);
+        // Figure 6 draws 5 after 3 and 4 (its edges from 1 and 2 are implied):
+        // that is what the frontier reduction keeps; the raw rule adds all four.
+        assert_eq!(preds(&o, n5), vec![n3 as u32, n4 as u32]);
+        let mut raw = pol(0);
+        raw.reduce = false;
+        let a = raw.on_write_issue(0, 1);
+        let b = raw.on_write_issue(0, 2);
+        raw.on_write_data_done(0, a);
+        raw.on_write_data_done(0, b);
+        let c = raw.on_write_issue(0, 3);
+        let d = raw.on_write_issue(0, 4);
+        raw.on_write_data_done(0, c);
+        raw.on_write_data_done(0, d);
+        let e = raw.on_write_issue(0, 5);
+        assert_eq!(preds(&raw, e).len(), 4);
     }
 
     /// Issue `sets` rounds of `width` writes; each round starts after the previous one completed.

@@ -1,0 +1,146 @@
+//! An in-memory driver for the engine: two byte-array devices that complete
+//! commands in a chosen order. Used by tests and benchmarks; the VOPR has its
+//! own richer device model (volatile caches, crashes, errors).
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+
+use crate::engine::{CacheImage, Engine};
+use crate::layout::{self, Layout};
+use crate::types::*;
+use crate::Config;
+
+/// In-memory cache and backing devices around an engine.
+pub struct MemHarness {
+    pub engine: Engine<Bytes>,
+    pub cache: Vec<u8>,
+    pub backing: Vec<u8>,
+    pub now: u64,
+    inflight: VecDeque<IoCmd<Bytes>>,
+    pub replies: Vec<Reply<Bytes>>,
+    groups: std::collections::HashMap<u64, Vec<(u64, Bytes)>>,
+}
+
+impl MemHarness {
+    /// A fresh, formatted cache and a zeroed backing store.
+    pub fn new(cfg: Config) -> Self {
+        let l = Layout::new(&cfg);
+        let mut cache = vec![0u8; l.device_bytes() as usize];
+        for (off, b) in layout::format_writes(&cfg, 1) {
+            cache[off as usize..off as usize + b.len()].copy_from_slice(&b);
+        }
+        let backing = vec![0u8; cfg.backing_size as usize];
+        let engine = Engine::new(cfg).expect("valid config");
+        MemHarness { engine, cache, backing, now: 0, inflight: VecDeque::new(), replies: Vec::new(), groups: Default::default() }
+    }
+
+    /// Reopen the engine from the cache device's metadata (as after a restart).
+    pub fn reopen(&mut self) -> Result<crate::RecoveryReport, crate::RecoverError> {
+        let cfg = self.engine.config().clone();
+        let l = Layout::new(&cfg);
+        let c = &self.cache;
+        let image = CacheImage {
+            superblock: c[0..512].to_vec(),
+            commit_a: c[l.commit_offset(0) as usize..][..512].to_vec(),
+            commit_b: c[l.commit_offset(1) as usize..][..512].to_vec(),
+            table: c[layout::TABLE_OFFSET as usize..(layout::TABLE_OFFSET + l.table_bytes) as usize].to_vec(),
+        };
+        let (e, rep) = Engine::recover(cfg, &image)?;
+        self.engine = e;
+        self.inflight.clear();
+        self.engine.handle_timeout(self.now);
+        Ok(rep)
+    }
+
+    pub fn submit(&mut self, id: ReqId, op: ReqOp<Bytes>) {
+        self.now += 1;
+        self.engine.handle_request(self.now, Request { id, op, tag: Tag::default() });
+        self.collect();
+    }
+
+    fn collect(&mut self) {
+        while let Some(c) = self.engine.poll_io() {
+            self.inflight.push_back(c);
+        }
+        while let Some(r) = self.engine.poll_reply() {
+            self.replies.push(r);
+        }
+    }
+
+    fn execute(&mut self, cmd: &IoCmd<Bytes>) -> IoResult<Bytes> {
+        let dev = match cmd.dev {
+            Dev::Cache => &mut self.cache,
+            Dev::Backing => &mut self.backing,
+        };
+        match &cmd.op {
+            IoOp::Read { offset, len } => Ok(Some(Bytes::copy_from_slice(&dev[*offset as usize..*offset as usize + *len as usize]))),
+            IoOp::Write { offset, data, .. } => {
+                if let Some(g) = cmd.group {
+                    self.groups.entry(g).or_default().push((*offset, data.clone()));
+                } else {
+                    dev[*offset as usize..*offset as usize + data.len()].copy_from_slice(data);
+                }
+                Ok(None)
+            }
+            IoOp::GroupBegin { group } => {
+                self.groups.insert(*group, Vec::new());
+                Ok(None)
+            }
+            IoOp::GroupEnd { group } => {
+                for (off, d) in self.groups.remove(group).unwrap_or_default() {
+                    self.backing[off as usize..off as usize + d.len()].copy_from_slice(&d);
+                }
+                Ok(None)
+            }
+            IoOp::Flush | IoOp::Trim { .. } => Ok(None),
+        }
+    }
+
+    /// Complete one in-flight command, chosen by `pick(n)` among `n`.
+    pub fn step(&mut self, pick: &mut dyn FnMut(usize) -> usize) -> bool {
+        self.collect();
+        if self.inflight.is_empty() {
+            if let Some(t) = self.engine.poll_timeout() {
+                self.now = self.now.max(t);
+                self.engine.handle_timeout(self.now);
+                self.collect();
+                return !self.inflight.is_empty();
+            }
+            return false;
+        }
+        let i = pick(self.inflight.len());
+        let cmd = self.inflight.remove(i).unwrap();
+        let res = self.execute(&cmd);
+        self.now += 1;
+        self.engine.handle_completion(self.now, cmd.id, res);
+        self.collect();
+        true
+    }
+
+    /// Run until reply `id` arrives; returns it.
+    pub fn wait(&mut self, id: ReqId, pick: &mut dyn FnMut(usize) -> usize) -> Reply<Bytes> {
+        for _ in 0..10_000_000 {
+            if let Some(i) = self.replies.iter().position(|r| r.id == id) {
+                return self.replies.remove(i);
+            }
+            if !self.step(pick) {
+                // Idle: let timers fire.
+                self.now += 1_000_000_000;
+                self.engine.handle_timeout(self.now);
+                self.collect();
+            }
+        }
+        panic!("request {id} never completed: {}", self.engine.debug_state());
+    }
+
+    /// Run until the engine is idle and nothing is in flight.
+    pub fn settle(&mut self, pick: &mut dyn FnMut(usize) -> usize) {
+        for _ in 0..10_000_000 {
+            if !self.step(pick) && self.engine.is_idle() {
+                return;
+            }
+        }
+        panic!("engine never settled: {}", self.engine.debug_state());
+    }
+}
