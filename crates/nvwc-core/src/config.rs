@@ -3,8 +3,8 @@
 use std::fmt;
 use std::str::FromStr;
 
-pub use nvwc_replacement::{KneeSource, ReplacementKind};
 pub use nvwc_replacement::Watermarks;
+pub use nvwc_replacement::{KneeSource, ReplacementKind};
 
 /// The write policy (see `docs/ARCHITECTURE.md`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -56,7 +56,10 @@ impl WritePolicyKind {
     }
     /// Is this one of the journaled policies?
     pub fn is_journaled(self) -> bool {
-        matches!(self, WritePolicyKind::Journaled | WritePolicyKind::JournaledHints)
+        matches!(
+            self,
+            WritePolicyKind::Journaled | WritePolicyKind::JournaledHints
+        )
     }
 }
 
@@ -141,6 +144,8 @@ pub struct Config {
     pub journal: JournalConfig,
     /// Ordered write-back: insert a dummy node after this many completions; 0 disables dummies.
     pub dummy_every: u32,
+    /// Ordered write-back: drop edges implied by transitivity from the completed frontier.
+    pub ordered_reduction: bool,
     /// Allocate a cache block on a read miss.
     pub read_allocate: bool,
     /// Commit metadata when uncommitted changes are this old (ns), even without a FLUSH.
@@ -157,7 +162,12 @@ pub struct Config {
 
 impl Config {
     /// A configuration with defaults for everything but the sizes.
-    pub fn new(block_size: u32, capacity_blocks: u64, backing_size: u64, write_policy: WritePolicyKind) -> Self {
+    pub fn new(
+        block_size: u32,
+        capacity_blocks: u64,
+        backing_size: u64,
+        write_policy: WritePolicyKind,
+    ) -> Self {
         Config {
             block_size,
             capacity_blocks,
@@ -167,6 +177,7 @@ impl Config {
             watermarks: Watermarks::default(),
             journal: JournalConfig::default(),
             dummy_every: 100,
+            ordered_reduction: true,
             read_allocate: true,
             autocommit_ns: 1_000_000_000,
             autocommit_changes: 4096,

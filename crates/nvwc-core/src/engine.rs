@@ -166,19 +166,46 @@ struct Req<P> {
 
 #[derive(Debug)]
 enum IoCtx {
-    ReadHit { piece: u32 },
-    ReadMiss { piece: u32, full: bool },
+    ReadHit {
+        piece: u32,
+    },
+    ReadMiss {
+        piece: u32,
+        full: bool,
+    },
     /// Old contents for a partial write (from the cache or, as a fetch, the backing store).
-    RmwRead { piece: u32, from_cache: bool },
-    PieceCacheWrite { piece: u32, inplace: bool },
-    PieceBackingWrite { piece: u32 },
-    Fill { block: u32, slot: u32 },
-    DestageRead { plan: u32, slot: u32 },
-    DestageWrite { plan: u32 },
-    PlanBegin { plan: u32 },
-    PlanFinish { plan: u32 },
+    RmwRead {
+        piece: u32,
+        from_cache: bool,
+    },
+    PieceCacheWrite {
+        piece: u32,
+        inplace: bool,
+    },
+    PieceBackingWrite {
+        piece: u32,
+    },
+    Fill {
+        block: u32,
+        slot: u32,
+    },
+    DestageRead {
+        plan: u32,
+        slot: u32,
+    },
+    DestageWrite {
+        plan: u32,
+    },
+    PlanBegin {
+        plan: u32,
+    },
+    PlanFinish {
+        plan: u32,
+    },
     Commit,
-    ReqBacking { req: ReqId },
+    ReqBacking {
+        req: ReqId,
+    },
 }
 
 #[derive(Debug)]
@@ -238,9 +265,14 @@ struct Waiter {
 pub enum Event {
     Policy(PolicyEvent),
     /// A metadata commit finished.
-    Committed { commit: u64, ok: bool },
+    Committed {
+        commit: u64,
+        ok: bool,
+    },
     /// A background operation failed and will be retried.
-    BackgroundError { what: &'static str },
+    BackgroundError {
+        what: &'static str,
+    },
 }
 
 /// What recovery found.
@@ -456,7 +488,10 @@ impl<P: Payload> Engine<P> {
     }
 
     /// Open an existing cache device from its metadata regions.
-    pub fn recover(cfg: Config, image: &CacheImage) -> Result<(Self, RecoveryReport), RecoverError> {
+    pub fn recover(
+        cfg: Config,
+        image: &CacheImage,
+    ) -> Result<(Self, RecoveryReport), RecoverError> {
         cfg.validate()?;
         let sb = layout::Superblock::decode(&image.superblock)?;
         layout::check_superblock(&sb, &cfg)?;
@@ -479,7 +514,11 @@ impl<P: Payload> Engine<P> {
         if (image.table.len() as u64) < l.table_bytes {
             return Err(FormatError::Short.into());
         }
-        let mut report = RecoveryReport { commit: rec.commit, clean_shutdown: rec.clean_shutdown, ..Default::default() };
+        let mut report = RecoveryReport {
+            commit: rec.commit,
+            clean_shutdown: rec.clean_shutdown,
+            ..Default::default()
+        };
         let mut versions: Vec<RecoveredVersion> = Vec::new();
         let mut max_tag = rec.commit;
         let mut max_seq = 0u64;
@@ -490,7 +529,11 @@ impl<P: Payload> Engine<P> {
             let mut best: Option<(u64, u8)> = None;
             for c in 0..2u8 {
                 let at = (2 * pg + c as u64) as usize * layout::PAGE_BYTES as usize;
-                let Some(tag) = layout::page_tag(pg, &image.table[at..at + layout::PAGE_BYTES as usize]) else { continue };
+                let Some(tag) =
+                    layout::page_tag(pg, &image.table[at..at + layout::PAGE_BYTES as usize])
+                else {
+                    continue;
+                };
                 max_tag = max_tag.max(tag);
                 if tag > rec.commit {
                     // Written by a commit that never completed: ignored, and
@@ -505,14 +548,19 @@ impl<P: Payload> Engine<P> {
             }
             if let Some((_, c)) = best {
                 e.page_cur[pg as usize] = c;
-                chosen[pg as usize] = Some((2 * pg + c as u64) as usize * layout::PAGE_BYTES as usize);
+                chosen[pg as usize] =
+                    Some((2 * pg + c as u64) as usize * layout::PAGE_BYTES as usize);
             }
         }
         for s in 0..l.capacity as u32 {
             let pg = s as u64 / layout::ENTRIES_PER_PAGE;
-            let Some(base) = chosen[pg as usize] else { continue };
+            let Some(base) = chosen[pg as usize] else {
+                continue;
+            };
             let at = base + 64 + (s as u64 % layout::ENTRIES_PER_PAGE) as usize * 64;
-            let Some(ent) = Entry::decode(s, &image.table[at..at + 64]) else { continue };
+            let Some(ent) = Entry::decode(s, &image.table[at..at + 64]) else {
+                continue;
+            };
             if ent.flags & F_VALID == 0 {
                 continue;
             }
@@ -538,7 +586,10 @@ impl<P: Payload> Engine<P> {
         }
         let any_dirty = versions.iter().any(|v| v.dirty);
         if any_dirty && sb.write_policy != e.cfg.write_policy.code() {
-            return Err(FormatError::Policy { found: layout::policy_name(sb.write_policy) }.into());
+            return Err(FormatError::Policy {
+                found: layout::policy_name(sb.write_policy),
+            }
+            .into());
         }
         // Latest version per block: the highest sequence number.
         let mut newest: HashMap<u64, (u64, usize)> = HashMap::new();
@@ -697,7 +748,11 @@ impl<P: Payload> Engine<P> {
     }
     /// Nothing in flight: no requests, no device commands, no plans, no commit.
     pub fn is_idle(&self) -> bool {
-        self.reqs.is_empty() && self.admit_queue.is_empty() && self.ios.is_empty() && self.commit.is_none() && self.plans.is_empty()
+        self.reqs.is_empty()
+            && self.admit_queue.is_empty()
+            && self.ios.is_empty()
+            && self.commit.is_none()
+            && self.plans.is_empty()
     }
     /// Largest write (in bytes) the engine accepts: half the cache, so that a
     /// write can always reserve every slot it needs before it joins a
@@ -742,7 +797,11 @@ impl<P: Payload> Engine<P> {
         self.slots.capacity() * std::mem::size_of::<Slot>()
             + self.blocks.capacity() * std::mem::size_of::<Block>()
             + self.index.capacity() * (std::mem::size_of::<(u64, u32)>() + 1)
-            + (self.free_slots.capacity() + self.free_blocks.capacity() + self.rid_block.capacity() + self.free_rids.capacity()) * 4
+            + (self.free_slots.capacity()
+                + self.free_blocks.capacity()
+                + self.rid_block.capacity()
+                + self.free_rids.capacity())
+                * 4
             + self.repl.mem_bytes()
             + self.policy.mem_bytes()
     }
@@ -757,7 +816,11 @@ impl<P: Payload> Engine<P> {
             self.reply(req.id, Err(ReqError::Shutdown), 0);
             return;
         }
-        assert!(!self.reqs.contains_key(&req.id), "request id {} reused while in flight", req.id);
+        assert!(
+            !self.reqs.contains_key(&req.id),
+            "request id {} reused while in flight",
+            req.id
+        );
         match req.op {
             ReqOp::Read { offset, len } => {
                 self.stats.reads += 1;
@@ -824,7 +887,10 @@ impl<P: Payload> Engine<P> {
     /// If `id` is not a command in flight (a driver bug).
     pub fn handle_completion(&mut self, now: u64, id: IoId, res: IoResult<P>) {
         self.set_now(now);
-        let ctx = self.ios.remove(&id).unwrap_or_else(|| panic!("completion for unknown I/O {id}"));
+        let ctx = self
+            .ios
+            .remove(&id)
+            .unwrap_or_else(|| panic!("completion for unknown I/O {id}"));
         if res.is_err() {
             self.stats.io_errors += 1;
         }
@@ -832,7 +898,9 @@ impl<P: Payload> Engine<P> {
             IoCtx::ReadHit { piece } => self.on_read_hit(piece, res),
             IoCtx::ReadMiss { piece, full } => self.on_read_miss(piece, full, res),
             IoCtx::RmwRead { piece, from_cache } => self.on_rmw_read(piece, from_cache, res),
-            IoCtx::PieceCacheWrite { piece, inplace } => self.on_piece_cache_write(piece, inplace, res.is_ok()),
+            IoCtx::PieceCacheWrite { piece, inplace } => {
+                self.on_piece_cache_write(piece, inplace, res.is_ok())
+            }
             IoCtx::PieceBackingWrite { piece } => self.on_piece_io_done(piece, res.is_ok()),
             IoCtx::Fill { block, slot } => self.on_fill(block, slot, res.is_ok()),
             IoCtx::DestageRead { plan, slot } => self.on_destage_read(plan, slot, res),
@@ -841,7 +909,11 @@ impl<P: Payload> Engine<P> {
             IoCtx::PlanFinish { plan } => self.on_plan_finish(plan, res.is_ok()),
             IoCtx::Commit => self.on_commit_io(res.is_ok()),
             IoCtx::ReqBacking { req } => {
-                let r: Result<Option<P>, ReqError> = if res.is_ok() { Ok(None) } else { Err(ReqError::Io) };
+                let r: Result<Option<P>, ReqError> = if res.is_ok() {
+                    Ok(None)
+                } else {
+                    Err(ReqError::Io)
+                };
                 self.reply(req, r, 0);
             }
         }
@@ -888,7 +960,9 @@ impl<P: Payload> Engine<P> {
     }
 
     fn in_range(&self, offset: u64, len: u64) -> bool {
-        offset.checked_add(len).is_some_and(|e| e <= self.cfg.backing_size)
+        offset
+            .checked_add(len)
+            .is_some_and(|e| e <= self.cfg.backing_size)
     }
 
     fn reply(&mut self, id: ReqId, result: Result<Option<P>, ReqError>, seq: u64) {
@@ -896,7 +970,11 @@ impl<P: Payload> Engine<P> {
     }
 
     fn reply_data(&mut self, id: ReqId, data: P) {
-        self.out_reply.push_back(Reply { id, result: Ok(Some(data)), seq: 0 });
+        self.out_reply.push_back(Reply {
+            id,
+            result: Ok(Some(data)),
+            seq: 0,
+        });
     }
 
     fn emit(&mut self, dev: Dev, op: IoOp<P>, group: Option<u64>, ctx: IoCtx) -> IoId {
@@ -934,7 +1012,16 @@ impl<P: Payload> Engine<P> {
         if let Some(&b) = self.index.get(&lbn) {
             return b;
         }
-        let blk = Block { lbn, latest: NIL, rid: NIL, busy: false, readers: 0, gen: 0, shadows: 0, destaging: 0 };
+        let blk = Block {
+            lbn,
+            latest: NIL,
+            rid: NIL,
+            busy: false,
+            readers: 0,
+            gen: 0,
+            shadows: 0,
+            destaging: 0,
+        };
         let b = if let Some(b) = self.free_blocks.pop() {
             self.blocks[b as usize] = blk;
             b
@@ -948,7 +1035,13 @@ impl<P: Payload> Engine<P> {
 
     fn maybe_drop_block(&mut self, b: u32) {
         let blk = &self.blocks[b as usize];
-        if blk.latest == NIL && !blk.busy && blk.readers == 0 && blk.shadows == 0 && blk.destaging == 0 && !self.waiters.contains_key(&b) {
+        if blk.latest == NIL
+            && !blk.busy
+            && blk.readers == 0
+            && blk.shadows == 0
+            && blk.destaging == 0
+            && !self.waiters.contains_key(&b)
+        {
             debug_assert_eq!(blk.rid, NIL);
             self.index.remove(&blk.lbn);
             self.free_blocks.push(b);
@@ -969,7 +1062,11 @@ impl<P: Payload> Engine<P> {
     fn alloc_slot(&mut self) -> Option<u32> {
         let s = self.free_slots.pop()?;
         let slot = &mut self.slots[s as usize];
-        assert_eq!(slot.state, SlotState::Free, "allocated a slot that is not free");
+        assert_eq!(
+            slot.state,
+            SlotState::Free,
+            "allocated a slot that is not free"
+        );
         assert!(!slot.disk_valid && !slot.in_snapshot && slot.refs == 0);
         slot.state = SlotState::Writing;
         Some(s)
@@ -987,7 +1084,11 @@ impl<P: Payload> Engine<P> {
     /// read holds it and no durable entry names it.
     fn retire(&mut self, s: u32) {
         let slot = &mut self.slots[s as usize];
-        assert_eq!(slot.state, SlotState::Valid, "retiring a slot that is not valid");
+        assert_eq!(
+            slot.state,
+            SlotState::Valid,
+            "retiring a slot that is not valid"
+        );
         slot.state = SlotState::Retired;
         let owner = std::mem::replace(&mut slot.block, NIL);
         let was_shadow = std::mem::replace(&mut slot.shadow, false);
@@ -1018,7 +1119,11 @@ impl<P: Payload> Engine<P> {
 
     fn try_release(&mut self, s: u32) {
         let slot = &mut self.slots[s as usize];
-        if slot.state == SlotState::Retired && slot.refs == 0 && !slot.disk_valid && !slot.in_snapshot {
+        if slot.state == SlotState::Retired
+            && slot.refs == 0
+            && !slot.disk_valid
+            && !slot.in_snapshot
+        {
             slot.state = SlotState::Free;
             self.free_slots.push(s);
         }
@@ -1055,8 +1160,19 @@ impl<P: Payload> Engine<P> {
     fn admit_write(&mut self, id: ReqId, offset: u64, len: u64, data: P, fua: bool) {
         let first = offset / self.bs;
         let last = (offset + len - 1) / self.bs;
-        let need = if self.policy.synchronous_backing() { 0 } else { last - first + 1 };
-        self.admit_queue.push_back(Admit { id, offset, len, data, fua, need });
+        let need = if self.policy.synchronous_backing() {
+            0
+        } else {
+            last - first + 1
+        };
+        self.admit_queue.push_back(Admit {
+            id,
+            offset,
+            len,
+            data,
+            fua,
+            need,
+        });
     }
 
     fn admit(&mut self) -> bool {
@@ -1085,12 +1201,23 @@ impl<P: Payload> Engine<P> {
     }
 
     /// Split a request into block pieces and queue them; returns the pieces.
-    fn start_rw(&mut self, id: ReqId, offset: u64, len: u64, data: Option<P>, fua: bool) -> Vec<u32> {
+    fn start_rw(
+        &mut self,
+        id: ReqId,
+        offset: u64,
+        len: u64,
+        data: Option<P>,
+        fua: bool,
+    ) -> Vec<u32> {
         let write = data.is_some();
         let (seq, group) = if write {
             let seq = self.next_seq;
             self.next_seq += 1;
-            let g = if self.policy.synchronous_backing() { NO_GROUP } else { self.policy.on_write_issue(self.now, seq) };
+            let g = if self.policy.synchronous_backing() {
+                NO_GROUP
+            } else {
+                self.policy.on_write_issue(self.now, seq)
+            };
             (seq, g)
         } else {
             (0, NO_GROUP)
@@ -1117,7 +1244,9 @@ impl<P: Payload> Engine<P> {
             let bstart = lbn * self.bs;
             let s = offset.max(bstart);
             let e = (offset + len).min(bstart + self.bs);
-            let pdata = data.as_ref().map(|d| d.slice((s - offset) as usize..(e - offset) as usize));
+            let pdata = data
+                .as_ref()
+                .map(|d| d.slice((s - offset) as usize..(e - offset) as usize));
             let p = self.pieces.insert(Piece {
                 reserved: false,
                 req: id,
@@ -1178,7 +1307,15 @@ impl<P: Payload> Engine<P> {
             pc.slot = s;
             pc.ios = 1;
             let off = self.layout.slot_offset(s) + start as u64;
-            self.emit(Dev::Cache, IoOp::Read { offset: off, len: end - start }, None, IoCtx::ReadHit { piece: p });
+            self.emit(
+                Dev::Cache,
+                IoOp::Read {
+                    offset: off,
+                    len: end - start,
+                },
+                None,
+                IoCtx::ReadHit { piece: p },
+            );
         } else {
             self.stats.read_misses += 1;
             let gen = blk.gen;
@@ -1187,8 +1324,17 @@ impl<P: Payload> Engine<P> {
             let pc = self.pieces.get_mut(p);
             pc.gen = gen;
             pc.ios = 1;
-            let (off, len) = if full { (lbn * self.bs, self.bs as u32) } else { (lbn * self.bs + start as u64, end - start) };
-            self.emit(Dev::Backing, IoOp::Read { offset: off, len }, None, IoCtx::ReadMiss { piece: p, full });
+            let (off, len) = if full {
+                (lbn * self.bs, self.bs as u32)
+            } else {
+                (lbn * self.bs + start as u64, end - start)
+            };
+            self.emit(
+                Dev::Backing,
+                IoOp::Read { offset: off, len },
+                None,
+                IoCtx::ReadMiss { piece: p, full },
+            );
         }
     }
 
@@ -1207,7 +1353,9 @@ impl<P: Payload> Engine<P> {
         self.blocks[b as usize].readers -= 1;
         let data = res.ok().flatten();
         let part = match (&data, full) {
-            (Some(d), true) if d.len() == self.bs as usize => Some(d.slice(start as usize..end as usize)),
+            (Some(d), true) if d.len() == self.bs as usize => {
+                Some(d.slice(start as usize..end as usize))
+            }
             (Some(d), false) if d.len() == (end - start) as usize => Some(d.clone()),
             _ => None,
         };
@@ -1230,7 +1378,16 @@ impl<P: Payload> Engine<P> {
         self.blocks[b as usize].busy = true;
         self.stats.populates += 1;
         let off = self.layout.slot_offset(s);
-        self.emit(Dev::Cache, IoOp::Write { offset: off, data, fua: false }, None, IoCtx::Fill { block: b, slot: s });
+        self.emit(
+            Dev::Cache,
+            IoOp::Write {
+                offset: off,
+                data,
+                fua: false,
+            },
+            None,
+            IoCtx::Fill { block: b, slot: s },
+        );
     }
 
     fn on_fill(&mut self, b: u32, s: u32, ok: bool) {
@@ -1249,7 +1406,10 @@ impl<P: Payload> Engine<P> {
         let pc = self.pieces.remove(p);
         self.active_pieces -= 1;
         let bstart = pc.lbn * self.bs + pc.start as u64;
-        let r = self.reqs.get_mut(&pc.req).expect("piece of unknown request");
+        let r = self
+            .reqs
+            .get_mut(&pc.req)
+            .expect("piece of unknown request");
         match data {
             Some(d) => r.parts.push((bstart, d)),
             None => r.failed = Some(ReqError::Io),
@@ -1289,20 +1449,43 @@ impl<P: Payload> Engine<P> {
             let data = self.pieces.get(p).data.clone().unwrap();
             let off = lbn * self.bs + start as u64;
             self.pieces.get_mut(p).ios += 1;
-            self.emit(Dev::Backing, IoOp::Write { offset: off, data: data.clone(), fua }, None, IoCtx::PieceBackingWrite { piece: p });
+            self.emit(
+                Dev::Backing,
+                IoOp::Write {
+                    offset: off,
+                    data: data.clone(),
+                    fua,
+                },
+                None,
+                IoCtx::PieceBackingWrite { piece: p },
+            );
             // The backing store is authoritative: drop the old copy now (a read in
             // flight on it finishes first; the slot is reused after), and install a
             // new one only if its cache write succeeds.
             if latest != NIL {
                 self.evict_block(b);
             }
-            if full && self.free_slots.len() as u64 > self.reserved + self.cfg.free_reserve as u64 / 2 {
+            if full
+                && self.free_slots.len() as u64 > self.reserved + self.cfg.free_reserve as u64 / 2
+            {
                 let s = self.alloc_slot().unwrap();
                 let pc = self.pieces.get_mut(p);
                 pc.slot = s;
                 pc.ios += 1;
                 let off = self.layout.slot_offset(s);
-                self.emit(Dev::Cache, IoOp::Write { offset: off, data, fua: false }, None, IoCtx::PieceCacheWrite { piece: p, inplace: false });
+                self.emit(
+                    Dev::Cache,
+                    IoOp::Write {
+                        offset: off,
+                        data,
+                        fua: false,
+                    },
+                    None,
+                    IoCtx::PieceCacheWrite {
+                        piece: p,
+                        inplace: false,
+                    },
+                );
             }
             return;
         }
@@ -1315,7 +1498,19 @@ impl<P: Payload> Engine<P> {
             self.slots[latest as usize].state = SlotState::Writing;
             self.inplace_inflight += 1;
             let off = self.layout.slot_offset(latest) + start as u64;
-            self.emit(Dev::Cache, IoOp::Write { offset: off, data, fua: false }, None, IoCtx::PieceCacheWrite { piece: p, inplace: true });
+            self.emit(
+                Dev::Cache,
+                IoOp::Write {
+                    offset: off,
+                    data,
+                    fua: false,
+                },
+                None,
+                IoCtx::PieceCacheWrite {
+                    piece: p,
+                    inplace: true,
+                },
+            );
             return;
         }
         if full {
@@ -1328,11 +1523,33 @@ impl<P: Payload> Engine<P> {
             pc.slot = latest;
             pc.ios = 1;
             let off = self.layout.slot_offset(latest);
-            self.emit(Dev::Cache, IoOp::Read { offset: off, len: self.bs as u32 }, None, IoCtx::RmwRead { piece: p, from_cache: true });
+            self.emit(
+                Dev::Cache,
+                IoOp::Read {
+                    offset: off,
+                    len: self.bs as u32,
+                },
+                None,
+                IoCtx::RmwRead {
+                    piece: p,
+                    from_cache: true,
+                },
+            );
         } else {
             self.stats.fetches += 1;
             self.pieces.get_mut(p).ios = 1;
-            self.emit(Dev::Backing, IoOp::Read { offset: lbn * self.bs, len: self.bs as u32 }, None, IoCtx::RmwRead { piece: p, from_cache: false });
+            self.emit(
+                Dev::Backing,
+                IoOp::Read {
+                    offset: lbn * self.bs,
+                    len: self.bs as u32,
+                },
+                None,
+                IoCtx::RmwRead {
+                    piece: p,
+                    from_cache: false,
+                },
+            );
         }
     }
 
@@ -1362,7 +1579,11 @@ impl<P: Payload> Engine<P> {
     fn alloc_and_write(&mut self, p: u32) -> bool {
         // A piece without a reservation must leave the reserved slots alone.
         let spare = self.free_slots.len() as u64 > self.reserved;
-        let slot = if self.pieces.get(p).reserved || spare { self.alloc_slot() } else { None };
+        let slot = if self.pieces.get(p).reserved || spare {
+            self.alloc_slot()
+        } else {
+            None
+        };
         match slot {
             Some(s) => {
                 self.release_reservation(p);
@@ -1374,7 +1595,19 @@ impl<P: Payload> Engine<P> {
                 pc.slot = s;
                 pc.ios = 1;
                 let off = self.layout.slot_offset(s);
-                self.emit(Dev::Cache, IoOp::Write { offset: off, data, fua: false }, None, IoCtx::PieceCacheWrite { piece: p, inplace: false });
+                self.emit(
+                    Dev::Cache,
+                    IoOp::Write {
+                        offset: off,
+                        data,
+                        fua: false,
+                    },
+                    None,
+                    IoCtx::PieceCacheWrite {
+                        piece: p,
+                        inplace: false,
+                    },
+                );
                 true
             }
             None => {
@@ -1426,7 +1659,11 @@ impl<P: Payload> Engine<P> {
             let (a, e) = (self.pieces.get(p).start, self.pieces.get(p).end);
             self.install(b, s, lbn, seq, group, true, (a, e));
             let req = self.pieces.get(p).req;
-            self.reqs.get_mut(&req).expect("piece of unknown request").installed.push(s);
+            self.reqs
+                .get_mut(&req)
+                .expect("piece of unknown request")
+                .installed
+                .push(s);
         } else {
             self.unalloc_slot(s);
         }
@@ -1459,7 +1696,16 @@ impl<P: Payload> Engine<P> {
     }
 
     /// Make slot `s` the latest version of block `b`.
-    fn install(&mut self, b: u32, s: u32, lbn: u64, seq: u64, group: Group, dirty: bool, range: (u32, u32)) {
+    fn install(
+        &mut self,
+        b: u32,
+        s: u32,
+        lbn: u64,
+        seq: u64,
+        group: Group,
+        dirty: bool,
+        range: (u32, u32),
+    ) {
         let old = self.blocks[b as usize].latest;
         let coalesce = old != NIL && {
             let o = &self.slots[old as usize];
@@ -1521,7 +1767,10 @@ impl<P: Payload> Engine<P> {
         self.active_pieces -= 1;
         let b = self.index[&pc.lbn];
         self.release_block(b);
-        let r = self.reqs.get_mut(&pc.req).expect("piece of unknown request");
+        let r = self
+            .reqs
+            .get_mut(&pc.req)
+            .expect("piece of unknown request");
         if pc.failed {
             r.failed = Some(ReqError::Io);
         }
@@ -1578,7 +1827,12 @@ impl<P: Payload> Engine<P> {
                     return self.reply(id, Err(e), r.seq);
                 }
                 if r.fua && !self.policy.synchronous_backing() {
-                    self.commit_waiters.push(Waiter { id, group: r.group, write: true, seq: r.seq });
+                    self.commit_waiters.push(Waiter {
+                        id,
+                        group: r.group,
+                        write: true,
+                        seq: r.seq,
+                    });
                 } else {
                     if r.group != NO_GROUP {
                         self.policy.on_write_ack(self.now, r.group);
@@ -1596,7 +1850,12 @@ impl<P: Payload> Engine<P> {
     fn start_flush(&mut self, id: ReqId, explicit: bool) {
         if self.policy.synchronous_backing() {
             // Write-through: acknowledged writes are on the backing store; make them durable there.
-            self.emit(Dev::Backing, IoOp::Flush, None, IoCtx::ReqBacking { req: id });
+            self.emit(
+                Dev::Backing,
+                IoOp::Flush,
+                None,
+                IoCtx::ReqBacking { req: id },
+            );
             return;
         }
         self.policy.on_consistency_point(self.now, explicit);
@@ -1604,7 +1863,12 @@ impl<P: Payload> Engine<P> {
             // Every acknowledged write is already named by a durable commit.
             return self.reply(id, Ok(None), 0);
         }
-        self.commit_waiters.push(Waiter { id, group: NO_GROUP, write: false, seq: 0 });
+        self.commit_waiters.push(Waiter {
+            id,
+            group: NO_GROUP,
+            write: false,
+            seq: 0,
+        });
     }
 
     /// TRIM: contents become unspecified. Clean cached copies of fully covered
@@ -1632,7 +1896,12 @@ impl<P: Payload> Engine<P> {
         use crate::config::WritePolicyKind as K;
         match self.cfg.write_policy {
             K::WriteThrough | K::WriteBack => {
-                self.emit(Dev::Backing, IoOp::Trim { offset, len }, None, IoCtx::ReqBacking { req: id });
+                self.emit(
+                    Dev::Backing,
+                    IoOp::Trim { offset, len },
+                    None,
+                    IoCtx::ReqBacking { req: id },
+                );
             }
             _ => self.reply(id, Ok(None), 0),
         }
@@ -1646,7 +1915,9 @@ impl<P: Payload> Engine<P> {
             let mut changed = false;
             // Stalled writers take freed slots first.
             while !self.free_slots.is_empty() {
-                let Some(p) = self.alloc_waiters.pop_front() else { break };
+                let Some(p) = self.alloc_waiters.pop_front() else {
+                    break;
+                };
                 if !self.alloc_and_write(p) {
                     // Still no slot for it: keep its place at the head.
                     let back = self.alloc_waiters.pop_back();
@@ -1658,7 +1929,9 @@ impl<P: Payload> Engine<P> {
             }
             changed |= self.admit();
             while self.active_pieces < self.max_active {
-                let Some(p) = self.piece_queue.pop_front() else { break };
+                let Some(p) = self.piece_queue.pop_front() else {
+                    break;
+                };
                 self.active_pieces += 1;
                 self.start_piece(p);
                 changed = true;
@@ -1687,9 +1960,14 @@ impl<P: Payload> Engine<P> {
                 let s = &slots[blk.latest as usize];
                 blk.busy || s.refs > 0 || s.destaging || s.dirty || waiters.contains_key(&b)
             };
-            let Some(v) = self.repl.victim_clean(&pinned) else { break };
+            let Some(v) = self.repl.victim_clean(&pinned) else {
+                break;
+            };
             let b = self.rid_block[v.0 as usize];
-            assert!(!self.slots[self.blocks[b as usize].latest as usize].dirty, "replacement chose a dirty victim");
+            assert!(
+                !self.slots[self.blocks[b as usize].latest as usize].dirty,
+                "replacement chose a dirty victim"
+            );
             self.evict_block(b);
             self.stats.evictions += 1;
             changed = true;
@@ -1703,7 +1981,10 @@ impl<P: Payload> Engine<P> {
 
     /// Free slots wanted now: the reserve, promised slots, and the next admission.
     fn free_wanted(&self) -> u64 {
-        self.cfg.free_reserve as u64 + self.reserved + self.alloc_waiters.len() as u64 + self.admit_queue.front().map_or(0, |a| a.need)
+        self.cfg.free_reserve as u64
+            + self.reserved
+            + self.alloc_waiters.len() as u64
+            + self.admit_queue.front().map_or(0, |a| a.need)
     }
 
     fn plan(&mut self) -> bool {
@@ -1715,7 +1996,12 @@ impl<P: Payload> Engine<P> {
             let cap = self.cfg.capacity_blocks;
             let wanted = self.drain && self.dirty_slots > 0
                 || self.space_pressure()
-                || self.repl.should_clean(self.dirty_slots, cap, self.cleaning_active, self.cfg.watermarks);
+                || self.repl.should_clean(
+                    self.dirty_slots,
+                    cap,
+                    self.cleaning_active,
+                    self.cfg.watermarks,
+                );
             self.cleaning_active = wanted;
             let pressure = self.space_pressure() || self.drain;
             let mut view = View {
@@ -1730,7 +2016,9 @@ impl<P: Payload> Engine<P> {
                 limit: self.cfg.max_destage_inflight as usize,
                 ids: Vec::new(),
             };
-            let Some(plan) = self.policy.next_plan(&mut view) else { break };
+            let Some(plan) = self.policy.next_plan(&mut view) else {
+                break;
+            };
             self.start_plan(plan);
             changed = true;
         }
@@ -1744,14 +2032,25 @@ impl<P: Payload> Engine<P> {
     fn start_plan(&mut self, plan: Plan) {
         for &s in &plan.write {
             let slot = &mut self.slots[s as usize];
-            assert_eq!(slot.state, SlotState::Valid, "plan names a slot that is not valid");
+            assert_eq!(
+                slot.state,
+                SlotState::Valid,
+                "plan names a slot that is not valid"
+            );
             assert!(slot.dirty, "plan names a clean version");
             assert!(!slot.destaging, "slot destaged twice at once");
             slot.destaging = true;
             slot.refs += 1;
         }
-        let blocks: Vec<u32> = plan.write.iter().map(|&s| self.slots[s as usize].block).collect();
-        assert!(blocks.iter().all(|&b| b != NIL), "plan names a version without a block");
+        let blocks: Vec<u32> = plan
+            .write
+            .iter()
+            .map(|&s| self.slots[s as usize].block)
+            .collect();
+        assert!(
+            blocks.iter().all(|&b| b != NIL),
+            "plan names a version without a block"
+        );
         for &b in &blocks {
             self.blocks[b as usize].destaging += 1;
         }
@@ -1759,10 +2058,20 @@ impl<P: Payload> Engine<P> {
         self.stats.destage_plans += 1;
         let group = plan.atomic_group;
         let n = plan.write.len() as u32;
-        let pid = self.plans.insert(PlanExec { plan, blocks, left: n, failed: false });
+        let pid = self.plans.insert(PlanExec {
+            plan,
+            blocks,
+            left: n,
+            failed: false,
+        });
         match group {
             Some(g) => {
-                self.emit(Dev::Backing, IoOp::GroupBegin { group: g }, Some(g), IoCtx::PlanBegin { plan: pid });
+                self.emit(
+                    Dev::Backing,
+                    IoOp::GroupBegin { group: g },
+                    Some(g),
+                    IoCtx::PlanBegin { plan: pid },
+                );
             }
             None => self.plan_copy(pid),
         }
@@ -1775,9 +2084,21 @@ impl<P: Payload> Engine<P> {
         }
         let exact = self.plans.get(pid).plan.exact;
         for s in slots {
-            let (lo, hi) = if exact { (self.slots[s as usize].lo, self.slots[s as usize].hi) } else { (0, self.bs as u32) };
+            let (lo, hi) = if exact {
+                (self.slots[s as usize].lo, self.slots[s as usize].hi)
+            } else {
+                (0, self.bs as u32)
+            };
             let off = self.layout.slot_offset(s) + lo as u64;
-            self.emit(Dev::Cache, IoOp::Read { offset: off, len: hi - lo }, None, IoCtx::DestageRead { plan: pid, slot: s });
+            self.emit(
+                Dev::Cache,
+                IoOp::Read {
+                    offset: off,
+                    len: hi - lo,
+                },
+                None,
+                IoCtx::DestageRead { plan: pid, slot: s },
+            );
         }
     }
 
@@ -1795,10 +2116,23 @@ impl<P: Payload> Engine<P> {
         match res {
             Ok(Some(d)) => {
                 let sl = &self.slots[s as usize];
-                let lo = if self.plans.get(pid).plan.exact { sl.lo } else { 0 };
+                let lo = if self.plans.get(pid).plan.exact {
+                    sl.lo
+                } else {
+                    0
+                };
                 let lbn = sl.lbn;
                 let group = self.plans.get(pid).plan.atomic_group;
-                self.emit(Dev::Backing, IoOp::Write { offset: lbn * self.bs + lo as u64, data: d, fua: false }, group, IoCtx::DestageWrite { plan: pid });
+                self.emit(
+                    Dev::Backing,
+                    IoOp::Write {
+                        offset: lbn * self.bs + lo as u64,
+                        data: d,
+                        fua: false,
+                    },
+                    group,
+                    IoCtx::DestageWrite { plan: pid },
+                );
             }
             _ => self.on_destage_write(pid, false),
         }
@@ -1823,10 +2157,20 @@ impl<P: Payload> Engine<P> {
         }
         match pe.plan.atomic_group {
             Some(g) => {
-                self.emit(Dev::Backing, IoOp::GroupEnd { group: g }, Some(g), IoCtx::PlanFinish { plan: pid });
+                self.emit(
+                    Dev::Backing,
+                    IoOp::GroupEnd { group: g },
+                    Some(g),
+                    IoCtx::PlanFinish { plan: pid },
+                );
             }
             None => {
-                self.emit(Dev::Backing, IoOp::Flush, None, IoCtx::PlanFinish { plan: pid });
+                self.emit(
+                    Dev::Backing,
+                    IoOp::Flush,
+                    None,
+                    IoCtx::PlanFinish { plan: pid },
+                );
             }
         }
     }
@@ -1846,7 +2190,8 @@ impl<P: Payload> Engine<P> {
         }
         if !ok {
             self.stats.destage_failures += 1;
-            self.out_event.push_back(Event::BackgroundError { what: "destage" });
+            self.out_event
+                .push_back(Event::BackgroundError { what: "destage" });
             for &s in &pe.plan.write {
                 self.unref(s);
             }
@@ -1880,7 +2225,8 @@ impl<P: Payload> Engine<P> {
             if slot.state == SlotState::Valid && self.is_latest(s) && slot.dirty {
                 let b = slot.block;
                 let full = slot.lo == 0 && slot.hi as u64 == self.bs;
-                let alone = self.blocks[b as usize].shadows == 0 && per_block.get(&b).copied().unwrap_or(0) == 1;
+                let alone = self.blocks[b as usize].shadows == 0
+                    && per_block.get(&b).copied().unwrap_or(0) == 1;
                 let g = std::mem::replace(&mut self.slots[s as usize].group, NO_GROUP);
                 if g != NO_GROUP {
                     self.policy.on_version_removed(g, s);
@@ -1915,14 +2261,27 @@ impl<P: Payload> Engine<P> {
         if self.commit.is_some() {
             return false;
         }
-        let autocommit = self.oldest_change.is_some_and(|t| self.now >= t.saturating_add(self.cfg.autocommit_ns))
+        let autocommit = self
+            .oldest_change
+            .is_some_and(|t| self.now >= t.saturating_add(self.cfg.autocommit_ns))
             || self.meta_dirty.len() >= self.cfg.autocommit_changes as usize;
-        let reclaim = self.retired_pending > 0 && (self.free_slots.len() as u64) < self.free_wanted();
-        let shutdown = self.shutting_down && self.reqs.is_empty() && self.plans.is_empty() && self.commit_asap;
-        if !(self.commit_asap || !self.commit_waiters.is_empty() || self.policy.wants_commit() || autocommit || reclaim) {
+        let reclaim =
+            self.retired_pending > 0 && (self.free_slots.len() as u64) < self.free_wanted();
+        let shutdown =
+            self.shutting_down && self.reqs.is_empty() && self.plans.is_empty() && self.commit_asap;
+        if !(self.commit_asap
+            || !self.commit_waiters.is_empty()
+            || self.policy.wants_commit()
+            || autocommit
+            || reclaim)
+        {
             return false;
         }
-        if self.shutting_down && !shutdown && self.commit_waiters.is_empty() && !self.policy.wants_commit() {
+        if self.shutting_down
+            && !shutdown
+            && self.commit_waiters.is_empty()
+            && !self.policy.wants_commit()
+        {
             return false;
         }
         if self.inplace_inflight > 0 {
@@ -1975,7 +2334,11 @@ impl<P: Payload> Engine<P> {
                     let slot = &self.slots[s as usize];
                     let tag = n;
                     let e = if slot.state == SlotState::Valid {
-                        let (aux0, aux1) = if slot.dirty { self.policy.entry_aux(slot.group) } else { (0, 0) };
+                        let (aux0, aux1) = if slot.dirty {
+                            self.policy.entry_aux(slot.group)
+                        } else {
+                            (0, 0)
+                        };
                         Entry {
                             lbn: slot.lbn,
                             seq: slot.seq,
@@ -1987,19 +2350,41 @@ impl<P: Payload> Engine<P> {
                             flags: F_VALID | if slot.dirty { F_DIRTY } else { 0 },
                         }
                     } else {
-                        Entry { commit: tag, ..Default::default() }
+                        Entry {
+                            commit: tag,
+                            ..Default::default()
+                        }
                     };
                     entries.push((s as u32, e));
                 }
-                let copy = if self.page_cur[pg as usize] == 0 { 1 } else { 0 };
+                let copy = if self.page_cur[pg as usize] == 0 {
+                    1
+                } else {
+                    0
+                };
                 (pg, copy, layout::encode_page(pg, n, &entries))
             })
             .collect();
-        let mut record = CommitRecord { commit: n, next_seq: self.next_seq, clean_shutdown, ..Default::default() };
+        let mut record = CommitRecord {
+            commit: n,
+            next_seq: self.next_seq,
+            clean_shutdown,
+            ..Default::default()
+        };
         self.policy.fill_commit(&mut record);
         let waiters = std::mem::take(&mut self.commit_waiters);
         let written = page_bytes.iter().map(|(p, c, _)| (*p, *c)).collect();
-        self.commit = Some(CommitJob { n, stage: CommitStage::DataFlush, snapshot, pages: page_bytes, written, waiters, left: 1, failed: false, record });
+        self.commit = Some(CommitJob {
+            n,
+            stage: CommitStage::DataFlush,
+            snapshot,
+            pages: page_bytes,
+            written,
+            waiters,
+            left: 1,
+            failed: false,
+            record,
+        });
         self.emit(Dev::Cache, IoOp::Flush, None, IoCtx::Commit);
     }
 
@@ -2027,7 +2412,16 @@ impl<P: Payload> Engine<P> {
                 job.left = pages.len() as u32;
                 for (pg, copy, buf) in pages {
                     let off = self.layout.page_offset(pg, copy);
-                    self.emit(Dev::Cache, IoOp::Write { offset: off, data: P::from_vec(buf), fua: false }, None, IoCtx::Commit);
+                    self.emit(
+                        Dev::Cache,
+                        IoOp::Write {
+                            offset: off,
+                            data: P::from_vec(buf),
+                            fua: false,
+                        },
+                        None,
+                        IoCtx::Commit,
+                    );
                 }
             }
             CommitStage::Pages => {
@@ -2040,7 +2434,16 @@ impl<P: Payload> Engine<P> {
                 job.left = 1;
                 let off = self.layout.commit_offset(job.n);
                 let data = P::from_vec(job.record.encode());
-                self.emit(Dev::Cache, IoOp::Write { offset: off, data, fua: true }, None, IoCtx::Commit);
+                self.emit(
+                    Dev::Cache,
+                    IoOp::Write {
+                        offset: off,
+                        data,
+                        fua: true,
+                    },
+                    None,
+                    IoCtx::Commit,
+                );
             }
             CommitStage::Record => self.finish_commit(true),
         }
@@ -2079,7 +2482,8 @@ impl<P: Payload> Engine<P> {
             }
         }
         self.policy.on_commit_done(ok);
-        self.out_event.push_back(Event::Committed { commit: job.n, ok });
+        self.out_event
+            .push_back(Event::Committed { commit: job.n, ok });
         for w in job.waiters {
             if ok {
                 if w.write && w.group != NO_GROUP {

@@ -55,7 +55,12 @@ impl Layout {
         let table_bytes = 2 * cfg.capacity_blocks.div_ceil(ENTRIES_PER_PAGE) * PAGE_BYTES;
         let align = (cfg.block_size as u64).max(4096);
         let data_offset = (TABLE_OFFSET + table_bytes).div_ceil(align) * align;
-        Layout { block_size: cfg.block_size, capacity: cfg.capacity_blocks, table_bytes, data_offset }
+        Layout {
+            block_size: cfg.block_size,
+            capacity: cfg.capacity_blocks,
+            table_bytes,
+            data_offset,
+        }
     }
     /// Total bytes the cache device must have.
     pub fn device_bytes(&self) -> u64 {
@@ -310,7 +315,11 @@ fn page_crc(b: &[u8]) -> u32 {
 
 /// Decode a metadata page copy: `Some(tag)` if it is intact and belongs to page `page`.
 pub fn page_tag(page: u64, b: &[u8]) -> Option<u64> {
-    if b.len() < PAGE_BYTES as usize || &b[0..8] != PAGE_MAGIC || get64(b, 8) != page || page_crc(b) != get32(b, 60) {
+    if b.len() < PAGE_BYTES as usize
+        || &b[0..8] != PAGE_MAGIC
+        || get64(b, 8) != page
+        || page_crc(b) != get32(b, 60)
+    {
         return None;
     }
     Some(get64(b, 16))
@@ -347,7 +356,11 @@ pub fn format_writes(cfg: &Config, uuid: u64) -> Vec<(u64, Vec<u8>)> {
     let l = Layout::new(cfg);
     let sb = Superblock::for_config(cfg, uuid);
     let mut v = vec![(0u64, sb.encode())];
-    let cr = CommitRecord { commit: 0, next_seq: 1, ..Default::default() };
+    let cr = CommitRecord {
+        commit: 0,
+        next_seq: 1,
+        ..Default::default()
+    };
     v.push((l.commit_offset(0), cr.encode()));
     v.push((l.commit_offset(1), vec![0u8; 512]));
     // Zero the table in 1 MiB chunks.
@@ -363,20 +376,31 @@ pub fn format_writes(cfg: &Config, uuid: u64) -> Vec<(u64, Vec<u8>)> {
 /// Check a superblock against a configuration.
 pub fn check_superblock(sb: &Superblock, cfg: &Config) -> Result<(), FormatError> {
     if sb.block_size != cfg.block_size {
-        return Err(FormatError::BlockSize { found: sb.block_size, want: cfg.block_size });
+        return Err(FormatError::BlockSize {
+            found: sb.block_size,
+            want: cfg.block_size,
+        });
     }
     if sb.capacity != cfg.capacity_blocks {
-        return Err(FormatError::Capacity { found: sb.capacity, want: cfg.capacity_blocks });
+        return Err(FormatError::Capacity {
+            found: sb.capacity,
+            want: cfg.capacity_blocks,
+        });
     }
     if sb.backing_size != cfg.backing_size {
-        return Err(FormatError::BackingSize { found: sb.backing_size, want: cfg.backing_size });
+        return Err(FormatError::BackingSize {
+            found: sb.backing_size,
+            want: cfg.backing_size,
+        });
     }
     Ok(())
 }
 
 /// Name of a stored policy code.
 pub fn policy_name(code: u32) -> String {
-    WritePolicyKind::from_code(code).map(|k| k.name().to_string()).unwrap_or_else(|| format!("#{code}"))
+    WritePolicyKind::from_code(code)
+        .map(|k| k.name().to_string())
+        .unwrap_or_else(|| format!("#{code}"))
 }
 
 #[cfg(test)]
@@ -385,7 +409,13 @@ mod tests {
 
     #[test]
     fn page_roundtrip_and_torn_page() {
-        let e = Entry { lbn: 1, seq: 2, commit: 3, flags: F_VALID, ..Default::default() };
+        let e = Entry {
+            lbn: 1,
+            seq: 2,
+            commit: 3,
+            flags: F_VALID,
+            ..Default::default()
+        };
         let b = encode_page(5, 3, &[(315, e)]);
         assert_eq!(page_tag(5, &b), Some(3));
         assert_eq!(page_tag(6, &b), None, "page number is checked");
@@ -397,19 +427,43 @@ mod tests {
 
     #[test]
     fn entry_roundtrip_and_torn_detection() {
-        let e = Entry { lbn: 7, seq: 99, commit: 3, aux0: 5, aux1: 6, lo: 512, hi: 1024, flags: F_VALID | F_DIRTY };
+        let e = Entry {
+            lbn: 7,
+            seq: 99,
+            commit: 3,
+            aux0: 5,
+            aux1: 6,
+            lo: 512,
+            hi: 1024,
+            flags: F_VALID | F_DIRTY,
+        };
         let mut b = [0u8; 64];
         e.encode_into(12, &mut b);
         assert_eq!(Entry::decode(12, &b), Some(e));
-        assert_eq!(Entry::decode(13, &b), None, "entry for another slot must be rejected");
+        assert_eq!(
+            Entry::decode(13, &b),
+            None,
+            "entry for another slot must be rejected"
+        );
         b[3] ^= 1;
         assert_eq!(Entry::decode(12, &b), None, "torn entry must be rejected");
-        assert_eq!(Entry::decode(0, &[0u8; 64]), None, "blank entry must be rejected");
+        assert_eq!(
+            Entry::decode(0, &[0u8; 64]),
+            None,
+            "blank entry must be rejected"
+        );
     }
 
     #[test]
     fn commit_and_superblock_roundtrip() {
-        let c = CommitRecord { commit: 9, txn_committed: 4, txn_checkpointed: 2, next_seq: 77, next_cidx: 5, clean_shutdown: true };
+        let c = CommitRecord {
+            commit: 9,
+            txn_committed: 4,
+            txn_checkpointed: 2,
+            next_seq: 77,
+            next_cidx: 5,
+            clean_shutdown: true,
+        };
         assert_eq!(CommitRecord::decode(&c.encode()), Some(c));
         let mut b = c.encode();
         b[10] ^= 0xff;

@@ -20,7 +20,9 @@ pub mod testkit;
 pub mod types;
 pub mod write_policy;
 
-pub use config::{Config, ConfigError, JournalConfig, KneeSource, ReplacementKind, Watermarks, WritePolicyKind};
+pub use config::{
+    Config, ConfigError, JournalConfig, KneeSource, ReplacementKind, Watermarks, WritePolicyKind,
+};
 pub use engine::{CacheImage, Engine, Event, RecoverError, RecoveryReport};
 pub use payload::{Payload, Phantom};
 pub use stats::Stats;

@@ -10,7 +10,11 @@ pub struct Slab<T> {
 
 impl<T> Default for Slab<T> {
     fn default() -> Self {
-        Slab { items: Vec::new(), free: Vec::new(), len: 0 }
+        Slab {
+            items: Vec::new(),
+            free: Vec::new(),
+            len: 0,
+        }
     }
 }
 
@@ -34,10 +38,14 @@ impl<T> Slab<T> {
         v
     }
     pub fn get(&self, k: u32) -> &T {
-        self.items[k as usize].as_ref().expect("slab key not present")
+        self.items[k as usize]
+            .as_ref()
+            .expect("slab key not present")
     }
     pub fn get_mut(&mut self, k: u32) -> &mut T {
-        self.items[k as usize].as_mut().expect("slab key not present")
+        self.items[k as usize]
+            .as_mut()
+            .expect("slab key not present")
     }
     pub fn len(&self) -> usize {
         self.len

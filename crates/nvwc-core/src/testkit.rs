@@ -32,7 +32,15 @@ impl MemHarness {
         }
         let backing = vec![0u8; cfg.backing_size as usize];
         let engine = Engine::new(cfg).expect("valid config");
-        MemHarness { engine, cache, backing, now: 0, inflight: VecDeque::new(), replies: Vec::new(), groups: Default::default() }
+        MemHarness {
+            engine,
+            cache,
+            backing,
+            now: 0,
+            inflight: VecDeque::new(),
+            replies: Vec::new(),
+            groups: Default::default(),
+        }
     }
 
     /// Reopen the engine from the cache device's metadata (as after a restart).
@@ -44,7 +52,9 @@ impl MemHarness {
             superblock: c[0..512].to_vec(),
             commit_a: c[l.commit_offset(0) as usize..][..512].to_vec(),
             commit_b: c[l.commit_offset(1) as usize..][..512].to_vec(),
-            table: c[layout::TABLE_OFFSET as usize..(layout::TABLE_OFFSET + l.table_bytes) as usize].to_vec(),
+            table: c
+                [layout::TABLE_OFFSET as usize..(layout::TABLE_OFFSET + l.table_bytes) as usize]
+                .to_vec(),
         };
         let (e, rep) = Engine::recover(cfg, &image)?;
         self.engine = e;
@@ -55,7 +65,14 @@ impl MemHarness {
 
     pub fn submit(&mut self, id: ReqId, op: ReqOp<Bytes>) {
         self.now += 1;
-        self.engine.handle_request(self.now, Request { id, op, tag: Tag::default() });
+        self.engine.handle_request(
+            self.now,
+            Request {
+                id,
+                op,
+                tag: Tag::default(),
+            },
+        );
         self.collect();
     }
 
@@ -74,10 +91,15 @@ impl MemHarness {
             Dev::Backing => &mut self.backing,
         };
         match &cmd.op {
-            IoOp::Read { offset, len } => Ok(Some(Bytes::copy_from_slice(&dev[*offset as usize..*offset as usize + *len as usize]))),
+            IoOp::Read { offset, len } => Ok(Some(Bytes::copy_from_slice(
+                &dev[*offset as usize..*offset as usize + *len as usize],
+            ))),
             IoOp::Write { offset, data, .. } => {
                 if let Some(g) = cmd.group {
-                    self.groups.entry(g).or_default().push((*offset, data.clone()));
+                    self.groups
+                        .entry(g)
+                        .or_default()
+                        .push((*offset, data.clone()));
                 } else {
                     dev[*offset as usize..*offset as usize + data.len()].copy_from_slice(data);
                 }
@@ -131,7 +153,10 @@ impl MemHarness {
                 self.collect();
             }
         }
-        panic!("request {id} never completed: {}", self.engine.debug_state());
+        panic!(
+            "request {id} never completed: {}",
+            self.engine.debug_state()
+        );
     }
 
     /// Run until the engine is idle and nothing is in flight.

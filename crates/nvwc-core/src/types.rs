@@ -78,16 +78,30 @@ pub enum Dev {
 /// A device command.
 #[derive(Clone, Debug)]
 pub enum IoOp<P> {
-    Read { offset: u64, len: u32 },
+    Read {
+        offset: u64,
+        len: u32,
+    },
     /// Write; with `fua` it completes only once durable.
-    Write { offset: u64, data: P, fua: bool },
+    Write {
+        offset: u64,
+        data: P,
+        fua: bool,
+    },
     Flush,
-    Trim { offset: u64, len: u32 },
+    Trim {
+        offset: u64,
+        len: u32,
+    },
     /// Start an atomic group on the backing store (journaled checkpoints).
-    GroupBegin { group: u64 },
+    GroupBegin {
+        group: u64,
+    },
     /// End an atomic group: on completion every write of the group is durable
     /// and visible, all together; before it, none of them may be visible after a crash.
-    GroupEnd { group: u64 },
+    GroupEnd {
+        group: u64,
+    },
 }
 
 /// A device command with its identity.

@@ -13,11 +13,25 @@ use rand_chacha::ChaCha8Rng;
 
 #[derive(Clone, Debug)]
 enum Op {
-    Write { sector: u64, n: u64, fua: bool, fill: u8 },
-    Zero { sector: u64, n: u64 },
-    Read { sector: u64, n: u64 },
+    Write {
+        sector: u64,
+        n: u64,
+        fua: bool,
+        fill: u8,
+    },
+    Zero {
+        sector: u64,
+        n: u64,
+    },
+    Read {
+        sector: u64,
+        n: u64,
+    },
     Flush,
-    Trim { sector: u64, n: u64 },
+    Trim {
+        sector: u64,
+        n: u64,
+    },
     Checkpoint,
 }
 
@@ -26,7 +40,10 @@ fn repls() -> Vec<ReplacementKind> {
         ReplacementKind::Lru,
         ReplacementKind::Arc,
         ReplacementKind::Lst { track_blocks: 4 },
-        ReplacementKind::Stack { track_blocks: 4, knee: KneeSource::Fixed(8) },
+        ReplacementKind::Stack {
+            track_blocks: 4,
+            knee: KneeSource::Fixed(8),
+        },
     ]
 }
 
@@ -35,7 +52,10 @@ fn config(wp: WritePolicyKind, repl: ReplacementKind, bs: u32, cap: u64, blocks:
     c.replacement = repl;
     c.journal.txn_max_blocks = 6;
     c.dummy_every = 3;
-    c.watermarks = Watermarks { high: 0.5, low: 0.25 };
+    c.watermarks = Watermarks {
+        high: 0.5,
+        low: 0.25,
+    };
     c
 }
 
@@ -51,44 +71,93 @@ fn run(cfg: Config, ops: &[Op], seed: u64) -> Result<(), String> {
     for op in ops {
         id += 1;
         match *op {
-            Op::Write { sector, n, fua, fill } => {
+            Op::Write {
+                sector,
+                n,
+                fua,
+                fill,
+            } => {
                 let mut buf = vec![fill; (n * 512) as usize];
                 for (i, b) in buf.iter_mut().enumerate() {
                     *b = fill.wrapping_add((i / 512) as u8 ^ (sector as u8));
                 }
-                oracle[(sector * 512) as usize..((sector + n) * 512) as usize].copy_from_slice(&buf);
+                oracle[(sector * 512) as usize..((sector + n) * 512) as usize]
+                    .copy_from_slice(&buf);
                 defined[sector as usize..(sector + n) as usize].fill(true);
-                h.submit(id, ReqOp::Write { offset: sector * 512, data: Bytes::from(buf), fua });
+                h.submit(
+                    id,
+                    ReqOp::Write {
+                        offset: sector * 512,
+                        data: Bytes::from(buf),
+                        fua,
+                    },
+                );
                 let r = h.wait(id, &mut pick);
                 r.result.map_err(|e| format!("write failed: {e}"))?;
             }
             Op::Zero { sector, n } => {
                 oracle[(sector * 512) as usize..((sector + n) * 512) as usize].fill(0);
                 defined[sector as usize..(sector + n) as usize].fill(true);
-                h.submit(id, ReqOp::WriteZeroes { offset: sector * 512, len: (n * 512) as u32, fua: false });
-                h.wait(id, &mut pick).result.map_err(|e| format!("zero failed: {e}"))?;
+                h.submit(
+                    id,
+                    ReqOp::WriteZeroes {
+                        offset: sector * 512,
+                        len: (n * 512) as u32,
+                        fua: false,
+                    },
+                );
+                h.wait(id, &mut pick)
+                    .result
+                    .map_err(|e| format!("zero failed: {e}"))?;
             }
             Op::Read { sector, n } => {
-                h.submit(id, ReqOp::Read { offset: sector * 512, len: (n * 512) as u32 });
+                h.submit(
+                    id,
+                    ReqOp::Read {
+                        offset: sector * 512,
+                        len: (n * 512) as u32,
+                    },
+                );
                 let r = h.wait(id, &mut pick);
-                let d = r.result.map_err(|e| format!("read failed: {e}"))?.expect("read data");
+                let d = r
+                    .result
+                    .map_err(|e| format!("read failed: {e}"))?
+                    .expect("read data");
                 for i in 0..n {
                     let s = sector + i;
                     let got = &d[(i * 512) as usize..((i + 1) * 512) as usize];
-                    if defined[s as usize] && got != &oracle[(s * 512) as usize..((s + 1) * 512) as usize] {
-                        return Err(format!("read of sector {s} after op #{id} returned stale data"));
+                    if defined[s as usize]
+                        && got != &oracle[(s * 512) as usize..((s + 1) * 512) as usize]
+                    {
+                        return Err(format!(
+                            "read of sector {s} after op #{id} returned stale data"
+                        ));
                     }
                 }
             }
             Op::Flush | Op::Checkpoint => {
-                let o = if matches!(op, Op::Flush) { ReqOp::Flush } else { ReqOp::Checkpoint };
+                let o = if matches!(op, Op::Flush) {
+                    ReqOp::Flush
+                } else {
+                    ReqOp::Checkpoint
+                };
                 h.submit(id, o);
-                h.wait(id, &mut pick).result.map_err(|e| format!("flush failed: {e}"))?;
+                h.wait(id, &mut pick)
+                    .result
+                    .map_err(|e| format!("flush failed: {e}"))?;
             }
             Op::Trim { sector, n } => {
                 defined[sector as usize..(sector + n) as usize].fill(false);
-                h.submit(id, ReqOp::Trim { offset: sector * 512, len: (n * 512) as u32 });
-                h.wait(id, &mut pick).result.map_err(|e| format!("trim failed: {e}"))?;
+                h.submit(
+                    id,
+                    ReqOp::Trim {
+                        offset: sector * 512,
+                        len: (n * 512) as u32,
+                    },
+                );
+                h.wait(id, &mut pick)
+                    .result
+                    .map_err(|e| format!("trim failed: {e}"))?;
             }
         }
     }
@@ -96,11 +165,16 @@ fn run(cfg: Config, ops: &[Op], seed: u64) -> Result<(), String> {
     h.engine.start_drain(h.now);
     h.settle(&mut pick);
     if h.engine.dirty_versions() != 0 {
-        return Err(format!("{} dirty versions left after drain", h.engine.dirty_versions()));
+        return Err(format!(
+            "{} dirty versions left after drain",
+            h.engine.dirty_versions()
+        ));
     }
     for s in 0..sectors as usize {
         if defined[s] && h.backing[s * 512..(s + 1) * 512] != oracle[s * 512..(s + 1) * 512] {
-            return Err(format!("after drain, backing sector {s} differs from the oracle"));
+            return Err(format!(
+                "after drain, backing sector {s} differs from the oracle"
+            ));
         }
     }
     // Clean shutdown, reopen, read everything through the cache.
@@ -108,8 +182,18 @@ fn run(cfg: Config, ops: &[Op], seed: u64) -> Result<(), String> {
     h.settle(&mut pick);
     h.reopen().map_err(|e| format!("reopen failed: {e}"))?;
     let rid = 1 << 40;
-    h.submit(rid, ReqOp::Read { offset: 0, len: (sectors * 512) as u32 });
-    let d = h.wait(rid, &mut pick).result.map_err(|e| format!("read after reopen failed: {e}"))?.unwrap();
+    h.submit(
+        rid,
+        ReqOp::Read {
+            offset: 0,
+            len: (sectors * 512) as u32,
+        },
+    );
+    let d = h
+        .wait(rid, &mut pick)
+        .result
+        .map_err(|e| format!("read after reopen failed: {e}"))?
+        .unwrap();
     for s in 0..sectors as usize {
         if defined[s] && d[s * 512..(s + 1) * 512] != oracle[s * 512..(s + 1) * 512] {
             return Err(format!("after reopen, sector {s} differs from the oracle"));
@@ -119,7 +203,8 @@ fn run(cfg: Config, ops: &[Op], seed: u64) -> Result<(), String> {
 }
 
 fn op_strategy(sectors: u64) -> impl Strategy<Value = Op> {
-    let span = (0..sectors, 1u64..=16).prop_map(move |(s, n)| (s.min(sectors - 1), n.min(sectors - s.min(sectors - 1))));
+    let span = (0..sectors, 1u64..=16)
+        .prop_map(move |(s, n)| (s.min(sectors - 1), n.min(sectors - s.min(sectors - 1))));
     prop_oneof![
         5 => (span.clone(), any::<bool>(), any::<u8>()).prop_map(|((s, n), fua, fill)| Op::Write { sector: s, n, fua: fua && fill % 4 == 0, fill }),
         1 => span.clone().prop_map(|(s, n)| Op::Zero { sector: s, n }),
@@ -161,7 +246,12 @@ fn every_policy_combination() {
                         let s = rng.gen_range(0..sectors);
                         let n = rng.gen_range(1..=16).min(sectors - s);
                         match rng.gen_range(0..14) {
-                            0..=5 => Op::Write { sector: s, n, fua: rng.gen_bool(0.1), fill: rng.gen() },
+                            0..=5 => Op::Write {
+                                sector: s,
+                                n,
+                                fua: rng.gen_bool(0.1),
+                                fill: rng.gen(),
+                            },
                             6 => Op::Zero { sector: s, n },
                             7..=10 => Op::Read { sector: s, n },
                             11 => Op::Flush,
@@ -182,19 +272,40 @@ fn every_policy_combination() {
 /// A journaled transaction holds one copy per block; ordered keeps every version.
 #[test]
 fn journaled_coalesces_ordered_keeps_versions() {
-    for (wp, want) in [(WritePolicyKind::Journaled, 1u64), (WritePolicyKind::Ordered, 10)] {
+    for (wp, want) in [
+        (WritePolicyKind::Journaled, 1u64),
+        (WritePolicyKind::Ordered, 10),
+    ] {
         let mut cfg = Config::new(4096, 64, 64 * 4096, wp);
         cfg.journal.txn_max_blocks = 1000;
         cfg.journal.txn_max_age_ns = 0;
-        cfg.watermarks = Watermarks { high: 1.0, low: 1.0 };
+        cfg.watermarks = Watermarks {
+            high: 1.0,
+            low: 1.0,
+        };
         let mut h = MemHarness::new(cfg);
         let mut pick = |_n: usize| 0usize;
         for i in 0..10u64 {
-            h.submit(i + 1, ReqOp::Write { offset: 0, data: Bytes::from(vec![i as u8; 4096]), fua: false });
+            h.submit(
+                i + 1,
+                ReqOp::Write {
+                    offset: 0,
+                    data: Bytes::from(vec![i as u8; 4096]),
+                    fua: false,
+                },
+            );
             h.wait(i + 1, &mut pick).result.unwrap();
         }
-        assert_eq!(h.engine.dirty_versions(), want, "{wp}: dirty versions of one block written 10 times");
-        assert_eq!(h.engine.stats().overwrites, if want == 1 { 9 } else { 0 }, "{wp}: overwrites absorbed");
+        assert_eq!(
+            h.engine.dirty_versions(),
+            want,
+            "{wp}: dirty versions of one block written 10 times"
+        );
+        assert_eq!(
+            h.engine.stats().overwrites,
+            if want == 1 { 9 } else { 0 },
+            "{wp}: overwrites absorbed"
+        );
     }
 }
 
@@ -205,16 +316,32 @@ fn flushed_writes_survive_reopen_without_shutdown() {
         let cfg = Config::new(4096, 32, 128 * 4096, wp);
         let mut h = MemHarness::new(cfg);
         let mut pick = |n: usize| n - 1;
-        h.submit(1, ReqOp::Write { offset: 8192, data: Bytes::from(vec![7u8; 8192]), fua: false });
+        h.submit(
+            1,
+            ReqOp::Write {
+                offset: 8192,
+                data: Bytes::from(vec![7u8; 8192]),
+                fua: false,
+            },
+        );
         h.wait(1, &mut pick).result.unwrap();
         h.submit(2, ReqOp::Flush);
         h.wait(2, &mut pick).result.unwrap();
         // No drain, no shutdown: reopen from whatever the devices hold.
         let rep = h.reopen().unwrap();
         assert!(!rep.clean_shutdown);
-        h.submit(3, ReqOp::Read { offset: 8192, len: 8192 });
+        h.submit(
+            3,
+            ReqOp::Read {
+                offset: 8192,
+                len: 8192,
+            },
+        );
         let d = h.wait(3, &mut pick).result.unwrap().unwrap();
-        assert!(d.iter().all(|&b| b == 7), "{wp}: flushed write lost across reopen");
+        assert!(
+            d.iter().all(|&b| b == 7),
+            "{wp}: flushed write lost across reopen"
+        );
     }
 }
 
@@ -225,11 +352,37 @@ fn out_of_range_requests_fail_cleanly() {
     let size = cfg.backing_size;
     let mut h = MemHarness::new(cfg);
     let mut pick = |_n: usize| 0usize;
-    h.submit(1, ReqOp::Read { offset: size - 512, len: 1024 });
-    assert_eq!(h.wait(1, &mut pick).result.unwrap_err(), ReqError::InvalidRange);
-    h.submit(2, ReqOp::Write { offset: u64::MAX - 10, data: Bytes::from(vec![1u8; 512]), fua: false });
-    assert_eq!(h.wait(2, &mut pick).result.unwrap_err(), ReqError::InvalidRange);
-    h.submit(3, ReqOp::Write { offset: 0, data: Bytes::from(vec![1u8; 512]), fua: false });
+    h.submit(
+        1,
+        ReqOp::Read {
+            offset: size - 512,
+            len: 1024,
+        },
+    );
+    assert_eq!(
+        h.wait(1, &mut pick).result.unwrap_err(),
+        ReqError::InvalidRange
+    );
+    h.submit(
+        2,
+        ReqOp::Write {
+            offset: u64::MAX - 10,
+            data: Bytes::from(vec![1u8; 512]),
+            fua: false,
+        },
+    );
+    assert_eq!(
+        h.wait(2, &mut pick).result.unwrap_err(),
+        ReqError::InvalidRange
+    );
+    h.submit(
+        3,
+        ReqOp::Write {
+            offset: 0,
+            data: Bytes::from(vec![1u8; 512]),
+            fua: false,
+        },
+    );
     h.wait(3, &mut pick).result.unwrap();
 }
 
@@ -247,6 +400,9 @@ fn config_validation_rejects_bad_values() {
     c.capacity_blocks = 3;
     assert!(matches!(c.validate(), Err(ConfigError::Capacity(3))));
     let mut c = ok;
-    c.watermarks = Watermarks { high: 0.2, low: 0.5 };
+    c.watermarks = Watermarks {
+        high: 0.2,
+        low: 0.5,
+    };
     assert!(matches!(c.validate(), Err(ConfigError::Watermarks)));
 }

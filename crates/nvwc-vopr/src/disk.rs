@@ -34,7 +34,13 @@ pub struct Disk {
 
 impl Disk {
     pub fn new(image: Vec<u8>) -> Self {
-        Disk { durable: image.clone(), visible: image, unflushed: Vec::new(), groups: HashMap::new(), clock: 0 }
+        Disk {
+            durable: image.clone(),
+            visible: image,
+            unflushed: Vec::new(),
+            groups: HashMap::new(),
+            clock: 0,
+        }
     }
 
     pub fn len(&self) -> u64 {
@@ -52,7 +58,10 @@ impl Disk {
     /// A write completes (it was issued earlier; its data lands now).
     pub fn write(&mut self, offset: u64, data: &[u8], fua: bool, group: Option<u64>) {
         if let Some(g) = group {
-            self.groups.entry(g).or_default().push((offset, data.to_vec()));
+            self.groups
+                .entry(g)
+                .or_default()
+                .push((offset, data.to_vec()));
             return;
         }
         let o = offset as usize;
@@ -69,7 +78,11 @@ impl Disk {
                 }
             }
         } else {
-            self.unflushed.push(Pending { offset, data: data.to_vec(), done_at: self.clock });
+            self.unflushed.push(Pending {
+                offset,
+                data: data.to_vec(),
+                done_at: self.clock,
+            });
         }
     }
 
@@ -80,7 +93,9 @@ impl Disk {
 
     /// A flush issued when the stamp was `issued_at` completes.
     pub fn flush(&mut self, issued_at: u64) {
-        let (done, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.unflushed).into_iter().partition(|p| p.done_at <= issued_at);
+        let (done, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.unflushed)
+            .into_iter()
+            .partition(|p| p.done_at <= issued_at);
         for p in done {
             let o = p.offset as usize;
             self.durable[o..o + p.data.len()].copy_from_slice(&p.data);
@@ -128,7 +143,12 @@ impl Disk {
     /// What survives a power loss now, given writes still in flight.
     /// `ends_in_flight`: groups whose `GroupEnd` was issued but not completed;
     /// each is applied whole or not at all.
-    pub fn crash(&self, rng: &mut impl Rng, in_flight: &[(u64, Vec<u8>)], ends_in_flight: &[u64]) -> Vec<u8> {
+    pub fn crash(
+        &self,
+        rng: &mut impl Rng,
+        in_flight: &[(u64, Vec<u8>)],
+        ends_in_flight: &[u64],
+    ) -> Vec<u8> {
         let mut img = self.durable.clone();
         for g in ends_in_flight {
             if rng.gen_bool(0.5) {

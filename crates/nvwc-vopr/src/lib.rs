@@ -151,8 +151,24 @@ struct Oracle {
 
 impl Oracle {
     fn new() -> Self {
-        let init = WriteRec { issue: 0, done: Some(0), ok: true, fua: true, zero: false, first_sector: 0, sectors: 0, seq: 0 };
-        Oracle { writes: vec![init], by_sector: HashMap::new(), ops: Vec::new(), clock: 1, txns: Vec::new(), violations: Vec::new() }
+        let init = WriteRec {
+            issue: 0,
+            done: Some(0),
+            ok: true,
+            fua: true,
+            zero: false,
+            first_sector: 0,
+            sectors: 0,
+            seq: 0,
+        };
+        Oracle {
+            writes: vec![init],
+            by_sector: HashMap::new(),
+            ops: Vec::new(),
+            clock: 1,
+            txns: Vec::new(),
+            violations: Vec::new(),
+        }
     }
     fn tick(&mut self) -> u64 {
         self.clock += 1;
@@ -172,7 +188,11 @@ impl Oracle {
     }
     /// Could a read of `sector` issued at `ri` and completed at `rc` return `v`?
     fn read_ok(&self, sector: u64, v: Val, ri: u64, rc: u64) -> bool {
-        let ws: &[u32] = self.by_sector.get(&sector).map(|v| v.as_slice()).unwrap_or(&[]);
+        let ws: &[u32] = self
+            .by_sector
+            .get(&sector)
+            .map(|v| v.as_slice())
+            .unwrap_or(&[]);
         if self.trimmed_since(sector, ri, rc) && v != Val::Garbage {
             return true;
         }
@@ -185,7 +205,9 @@ impl Oracle {
             let wd = r.done;
             !ws.iter().any(|&w2| {
                 let r2 = &self.writes[w2 as usize];
-                w2 != w && r2.ok && matches!((wd, r2.done), (Some(d), Some(d2)) if d < r2.issue && d2 < ri)
+                w2 != w
+                    && r2.ok
+                    && matches!((wd, r2.done), (Some(d), Some(d2)) if d < r2.issue && d2 < ri)
             })
         };
         match v {
@@ -195,7 +217,12 @@ impl Oracle {
         }
     }
     fn trimmed_since(&self, sector: u64, _ri: u64, rc: u64) -> bool {
-        self.ops.iter().any(|o| o.kind == OpKind::Trim && o.issue < rc && sector >= o.first_sector && sector < o.first_sector + o.sectors)
+        self.ops.iter().any(|o| {
+            o.kind == OpKind::Trim
+                && o.issue < rc
+                && sector >= o.first_sector
+                && sector < o.first_sector + o.sectors
+        })
     }
 }
 
@@ -204,15 +231,31 @@ fn random_config(rng: &mut ChaCha8Rng, opts: &Options) -> Config {
     let cap = rng.gen_range(16..96u64);
     let nblocks = rng.gen_range(cap / 2..cap * 3);
     let mut c = Config::new(bs, cap, nblocks * bs as u64, opts.policy);
-    c.replacement = opts.replacement.unwrap_or_else(|| match rng.gen_range(0..5) {
-        4 => ReplacementKind::Stack { track_blocks: 8, knee: nvwc_core::config::KneeSource::Online { period: 32, sample_keys: 256 } },
-        0 => ReplacementKind::Lru,
-        1 => ReplacementKind::Arc,
-        2 => ReplacementKind::Lst { track_blocks: [4, 8, 16][rng.gen_range(0..3)] },
-        _ => ReplacementKind::Stack { track_blocks: [4, 8, 16][rng.gen_range(0..3)], knee: nvwc_core::config::KneeSource::Fixed(cap / 3) },
-    });
+    c.replacement = opts
+        .replacement
+        .unwrap_or_else(|| match rng.gen_range(0..5) {
+            4 => ReplacementKind::Stack {
+                track_blocks: 8,
+                knee: nvwc_core::config::KneeSource::Online {
+                    period: 32,
+                    sample_keys: 256,
+                },
+            },
+            0 => ReplacementKind::Lru,
+            1 => ReplacementKind::Arc,
+            2 => ReplacementKind::Lst {
+                track_blocks: [4, 8, 16][rng.gen_range(0..3)],
+            },
+            _ => ReplacementKind::Stack {
+                track_blocks: [4, 8, 16][rng.gen_range(0..3)],
+                knee: nvwc_core::config::KneeSource::Fixed(cap / 3),
+            },
+        });
     let high = rng.gen_range(0.2..0.95);
-    c.watermarks = Watermarks { high, low: high * rng.gen_range(0.2..0.9) };
+    c.watermarks = Watermarks {
+        high,
+        low: high * rng.gen_range(0.2..0.9),
+    };
     c.journal.txn_max_blocks = rng.gen_range(1..32);
     c.journal.txn_max_age_ns = [0, 50_000, 500_000, 5_000_000][rng.gen_range(0..4)];
     c.journal.checkpoint_delay_ns = [0, 0, 100_000, 2_000_000][rng.gen_range(0..4)];
@@ -229,11 +272,17 @@ fn random_config(rng: &mut ChaCha8Rng, opts: &Options) -> Config {
 
 /// Run one seed.
 pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ opts.policy.code() as u64);
+    let mut rng = ChaCha8Rng::seed_from_u64(
+        seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ opts.policy.code() as u64,
+    );
     let cfg = random_config(&mut rng, opts);
     let bs = cfg.block_size as u64;
     let layout = Layout::new(&cfg);
-    let mut out = SeedOutcome { seed, config: format!("{cfg:?}"), ..Default::default() };
+    let mut out = SeedOutcome {
+        seed,
+        config: format!("{cfg:?}"),
+        ..Default::default()
+    };
 
     // Devices.
     let mut cache_img = vec![0u8; layout.device_bytes() as usize];
@@ -244,7 +293,11 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
     let sectors_total = cfg.backing_size / SECTOR as u64;
     let mut bimg = vec![0u8; cfg.backing_size as usize];
     for s in 0..sectors_total {
-        stamp(&mut bimg[(s as usize) * SECTOR..(s as usize + 1) * SECTOR], INIT, s);
+        stamp(
+            &mut bimg[(s as usize) * SECTOR..(s as usize + 1) * SECTOR],
+            INIT,
+            s,
+        );
     }
     let mut backing = Disk::new(bimg);
 
@@ -278,7 +331,10 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
         }
         let Some(Reverse((t, _, ev))) = events.pop() else {
             if !outstanding.is_empty() {
-                oracle.violations.push(format!("deadlock: {} requests never completed", outstanding.len()));
+                oracle.violations.push(format!(
+                    "deadlock: {} requests never completed",
+                    outstanding.len()
+                ));
             }
             break;
         };
@@ -299,11 +355,22 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
                     } else {
                         rng.gen_range(0..=sectors_total - nsec)
                     };
-                    let (op, kind, widx) = if roll < 45 || roll >= 95 && opts.policy != WritePolicyKind::JournaledHints && roll < 97 {
+                    let (op, kind, widx) = if roll < 45
+                        || roll >= 95 && opts.policy != WritePolicyKind::JournaledHints && roll < 97
+                    {
                         let zero = rng.gen_bool(0.08);
                         let fua = rng.gen_bool(0.12);
                         let w = oracle.writes.len() as u32;
-                        oracle.writes.push(WriteRec { issue: 0, done: None, ok: false, fua, zero, first_sector: first, sectors: nsec, seq: 0 });
+                        oracle.writes.push(WriteRec {
+                            issue: 0,
+                            done: None,
+                            ok: false,
+                            fua,
+                            zero,
+                            first_sector: first,
+                            sectors: nsec,
+                            seq: 0,
+                        });
                         for s in first..first + nsec {
                             oracle.by_sector.entry(s).or_default().push(w);
                         }
@@ -316,15 +383,33 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
                             for (i, chunk) in buf.chunks_mut(SECTOR).enumerate() {
                                 stamp(chunk, w, first + i as u64);
                             }
-                            ReqOp::Write { offset, data: Bytes::from(buf), fua }
+                            ReqOp::Write {
+                                offset,
+                                data: Bytes::from(buf),
+                                fua,
+                            }
                         };
                         (op, OpKind::Write, w)
                     } else if roll < 80 {
-                        (ReqOp::Read { offset: first * SECTOR as u64, len: (nsec * SECTOR as u64) as u32 }, OpKind::Read, 0)
+                        (
+                            ReqOp::Read {
+                                offset: first * SECTOR as u64,
+                                len: (nsec * SECTOR as u64) as u32,
+                            },
+                            OpKind::Read,
+                            0,
+                        )
                     } else if roll < 90 {
                         (ReqOp::Flush, OpKind::Flush, 0)
                     } else if roll < 95 {
-                        (ReqOp::Trim { offset: first * SECTOR as u64, len: (nsec * SECTOR as u64) as u32 }, OpKind::Trim, 0)
+                        (
+                            ReqOp::Trim {
+                                offset: first * SECTOR as u64,
+                                len: (nsec * SECTOR as u64) as u32,
+                            },
+                            OpKind::Trim,
+                            0,
+                        )
                     } else {
                         (ReqOp::Checkpoint, OpKind::Checkpoint, 0)
                     };
@@ -333,13 +418,28 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
                         oracle.writes[widx as usize].issue = issue;
                     }
                     let oi = oracle.ops.len() as u32;
-                    oracle.ops.push(Op { kind, issue, done: None, ok: false, write: widx, first_sector: first, sectors: nsec });
+                    oracle.ops.push(Op {
+                        kind,
+                        issue,
+                        done: None,
+                        ok: false,
+                        write: widx,
+                        first_sector: first,
+                        sectors: nsec,
+                    });
                     outstanding.insert(id, oi);
                     if opts.verbose {
                         eprintln!("t={now} issue #{id} {kind:?} w{widx} sectors {first}+{nsec}");
                     }
                     in_flush_request = matches!(kind, OpKind::Flush | OpKind::Checkpoint);
-                    eng.handle_request(now, Request { id, op, tag: Tag::default() });
+                    eng.handle_request(
+                        now,
+                        Request {
+                            id,
+                            op,
+                            tag: Tag::default(),
+                        },
+                    );
                     in_flush_request_events(&mut eng, &mut oracle, in_flush_request, &mut out);
                     in_flush_request = false;
                 }
@@ -349,12 +449,18 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
             }
             Ev::Io(id) => {
                 let f = inflight.remove(&id).expect("io");
-                let disk = if f.cmd.dev == Dev::Cache { &mut cache } else { &mut backing };
+                let disk = if f.cmd.dev == Dev::Cache {
+                    &mut cache
+                } else {
+                    &mut backing
+                };
                 let res: IoResult<Bytes> = if f.fail {
                     Err(IoError::Eio)
                 } else {
                     match &f.cmd.op {
-                        IoOp::Read { offset, len } => Ok(Some(Bytes::from(disk.read(*offset, *len as usize)))),
+                        IoOp::Read { offset, len } => {
+                            Ok(Some(Bytes::from(disk.read(*offset, *len as usize))))
+                        }
                         IoOp::Write { offset, data, fua } => {
                             disk.write(*offset, data, *fua, f.cmd.group);
                             Ok(None)
@@ -385,22 +491,50 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
         }
         // Drain the engine.
         while let Some(cmd) = eng.poll_io() {
-            let lat = if cmd.dev == Dev::Cache { cache_lat(&mut rng) } else { backing_lat(&mut rng) };
-            let disk = if cmd.dev == Dev::Cache { &cache } else { &backing };
-            let fail = err_rate > 0.0 && rng.gen_bool(err_rate) && !matches!(cmd.op, IoOp::GroupBegin { .. });
+            let lat = if cmd.dev == Dev::Cache {
+                cache_lat(&mut rng)
+            } else {
+                backing_lat(&mut rng)
+            };
+            let disk = if cmd.dev == Dev::Cache {
+                &cache
+            } else {
+                &backing
+            };
+            let fail = err_rate > 0.0
+                && rng.gen_bool(err_rate)
+                && !matches!(cmd.op, IoOp::GroupBegin { .. });
             let stamp = disk.flush_issue_stamp();
             if opts.verbose {
                 let what = match &cmd.op {
                     IoOp::Read { offset, len } => format!("read {offset}+{len}"),
-                    IoOp::Write { offset, data, fua } => format!("write {offset}+{} fua={fua} stamp=w{}/s{}", data.len(), u64::from_le_bytes(data[8..16].try_into().unwrap()), u64::from_le_bytes(data[16..24].try_into().unwrap())),
+                    IoOp::Write { offset, data, fua } => format!(
+                        "write {offset}+{} fua={fua} stamp=w{}/s{}",
+                        data.len(),
+                        u64::from_le_bytes(data[8..16].try_into().unwrap()),
+                        u64::from_le_bytes(data[16..24].try_into().unwrap())
+                    ),
                     other => format!("{other:?}"),
                 };
-                eprintln!("t={now}   io {} {:?} {what} group={:?} fail={fail} done_at={}", cmd.id, cmd.dev, cmd.group, now + lat);
+                eprintln!(
+                    "t={now}   io {} {:?} {what} group={:?} fail={fail} done_at={}",
+                    cmd.id,
+                    cmd.dev,
+                    cmd.group,
+                    now + lat
+                );
             }
             push(&mut events, now + lat, Ev::Io(cmd.id));
             inflight.insert(cmd.id, InFlight { cmd, stamp, fail });
         }
-        drain_replies(&mut eng, &mut oracle, &mut outstanding, &mut out, opts.verbose, now);
+        drain_replies(
+            &mut eng,
+            &mut oracle,
+            &mut outstanding,
+            &mut out,
+            opts.verbose,
+            now,
+        );
         collect_events(&mut eng, &mut oracle, false, &mut out);
         if let Some(t) = eng.poll_timeout() {
             let t = t.max(now);
@@ -409,7 +543,12 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
                 push(&mut events, t, Ev::Timeout);
             }
         }
-        if issued >= n_ops && outstanding.is_empty() && inflight.is_empty() && events.iter().all(|e| matches!(e.0 .2, Ev::Timeout)) && timeout_at.is_none_or(|t| t > now + 10_000_000_000) {
+        if issued >= n_ops
+            && outstanding.is_empty()
+            && inflight.is_empty()
+            && events.iter().all(|e| matches!(e.0 .2, Ev::Timeout))
+            && timeout_at.is_none_or(|t| t > now + 10_000_000_000)
+        {
             break;
         }
     }
@@ -447,7 +586,14 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
 
     // Writes that never got a reply: issued, still "in flight" forever.
     // (b) Restart with the cache intact.
-    check_recovered(&cfg, &layout, cache_crash, backing_crash.clone(), &mut oracle, seed);
+    check_recovered(
+        &cfg,
+        &layout,
+        cache_crash,
+        backing_crash.clone(),
+        &mut oracle,
+        seed,
+    );
     // (c) The cache device is lost: the backing store alone, both when the
     // backing store survived the host (networked storage: every completed write
     // is there) and when it lost power too (only what it had made durable).
@@ -460,31 +606,61 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
     out
 }
 
-fn in_flush_request_events(eng: &mut Engine<Bytes>, oracle: &mut Oracle, at_flush: bool, out: &mut SeedOutcome) {
+fn in_flush_request_events(
+    eng: &mut Engine<Bytes>,
+    oracle: &mut Oracle,
+    at_flush: bool,
+    out: &mut SeedOutcome,
+) {
     collect_events(eng, oracle, at_flush, out);
 }
 
-fn collect_events(eng: &mut Engine<Bytes>, oracle: &mut Oracle, at_flush: bool, out: &mut SeedOutcome) {
+fn collect_events(
+    eng: &mut Engine<Bytes>,
+    oracle: &mut Oracle,
+    at_flush: bool,
+    out: &mut SeedOutcome,
+) {
     while let Some(e) = eng.poll_event() {
-        if let Event::Policy(PolicyEvent::TxnClosed { txn, first_seq, last_seq, forced }) = e {
+        if let Event::Policy(PolicyEvent::TxnClosed {
+            txn,
+            first_seq,
+            last_seq,
+            forced,
+        }) = e
+        {
             if forced {
                 out.forced_closes += 1;
             }
-            oracle.txns.push((txn, first_seq, last_seq, forced, at_flush));
+            oracle
+                .txns
+                .push((txn, first_seq, last_seq, forced, at_flush));
         }
     }
 }
 
-fn drain_replies(eng: &mut Engine<Bytes>, oracle: &mut Oracle, outstanding: &mut HashMap<u64, u32>, _out: &mut SeedOutcome, verbose: bool, now: u64) {
+fn drain_replies(
+    eng: &mut Engine<Bytes>,
+    oracle: &mut Oracle,
+    outstanding: &mut HashMap<u64, u32>,
+    _out: &mut SeedOutcome,
+    verbose: bool,
+    now: u64,
+) {
     while let Some(r) = eng.poll_reply() {
-        let oi = outstanding.remove(&r.id).expect("reply for unknown request");
+        let oi = outstanding
+            .remove(&r.id)
+            .expect("reply for unknown request");
         let done = oracle.tick();
         let ok = r.result.is_ok();
         let op = oracle.ops[oi as usize].clone();
         oracle.ops[oi as usize].done = Some(done);
         oracle.ops[oi as usize].ok = ok;
         if verbose {
-            eprintln!("t={now} reply #{} {:?} ok={ok} seq={}", r.id, op.kind, r.seq);
+            eprintln!(
+                "t={now} reply #{} {:?} ok={ok} seq={}",
+                r.id, op.kind, r.seq
+            );
         }
         match op.kind {
             OpKind::Write => {
@@ -496,14 +672,33 @@ fn drain_replies(eng: &mut Engine<Bytes>, oracle: &mut Oracle, outstanding: &mut
             OpKind::Read => {
                 if let Ok(Some(data)) = r.result {
                     if data.len() as u64 != op.sectors * SECTOR as u64 {
-                        oracle.violations.push(format!("(a) read #{} returned {} bytes, wanted {}", r.id, data.len(), op.sectors * SECTOR as u64));
+                        oracle.violations.push(format!(
+                            "(a) read #{} returned {} bytes, wanted {}",
+                            r.id,
+                            data.len(),
+                            op.sectors * SECTOR as u64
+                        ));
                         continue;
                     }
                     for i in 0..op.sectors {
                         let s = op.first_sector + i;
                         let v = decode(&data[(i as usize) * SECTOR..(i as usize + 1) * SECTOR], s);
                         if !oracle.read_ok(s, v, op.issue, done) {
-                            let hist: Vec<_> = oracle.by_sector.get(&s).cloned().unwrap_or_default().iter().map(|&w| (w, oracle.writes[w as usize].issue, oracle.writes[w as usize].done, oracle.writes[w as usize].ok)).collect();
+                            let hist: Vec<_> = oracle
+                                .by_sector
+                                .get(&s)
+                                .cloned()
+                                .unwrap_or_default()
+                                .iter()
+                                .map(|&w| {
+                                    (
+                                        w,
+                                        oracle.writes[w as usize].issue,
+                                        oracle.writes[w as usize].done,
+                                        oracle.writes[w as usize].ok,
+                                    )
+                                })
+                                .collect();
                             oracle.violations.push(format!("(a) read #{} (issued {}, done {done}) sector {s} returned {v:?}; writes to it (id, issue, done, ok): {hist:?}", r.id, op.issue));
                             break;
                         }
@@ -521,7 +716,9 @@ fn flushed_writes(o: &Oracle) -> Vec<u32> {
     let last_flush_issue = o
         .ops
         .iter()
-        .filter(|op| matches!(op.kind, OpKind::Flush | OpKind::Checkpoint) && op.ok && op.done.is_some())
+        .filter(|op| {
+            matches!(op.kind, OpKind::Flush | OpKind::Checkpoint) && op.ok && op.done.is_some()
+        })
         .map(|op| op.issue)
         .max()
         .unwrap_or(0);
@@ -540,29 +737,54 @@ fn keeps(o: &Oracle, s: u64, v: Val, w: u32) -> bool {
         Val::W(x) if x == w => true,
         Val::W(INIT) => false,
         Val::W(x) => o.by_sector.get(&s).is_some_and(|ws| ws.contains(&x)) && !o.before(x, w),
-        Val::Zero => o.by_sector.get(&s).is_some_and(|ws| ws.iter().any(|&x| o.writes[x as usize].zero && (x == w || !o.before(x, w)))),
+        Val::Zero => o.by_sector.get(&s).is_some_and(|ws| {
+            ws.iter()
+                .any(|&x| o.writes[x as usize].zero && (x == w || !o.before(x, w)))
+        }),
     }
 }
 
 fn trimmed_after(o: &Oracle, s: u64, w: u32) -> bool {
     let wi = o.writes[w as usize].issue;
-    o.ops.iter().any(|op| op.kind == OpKind::Trim && op.issue > wi && s >= op.first_sector && s < op.first_sector + op.sectors)
+    o.ops.iter().any(|op| {
+        op.kind == OpKind::Trim
+            && op.issue > wi
+            && s >= op.first_sector
+            && s < op.first_sector + op.sectors
+    })
 }
 
-fn check_recovered(cfg: &Config, layout: &Layout, cache_img: Vec<u8>, backing_img: Vec<u8>, o: &mut Oracle, seed: u64) {
+fn check_recovered(
+    cfg: &Config,
+    layout: &Layout,
+    cache_img: Vec<u8>,
+    backing_img: Vec<u8>,
+    o: &mut Oracle,
+    seed: u64,
+) {
     let image = CacheImage {
         superblock: cache_img[0..512].to_vec(),
-        commit_a: cache_img[layout.commit_offset(0) as usize..layout.commit_offset(0) as usize + 512].to_vec(),
-        commit_b: cache_img[layout.commit_offset(1) as usize..layout.commit_offset(1) as usize + 512].to_vec(),
-        table: cache_img[layout::TABLE_OFFSET as usize..(layout::TABLE_OFFSET + layout.table_bytes) as usize].to_vec(),
+        commit_a: cache_img
+            [layout.commit_offset(0) as usize..layout.commit_offset(0) as usize + 512]
+            .to_vec(),
+        commit_b: cache_img
+            [layout.commit_offset(1) as usize..layout.commit_offset(1) as usize + 512]
+            .to_vec(),
+        table: cache_img
+            [layout::TABLE_OFFSET as usize..(layout::TABLE_OFFSET + layout.table_bytes) as usize]
+            .to_vec(),
     };
     if std::env::var_os("NVWC_VOPR_DUMP").is_some() {
-        let cr = [layout::CommitRecord::decode(&image.commit_a), layout::CommitRecord::decode(&image.commit_b)];
+        let cr = [
+            layout::CommitRecord::decode(&image.commit_a),
+            layout::CommitRecord::decode(&image.commit_b),
+        ];
         eprintln!("recovery: commit records {cr:?}");
         for pg in 0..layout.pages() {
             for c in 0..2u64 {
                 let base = ((2 * pg + c) * layout::PAGE_BYTES) as usize;
-                let tag = layout::page_tag(pg, &image.table[base..base + layout::PAGE_BYTES as usize]);
+                let tag =
+                    layout::page_tag(pg, &image.table[base..base + layout::PAGE_BYTES as usize]);
                 eprintln!(" page {pg} copy {c}: tag {tag:?}");
                 if tag.is_none() {
                     continue;
@@ -601,23 +823,41 @@ fn check_recovered(cfg: &Config, layout: &Layout, cache_img: Vec<u8>, backing_im
     eng.handle_timeout(now);
     let mut pending = 0u64;
     for b in 0..n {
-        eng.handle_request(now, Request { id: b + 1, op: ReqOp::Read { offset: b * bs, len: bs as u32 }, tag: Tag::default() });
+        eng.handle_request(
+            now,
+            Request {
+                id: b + 1,
+                op: ReqOp::Read {
+                    offset: b * bs,
+                    len: bs as u32,
+                },
+                tag: Tag::default(),
+            },
+        );
         pending += 1;
     }
     let mut guard = 0u64;
     while pending > 0 || !eng.is_idle() {
         guard += 1;
         if guard > 10_000_000 {
-            o.violations.push(format!("(b) recovered engine did not finish reading back (seed {seed})"));
+            o.violations.push(format!(
+                "(b) recovered engine did not finish reading back (seed {seed})"
+            ));
             return;
         }
         now += 1000;
         let mut did = false;
         while let Some(cmd) = eng.poll_io() {
             did = true;
-            let disk = if cmd.dev == Dev::Cache { &mut cache } else { &mut backing };
+            let disk = if cmd.dev == Dev::Cache {
+                &mut cache
+            } else {
+                &mut backing
+            };
             let res = match &cmd.op {
-                IoOp::Read { offset, len } => Ok(Some(Bytes::from(disk.read(*offset, *len as usize)))),
+                IoOp::Read { offset, len } => {
+                    Ok(Some(Bytes::from(disk.read(*offset, *len as usize))))
+                }
                 IoOp::Write { offset, data, fua } => {
                     disk.write(*offset, data, *fua, cmd.group);
                     Ok(None)
@@ -646,7 +886,9 @@ fn check_recovered(cfg: &Config, layout: &Layout, cache_img: Vec<u8>, backing_im
             match r.result {
                 Ok(Some(d)) => got[(b * bs) as usize..((b + 1) * bs) as usize].copy_from_slice(&d),
                 other => {
-                    o.violations.push(format!("(b) read of block {b} after recovery failed: {other:?}"));
+                    o.violations.push(format!(
+                        "(b) read of block {b} after recovery failed: {other:?}"
+                    ));
                     return;
                 }
             }
@@ -669,7 +911,8 @@ fn check_recovered(cfg: &Config, layout: &Layout, cache_img: Vec<u8>, backing_im
     for s in 0..sectors {
         let v = decode(&got[(s as usize) * SECTOR..(s as usize + 1) * SECTOR], s);
         if v == Val::Garbage {
-            o.violations.push(format!("(b) sector {s} holds garbage after recovery"));
+            o.violations
+                .push(format!("(b) sector {s} holds garbage after recovery"));
             return;
         }
     }
@@ -678,35 +921,59 @@ fn check_recovered(cfg: &Config, layout: &Layout, cache_img: Vec<u8>, backing_im
         for s in r.first_sector..r.first_sector + r.sectors {
             let v = decode(&got[(s as usize) * SECTOR..(s as usize + 1) * SECTOR], s);
             if !keeps(o, s, v, w) && !trimmed_after(o, s, w) {
-                o.violations.push(format!("(b) flushed write w{w} (fua={}) lost at sector {s}: recovered {v:?}", r.fua));
+                o.violations.push(format!(
+                    "(b) flushed write w{w} (fua={}) lost at sector {s}: recovered {v:?}",
+                    r.fua
+                ));
                 return;
             }
         }
     }
 }
 
-fn check_backing_alone(cfg: &Config, img: &[u8], powered_off: bool, o: &mut Oracle, out: &mut SeedOutcome) {
+fn check_backing_alone(
+    cfg: &Config,
+    img: &[u8],
+    powered_off: bool,
+    o: &mut Oracle,
+    out: &mut SeedOutcome,
+) {
     let sectors = cfg.backing_size / SECTOR as u64;
     let mut obs: Vec<Val> = Vec::with_capacity(sectors as usize);
     for s in 0..sectors {
         let v = decode(&img[(s as usize) * SECTOR..(s as usize + 1) * SECTOR], s);
         if v == Val::Garbage {
-            o.violations.push(format!("(c) backing sector {s} holds garbage"));
+            o.violations
+                .push(format!("(c) backing sector {s} holds garbage"));
             return;
         }
         obs.push(v);
     }
     let policy = cfg.write_policy;
     // Observed writes.
-    let mut observed: Vec<u32> = obs.iter().filter_map(|v| if let Val::W(w) = v { (*w != INIT).then_some(*w) } else { None }).collect();
+    let mut observed: Vec<u32> = obs
+        .iter()
+        .filter_map(|v| {
+            if let Val::W(w) = v {
+                (*w != INIT).then_some(*w)
+            } else {
+                None
+            }
+        })
+        .collect();
     observed.sort_unstable();
     observed.dedup();
-    let acked: Vec<u32> = (1..o.writes.len() as u32).filter(|&w| o.acked_ok(w).is_some()).collect();
+    let acked: Vec<u32> = (1..o.writes.len() as u32)
+        .filter(|&w| o.acked_ok(w).is_some())
+        .collect();
     // Staleness: acknowledged writes the backing store does not show anywhere.
-    out.stale_writes = acked.iter().filter(|&&w| {
-        let r = &o.writes[w as usize];
-        (r.first_sector..r.first_sector + r.sectors).any(|s| !keeps(o, s, obs[s as usize], w))
-    }).count() as u64;
+    out.stale_writes = acked
+        .iter()
+        .filter(|&&w| {
+            let r = &o.writes[w as usize];
+            (r.first_sector..r.first_sector + r.sectors).any(|s| !keeps(o, s, obs[s as usize], w))
+        })
+        .count() as u64;
 
     let required: Vec<u32> = match policy {
         // Write-through promises every acknowledged write on a backing store that
@@ -716,7 +983,10 @@ fn check_backing_alone(cfg: &Config, img: &[u8], powered_off: bool, o: &mut Orac
         WritePolicyKind::Journaled | WritePolicyKind::JournaledHints => {
             // Transaction of each write, by sequence number.
             let txn_of = |seq: u64| -> Option<u64> {
-                o.txns.iter().find(|t| seq >= t.1 && seq <= t.2 && seq != 0).map(|t| t.0)
+                o.txns
+                    .iter()
+                    .find(|t| seq >= t.1 && seq <= t.2 && seq != 0)
+                    .map(|t| t.0)
             };
             let mut k = 0u64;
             for &w in &observed {
@@ -732,7 +1002,10 @@ fn check_backing_alone(cfg: &Config, img: &[u8], powered_off: bool, o: &mut Orac
                 match txn_of(r.seq) {
                     Some(t) => k = k.max(t),
                     None => {
-                        o.violations.push(format!("(c) backing shows w{w} (seq {}) of a transaction that never closed", r.seq));
+                        o.violations.push(format!(
+                            "(c) backing shows w{w} (seq {}) of a transaction that never closed",
+                            r.seq
+                        ));
                         return;
                     }
                 }
@@ -740,7 +1013,10 @@ fn check_backing_alone(cfg: &Config, img: &[u8], powered_off: bool, o: &mut Orac
             if policy == WritePolicyKind::JournaledHints {
                 for t in &o.txns {
                     if !t.3 && !t.4 {
-                        o.violations.push(format!("(c) journaled-hints closed transaction {} outside a consistency point", t.0));
+                        o.violations.push(format!(
+                            "(c) journaled-hints closed transaction {} outside a consistency point",
+                            t.0
+                        ));
                         return;
                     }
                 }
@@ -758,7 +1034,11 @@ fn check_backing_alone(cfg: &Config, img: &[u8], powered_off: bool, o: &mut Orac
     // Prefix closure: every write ordered before an observed write must be there.
     let mut anc: Vec<u32> = Vec::new();
     if !matches!(policy, WritePolicyKind::WriteThrough) {
-        let min_issue_obs = observed.iter().map(|&w| o.writes[w as usize].issue).max().unwrap_or(0);
+        let min_issue_obs = observed
+            .iter()
+            .map(|&w| o.writes[w as usize].issue)
+            .max()
+            .unwrap_or(0);
         let _ = min_issue_obs;
         for w in 1..o.writes.len() as u32 {
             if o.acked_ok(w).is_some() && observed.iter().any(|&x| o.before(w, x)) {
@@ -770,8 +1050,15 @@ fn check_backing_alone(cfg: &Config, img: &[u8], powered_off: bool, o: &mut Orac
         let r = o.writes[w as usize].clone();
         for s in r.first_sector..r.first_sector + r.sectors {
             if !keeps(o, s, obs[s as usize], w) {
-                let how = if powered_off { "backing powered off" } else { "backing alive" };
-                o.violations.push(format!("(c) {policy} ({how}): w{w} {why} but sector {s} shows {:?}", obs[s as usize]));
+                let how = if powered_off {
+                    "backing powered off"
+                } else {
+                    "backing alive"
+                };
+                o.violations.push(format!(
+                    "(c) {policy} ({how}): w{w} {why} but sector {s} shows {:?}",
+                    obs[s as usize]
+                ));
                 return false;
             }
         }
@@ -807,7 +1094,13 @@ pub struct PolicySummary {
 }
 
 /// Run `seeds` seeds starting at `first` on `threads` threads.
-pub fn run_many(opts: &Options, first: u64, seeds: u64, threads: usize, progress: &(dyn Fn(u64) + Sync)) -> PolicySummary {
+pub fn run_many(
+    opts: &Options,
+    first: u64,
+    seeds: u64,
+    threads: usize,
+    progress: &(dyn Fn(u64) + Sync),
+) -> PolicySummary {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Mutex;
     let next = AtomicU64::new(first);
@@ -815,8 +1108,16 @@ pub fn run_many(opts: &Options, first: u64, seeds: u64, threads: usize, progress
     let results: Mutex<BTreeMap<u64, SeedOutcome>> = Mutex::new(BTreeMap::new());
     let agg = Mutex::new((0u64, 0u64, 0u64, [0u64; 4]));
     std::panic::set_hook(Box::new(|info| {
-        let loc = info.location().map(|l| format!("{}:{}", l.file(), l.line())).unwrap_or_default();
-        let msg = info.payload().downcast_ref::<String>().cloned().or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_default();
+        let loc = info
+            .location()
+            .map(|l| format!("{}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_default();
         PANIC_MSG.with(|m| *m.borrow_mut() = format!("{msg} at {loc}"));
     }));
     std::thread::scope(|sc| {
@@ -828,7 +1129,11 @@ pub fn run_many(opts: &Options, first: u64, seeds: u64, threads: usize, progress
                 }
                 let r = std::panic::catch_unwind(|| run_seed(s, opts)).unwrap_or_else(|_| {
                     let msg = PANIC_MSG.with(|m| m.borrow().clone());
-                    SeedOutcome { seed: s, violations: vec![format!("panic: {msg}")], ..Default::default() }
+                    SeedOutcome {
+                        seed: s,
+                        violations: vec![format!("panic: {msg}")],
+                        ..Default::default()
+                    }
                 });
                 {
                     let mut a = agg.lock().unwrap();
@@ -862,5 +1167,13 @@ pub fn run_many(opts: &Options, first: u64, seeds: u64, threads: usize, progress
     let a = agg.into_inner().unwrap();
     let _ = std::panic::take_hook();
     let first_failure = results.into_inner().unwrap().into_values().next();
-    PolicySummary { policy: opts.policy.name().to_string(), seeds, violations: a.0, first_failure, forced_close_seeds: a.1, stale_writes: a.2, by_check: a.3 }
+    PolicySummary {
+        policy: opts.policy.name().to_string(),
+        seeds,
+        violations: a.0,
+        first_failure,
+        forced_close_seeds: a.1,
+        stale_writes: a.2,
+        by_check: a.3,
+    }
 }

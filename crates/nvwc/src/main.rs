@@ -7,7 +7,11 @@ use clap::{Parser, Subcommand};
 mod vopr;
 
 #[derive(Parser)]
-#[command(name = "nvwc", version, about = "A non-volatile write cache for block storage")]
+#[command(
+    name = "nvwc",
+    version,
+    about = "A non-volatile write cache for block storage"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,

@@ -41,18 +41,36 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let policies: Vec<WritePolicyKind> = if a.write_policy == "all" {
         WritePolicyKind::ALL.to_vec()
     } else {
-        a.write_policy.split(',').map(|p| p.parse()).collect::<Result<_, _>>()?
+        a.write_policy
+            .split(',')
+            .map(|p| p.parse())
+            .collect::<Result<_, _>>()?
     };
     let replacement = a.replacement.as_deref().map(parse_repl).transpose()?;
-    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    let threads = a.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
     let mut bad = false;
     for policy in policies {
-        let opts = Options { policy, replacement, verbose: a.verbose };
+        let opts = Options {
+            policy,
+            replacement,
+            verbose: a.verbose,
+        };
         if let Some(seed) = a.seed {
             let r = run_seed(seed, &opts);
-            println!("write-policy={} seeds=1 violations={}", policy.name(), (!r.violations.is_empty()) as u32);
+            println!(
+                "write-policy={} seeds=1 violations={}",
+                policy.name(),
+                (!r.violations.is_empty()) as u32
+            );
             println!("  config: {}", r.config);
-            println!("  ops={} crashed_at_event={} stale_writes={} forced_closes={}", r.ops, r.crashed_at_event, r.stale_writes, r.forced_closes);
+            println!(
+                "  ops={} crashed_at_event={} stale_writes={} forced_closes={}",
+                r.ops, r.crashed_at_event, r.stale_writes, r.forced_closes
+            );
             for v in &r.violations {
                 println!("  violation: {v}");
             }
@@ -70,16 +88,30 @@ pub fn run(a: Args) -> Result<ExitCode> {
         };
         let s = run_many(&opts, a.first_seed, a.seeds, threads, &progress);
         eprint!("\r\x1b[K");
-        println!("write-policy={} seeds={} violations={}", s.policy, s.seeds, s.violations);
+        println!(
+            "write-policy={} seeds={} violations={}",
+            s.policy, s.seeds, s.violations
+        );
         let [ca, cb, cc, other] = s.by_check;
         println!(
             "  failing seeds by check: (a) reads={ca} (b) flush-contract={cb} (c) cache-lost={cc} other={other}; seeds with forced journal closes={}; stale acknowledged writes after cache loss={}",
             s.forced_close_seeds, s.stale_writes
         );
         if let Some(f) = &s.first_failure {
-            let rep = a.replacement.as_ref().map(|r| format!(" --replacement {r}")).unwrap_or_default();
-            println!("  first failing seed: {} ({})", f.seed, f.violations.first().map(String::as_str).unwrap_or(""));
-            println!("  replay: nvwc vopr --write-policy {} --seed {}{rep} --verbose", s.policy, f.seed);
+            let rep = a
+                .replacement
+                .as_ref()
+                .map(|r| format!(" --replacement {r}"))
+                .unwrap_or_default();
+            println!(
+                "  first failing seed: {} ({})",
+                f.seed,
+                f.violations.first().map(String::as_str).unwrap_or("")
+            );
+            println!(
+                "  replay: nvwc vopr --write-policy {} --seed {}{rep} --verbose",
+                s.policy, f.seed
+            );
         }
         if policy == WritePolicyKind::WriteBack {
             if s.violations == 0 {
@@ -89,5 +121,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
             bad |= s.violations > 0;
         }
     }
-    Ok(if bad { ExitCode::from(1) } else { ExitCode::SUCCESS })
+    Ok(if bad {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
 }

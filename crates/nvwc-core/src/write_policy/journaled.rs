@@ -59,7 +59,15 @@ struct Txn {
 
 impl Txn {
     fn new(id: u64) -> Self {
-        Txn { id, state: TxnState::Open, slots: HashMap::new(), inflight: 0, first_seq: 0, last_seq: 0, opened_at: None }
+        Txn {
+            id,
+            state: TxnState::Open,
+            slots: HashMap::new(),
+            inflight: 0,
+            first_seq: 0,
+            last_seq: 0,
+            opened_at: None,
+        }
     }
 }
 
@@ -85,7 +93,8 @@ pub struct Journaled {
 
 impl Journaled {
     pub fn new(cfg: &Config) -> Self {
-        let max_blocks = (cfg.journal.txn_max_blocks as u64).min((cfg.capacity_blocks / 4).max(1)) as usize;
+        let max_blocks =
+            (cfg.journal.txn_max_blocks as u64).min((cfg.capacity_blocks / 4).max(1)) as usize;
         let mut txns = VecDeque::new();
         txns.push_back(Txn::new(1));
         Journaled {
@@ -114,7 +123,10 @@ impl Journaled {
     }
 
     fn open(&mut self) -> &mut Txn {
-        let t = self.txns.back_mut().expect("there is always an open transaction");
+        let t = self
+            .txns
+            .back_mut()
+            .expect("there is always an open transaction");
         debug_assert_eq!(t.state, TxnState::Open);
         t
     }
@@ -126,7 +138,12 @@ impl Journaled {
             return;
         }
         t.state = TxnState::Sealed;
-        let ev = PolicyEvent::TxnClosed { txn: t.id, first_seq: t.first_seq, last_seq: t.last_seq, forced };
+        let ev = PolicyEvent::TxnClosed {
+            txn: t.id,
+            first_seq: t.first_seq,
+            last_seq: t.last_seq,
+            forced,
+        };
         let next = t.id + 1;
         self.txns.push_back(Txn::new(next));
         self.events.push_back(ev);
@@ -183,7 +200,10 @@ impl WritePolicy for Journaled {
         let max = self.max_blocks;
         let hints = self.hints;
         let t = self.txn(group).expect("version of an unknown transaction");
-        assert!(matches!(t.state, TxnState::Open | TxnState::Sealed), "version installed into a closed transaction");
+        assert!(
+            matches!(t.state, TxnState::Open | TxnState::Sealed),
+            "version installed into a closed transaction"
+        );
         t.slots.insert(slot, (lbn, seq));
         if !hints && t.state == TxnState::Open && t.slots.len() >= max {
             self.seal(false);
@@ -216,9 +236,19 @@ impl WritePolicy for Journaled {
         let Some(TxnState::Committed { at }) = committed_first else {
             // Nothing to checkpoint. If writers stall and the open transaction
             // holds blocks, close it so it can commit and be checkpointed.
-            if ctx.space_pressure() && self.ready_to_commit().is_none() && self.committing_upto.is_none() {
-                let open_nonempty = self.txns.back().map(|t| !t.slots.is_empty()).unwrap_or(false);
-                let only_open = self.txns.iter().all(|t| t.state == TxnState::Open || t.id <= self.checkpointed_upto);
+            if ctx.space_pressure()
+                && self.ready_to_commit().is_none()
+                && self.committing_upto.is_none()
+            {
+                let open_nonempty = self
+                    .txns
+                    .back()
+                    .map(|t| !t.slots.is_empty())
+                    .unwrap_or(false);
+                let only_open = self
+                    .txns
+                    .iter()
+                    .all(|t| t.state == TxnState::Open || t.id <= self.checkpointed_upto);
                 if open_nonempty && only_open {
                     self.seal(self.hints);
                 }
@@ -237,7 +267,8 @@ impl WritePolicy for Journaled {
             let now = self.now;
             let delay = self.cfg.checkpoint_delay_ns;
             match self.txn(id) {
-                Some(t) if matches!(t.state, TxnState::Committed { at } if id == first || now >= at.saturating_add(delay)) => {
+                Some(t) if matches!(t.state, TxnState::Committed { at } if id == first || now >= at.saturating_add(delay)) =>
+                {
                     t.state = TxnState::Checkpointing;
                     for (&slot, &(lbn, seq)) in &t.slots {
                         match map.get(&lbn) {
@@ -260,7 +291,14 @@ impl WritePolicy for Journaled {
         self.ckpt_in_flight = true;
         let mut write: Vec<u32> = map.values().map(|&(_, s)| s).collect();
         write.sort_unstable();
-        Some(Plan { write, drop, atomic_group: Some(last), commit_after: true, exact: false, tag: last })
+        Some(Plan {
+            write,
+            drop,
+            atomic_group: Some(last),
+            commit_after: true,
+            exact: false,
+            tag: last,
+        })
     }
     fn on_plan_done(&mut self, _now: u64, plan: &Plan) {
         assert!(self.ckpt_in_flight);
@@ -268,7 +306,10 @@ impl WritePolicy for Journaled {
         self.checkpointed_upto = plan.tag;
         while let Some(t) = self.txns.front() {
             if t.id <= self.checkpointed_upto && t.state == TxnState::Checkpointing {
-                debug_assert!(t.slots.is_empty(), "checkpointed transaction still holds versions");
+                debug_assert!(
+                    t.slots.is_empty(),
+                    "checkpointed transaction still holds versions"
+                );
                 self.txns.pop_front();
             } else {
                 break;
@@ -276,7 +317,8 @@ impl WritePolicy for Journaled {
         }
         self.checkpoints += 1;
         self.awaiting_commit = true;
-        self.events.push_back(PolicyEvent::TxnCheckpointed { txn: plan.tag });
+        self.events
+            .push_back(PolicyEvent::TxnCheckpointed { txn: plan.tag });
     }
     fn on_plan_failed(&mut self, plan: &Plan) {
         self.ckpt_in_flight = false;
@@ -290,7 +332,8 @@ impl WritePolicy for Journaled {
         (group, 0)
     }
     fn wants_commit(&self) -> bool {
-        (self.awaiting_commit && !self.commit_for_ckpt) || (self.committing_upto.is_none() && self.ready_to_commit().is_some())
+        (self.awaiting_commit && !self.commit_for_ckpt)
+            || (self.committing_upto.is_none() && self.ready_to_commit().is_some())
     }
     fn on_commit_start(&mut self) {
         if self.committing_upto.is_none() {
@@ -312,12 +355,17 @@ impl WritePolicy for Journaled {
             let now = self.now;
             for t in self.txns.iter_mut() {
                 if t.state == TxnState::Committing {
-                    t.state = if ok { TxnState::Committed { at: now } } else { TxnState::Sealed };
+                    t.state = if ok {
+                        TxnState::Committed { at: now }
+                    } else {
+                        TxnState::Sealed
+                    };
                 }
             }
             if ok {
                 self.committed_upto = upto;
-                self.events.push_back(PolicyEvent::TxnCommitted { txn: upto });
+                self.events
+                    .push_back(PolicyEvent::TxnCommitted { txn: upto });
             }
         }
         if self.commit_for_ckpt {
@@ -406,7 +454,10 @@ impl WritePolicy for Journaled {
         self.events.pop_front()
     }
     fn mem_bytes(&self) -> usize {
-        self.txns.iter().map(|t| t.slots.capacity() * 24 + std::mem::size_of::<Txn>()).sum()
+        self.txns
+            .iter()
+            .map(|t| t.slots.capacity() * 24 + std::mem::size_of::<Txn>())
+            .sum()
     }
     fn counters(&self) -> Vec<(&'static str, u64)> {
         vec![

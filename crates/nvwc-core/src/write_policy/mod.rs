@@ -79,7 +79,12 @@ pub struct RecoveredVersion {
 pub enum PolicyEvent {
     /// A journal transaction closed: it holds writes with sequence numbers
     /// in `first_seq..=last_seq` (those that completed successfully).
-    TxnClosed { txn: u64, first_seq: u64, last_seq: u64, forced: bool },
+    TxnClosed {
+        txn: u64,
+        first_seq: u64,
+        last_seq: u64,
+        forced: bool,
+    },
     /// A journal transaction was committed on the cache device.
     TxnCommitted { txn: u64 },
     /// Transactions up to `txn` are checkpointed on the backing store.
@@ -170,6 +175,8 @@ pub fn build(cfg: &Config) -> Box<dyn WritePolicy> {
         WritePolicyKind::WriteThrough => Box::new(write_through::WriteThrough),
         WritePolicyKind::WriteBack => Box::new(write_back::WriteBack::new(cfg)),
         WritePolicyKind::Ordered => Box::new(ordered::Ordered::new(cfg)),
-        WritePolicyKind::Journaled | WritePolicyKind::JournaledHints => Box::new(journaled::Journaled::new(cfg)),
+        WritePolicyKind::Journaled | WritePolicyKind::JournaledHints => {
+            Box::new(journaled::Journaled::new(cfg))
+        }
     }
 }

@@ -15,7 +15,10 @@ pub struct WriteBack {
 
 impl WriteBack {
     pub fn new(_cfg: &Config) -> Self {
-        WriteBack { batch: 16, scratch: Vec::new() }
+        WriteBack {
+            batch: 16,
+            scratch: Vec::new(),
+        }
     }
 }
 
@@ -39,7 +42,10 @@ impl WritePolicy for WriteBack {
         if self.scratch.is_empty() {
             return None;
         }
-        Some(Plan { write: self.scratch.iter().map(|&(s, _)| s).collect(), ..Default::default() })
+        Some(Plan {
+            write: self.scratch.iter().map(|&(s, _)| s).collect(),
+            ..Default::default()
+        })
     }
     fn recover(&mut self, _rec: &CommitRecord, versions: &mut [RecoveredVersion]) {
         for v in versions.iter_mut() {

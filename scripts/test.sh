@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The test command: installs what the tests need, builds, runs the VOPR and every test.
+# Usage: scripts/test.sh          (CI calls it through .ci/run)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# 1. Debian packages used by the integration tests (real NBD clients, fio, ext4 tools).
+pkgs="qemu-utils nbdkit libnbd-bin nbdfuse fio e2fsprogs"
+missing=""
+for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+if [ -n "$missing" ]; then
+  echo "== installing:$missing"
+  sudo_cmd=""
+  [ "$(id -u)" = 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq $missing
+fi
+
+# 2. A Rust toolchain.
+if ! command -v cargo >/dev/null; then
+  [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+fi
+command -v cargo >/dev/null || { echo "cargo not found: install Rust (rustup) first" >&2; exit 1; }
+
+export NVWC_REQUIRE_TOOLS=1
+export CARGO_TERM_COLOR=never
+
+# 3. Build once in release; tests reuse the same artifacts.
+cargo build --release --workspace --all-targets
+
+# 4. Deterministic simulation testing (reduced; the acceptance run uses 20000 seeds).
+./target/release/nvwc vopr --write-policy all --seeds "${NVWC_VOPR_SEEDS:-3000}"
+
+# 5. Every test (last, so its summary closes the output).
+cargo test --release --workspace
