@@ -121,7 +121,7 @@ pub enum ConfigError {
     BlockSize(u32),
     #[error("cache capacity must be at least 16 blocks, got {0}")]
     Capacity(u64),
-    #[error("backing size {0} must be a positive multiple of 512 bytes")]
+    #[error("backing size {0} must be a positive multiple of the block size")]
     BackingSize(u64),
     #[error("watermarks must satisfy 0 <= low <= high <= 1")]
     Watermarks,
@@ -196,7 +196,7 @@ impl Config {
         if self.capacity_blocks < 16 || self.capacity_blocks > u32::MAX as u64 / 2 {
             return Err(ConfigError::Capacity(self.capacity_blocks));
         }
-        if self.backing_size == 0 || self.backing_size % 512 != 0 {
+        if self.backing_size == 0 || !self.backing_size.is_multiple_of(self.block_size as u64) {
             return Err(ConfigError::BackingSize(self.backing_size));
         }
         let w = self.watermarks;

@@ -1696,6 +1696,7 @@ impl<P: Payload> Engine<P> {
     }
 
     /// Make slot `s` the latest version of block `b`.
+    #[allow(clippy::too_many_arguments)]
     fn install(
         &mut self,
         b: u32,
@@ -2298,9 +2299,7 @@ impl<P: Payload> Engine<P> {
         self.next_commit += 1;
         self.policy.on_commit_start();
         let clean_shutdown = self.shutting_down && self.reqs.is_empty() && self.plans.is_empty();
-        if clean_shutdown {
-            self.commit_asap = false;
-        } else if !self.shutting_down {
+        if clean_shutdown || !self.shutting_down {
             self.commit_asap = false;
         }
         let mut snapshot = Vec::with_capacity(self.meta_dirty.len());

@@ -53,8 +53,4 @@ impl<T> Slab<T> {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
-    /// Bytes of RAM used.
-    pub fn mem_bytes(&self) -> usize {
-        self.items.capacity() * std::mem::size_of::<Option<T>>() + self.free.capacity() * 4
-    }
 }

@@ -4,7 +4,7 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use nvwc_core::{ReplacementKind, WritePolicyKind};
 use nvwc_vopr::{run_many, run_seed, Options};
 
@@ -81,7 +81,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         let total = a.seeds;
         let progress = |d: u64| {
             let step = (total / 20).max(1);
-            if d % step == 0 && shown.fetch_max(d, Ordering::Relaxed) < d {
+            if d.is_multiple_of(step) && shown.fetch_max(d, Ordering::Relaxed) < d {
                 eprint!("\r  {}: {d}/{total} seeds", policy.name());
                 let _ = std::io::stderr().flush();
             }

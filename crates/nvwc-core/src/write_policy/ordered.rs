@@ -498,13 +498,12 @@ impl WritePolicy for Ordered {
                 .1
                 .push(i);
         }
-        let mut next = by_cidx
+        let next = by_cidx
             .keys()
             .next_back()
             .map_or(rec.next_cidx, |&c| (c + 1).max(rec.next_cidx));
-        for (_, (d, idxs)) in unset {
-            by_cidx.insert(next, (d, idxs));
-            next += 1;
+        for (k, (_, (d, idxs))) in unset.into_iter().enumerate() {
+            by_cidx.insert(next + k as u64, (d, idxs));
         }
         // Replay issue and completion events in their original order:
         // issue with floor d sits between completion d-1 and completion d.
