@@ -304,8 +304,8 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
     let mut eng: Engine<Bytes> = Engine::new(cfg.clone()).expect("valid config");
     let mut oracle = Oracle::new();
     let err_rate = [0.0, 0.0, 0.002, 0.02][rng.gen_range(0..4)];
-    let n_ops = rng.gen_range(20..300usize);
-    let qd = rng.gen_range(1..9usize);
+    let n_ops = rng.gen_range(20..600usize);
+    let qd = rng.gen_range(1..17usize);
     let crash_at: u64 = rng.gen_range(10..(n_ops as u64 * 12));
     let cache_lat = |rng: &mut ChaCha8Rng| rng.gen_range(1_000..40_000u64);
     let backing_lat = |rng: &mut ChaCha8Rng| rng.gen_range(20_000..2_000_000u64);
