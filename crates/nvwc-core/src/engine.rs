@@ -36,6 +36,7 @@ use std::collections::{HashMap, VecDeque};
 use nvwc_replacement::{BlockId, Replacement};
 
 use crate::config::{Config, ConfigError};
+use crate::index::{FreeSet, LbnIndex};
 use crate::layout::{self, CommitRecord, Entry, FormatError, Layout, F_DIRTY, F_VALID};
 use crate::payload::Payload;
 use crate::slab::Slab;
@@ -315,13 +316,13 @@ pub struct Engine<P: Payload> {
     policy: Box<dyn WritePolicy>,
     repl: Box<dyn Replacement>,
     slots: Vec<Slot>,
-    free_slots: Vec<u32>,
+    free_slots: FreeSet,
     retired_pending: u64,
-    index: HashMap<u64, u32>,
+    index: LbnIndex,
     blocks: Vec<Block>,
-    free_blocks: Vec<u32>,
+    free_blocks: FreeSet,
     rid_block: Vec<u32>,
-    free_rids: Vec<u32>,
+    free_rids: FreeSet,
     waiters: HashMap<u32, VecDeque<u32>>,
     reqs: HashMap<ReqId, Req<P>>,
     pieces: Slab<Piece<P>>,
@@ -442,13 +443,13 @@ impl<P: Payload> Engine<P> {
             policy,
             repl,
             slots: vec![Slot::free(); cap],
-            free_slots: (0..cap as u32).rev().collect(),
+            free_slots: FreeSet::new(cap, true),
             retired_pending: 0,
-            index: HashMap::new(),
+            index: LbnIndex::with_capacity(cap),
             blocks: Vec::new(),
-            free_blocks: Vec::new(),
+            free_blocks: FreeSet::default(),
             rid_block: vec![NIL; cap],
-            free_rids: (0..cap as u32).rev().collect(),
+            free_rids: FreeSet::new(cap, true),
             waiters: HashMap::new(),
             reqs: HashMap::new(),
             pieces: Slab::default(),
@@ -722,7 +723,7 @@ impl<P: Payload> Engine<P> {
     pub fn stats(&self) -> Stats {
         let mut s = self.stats.clone();
         s.dirty_blocks = self.dirty_slots;
-        s.cached_blocks = self.index.len() as u64;
+        s.cached_blocks = self.cfg.capacity_blocks - self.free_rids.len() as u64;
         s.free_slots = self.free_slots.len() as u64;
         s
     }
@@ -796,12 +797,11 @@ impl<P: Payload> Engine<P> {
     pub fn mem_bytes(&self) -> usize {
         self.slots.capacity() * std::mem::size_of::<Slot>()
             + self.blocks.capacity() * std::mem::size_of::<Block>()
-            + self.index.capacity() * (std::mem::size_of::<(u64, u32)>() + 1)
-            + (self.free_slots.capacity()
-                + self.free_blocks.capacity()
-                + self.rid_block.capacity()
-                + self.free_rids.capacity())
-                * 4
+            + self.index.mem_bytes()
+            + self.free_slots.mem_bytes()
+            + self.free_blocks.mem_bytes()
+            + self.free_rids.mem_bytes()
+            + self.rid_block.capacity() * 4
             + self.repl.mem_bytes()
             + self.policy.mem_bytes()
     }
@@ -1009,7 +1009,7 @@ impl<P: Payload> Engine<P> {
     }
 
     fn block_for(&mut self, lbn: u64) -> u32 {
-        if let Some(&b) = self.index.get(&lbn) {
+        if let Some(b) = self.index.get(lbn, |id| self.blocks[id as usize].lbn) {
             return b;
         }
         let blk = Block {
@@ -1029,8 +1029,15 @@ impl<P: Payload> Engine<P> {
             self.blocks.push(blk);
             (self.blocks.len() - 1) as u32
         };
-        self.index.insert(lbn, b);
+        self.index.insert(lbn, b, |id| self.blocks[id as usize].lbn);
         b
+    }
+
+    /// The block entry of `lbn`. Caller guarantees it exists.
+    fn block_of(&self, lbn: u64) -> u32 {
+        self.index
+            .get(lbn, |id| self.blocks[id as usize].lbn)
+            .expect("block entry exists")
     }
 
     fn maybe_drop_block(&mut self, b: u32) {
@@ -1043,7 +1050,8 @@ impl<P: Payload> Engine<P> {
             && !self.waiters.contains_key(&b)
         {
             debug_assert_eq!(blk.rid, NIL);
-            self.index.remove(&blk.lbn);
+            let lbn = blk.lbn;
+            self.index.remove(lbn, |id| self.blocks[id as usize].lbn);
             self.free_blocks.push(b);
         }
     }
@@ -1349,7 +1357,7 @@ impl<P: Payload> Engine<P> {
             let pc = self.pieces.get(p);
             (pc.lbn, pc.start, pc.end, pc.gen)
         };
-        let b = self.index[&lbn];
+        let b = self.block_of(lbn);
         self.blocks[b as usize].readers -= 1;
         let data = res.ok().flatten();
         let part = match (&data, full) {
@@ -1655,7 +1663,7 @@ impl<P: Payload> Engine<P> {
             return self.on_piece_io_done(p, true);
         }
         if ok {
-            let b = self.index[&lbn];
+            let b = self.block_of(lbn);
             let (a, e) = (self.pieces.get(p).start, self.pieces.get(p).end);
             self.install(b, s, lbn, seq, group, true, (a, e));
             let req = self.pieces.get(p).req;
@@ -1688,7 +1696,7 @@ impl<P: Payload> Engine<P> {
             if failed {
                 self.unalloc_slot(s);
             } else {
-                let b = self.index[&lbn];
+                let b = self.block_of(lbn);
                 self.install(b, s, lbn, seq, NO_GROUP, false, (0, 0));
             }
         }
@@ -1766,7 +1774,7 @@ impl<P: Payload> Engine<P> {
         self.release_reservation(p);
         let pc = self.pieces.remove(p);
         self.active_pieces -= 1;
-        let b = self.index[&pc.lbn];
+        let b = self.block_of(pc.lbn);
         self.release_block(b);
         let r = self
             .reqs
@@ -1884,7 +1892,7 @@ impl<P: Payload> Engine<P> {
         let first = offset.div_ceil(self.bs);
         let end = (offset + len as u64) / self.bs;
         for lbn in first..end {
-            if let Some(&b) = self.index.get(&lbn) {
+            if let Some(b) = self.index.get(lbn, |id| self.blocks[id as usize].lbn) {
                 let blk = &self.blocks[b as usize];
                 if blk.latest != NIL && !blk.busy && !self.waiters.contains_key(&b) {
                     let s = &self.slots[blk.latest as usize];

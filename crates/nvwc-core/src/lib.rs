@@ -11,6 +11,7 @@
 
 pub mod config;
 pub mod engine;
+mod index;
 pub mod layout;
 pub mod payload;
 mod slab;

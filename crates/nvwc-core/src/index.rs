@@ -1,0 +1,243 @@
+//! Compact indexes: a hash index from backing block number to block id that
+//! stores only `u32` ids (the key lives in the block table), and a bitmap free
+//! set. Together they cut the engine's per-block RAM.
+
+/// Maps a backing block number to a block id. The table stores ids only;
+/// callers pass a `key` function that returns an id's block number.
+///
+/// Linear probing with backward-shift deletion; load factor at most 3/4.
+#[derive(Debug, Clone)]
+pub struct LbnIndex {
+    table: Vec<u32>,
+    len: usize,
+}
+
+const EMPTY: u32 = u32::MAX;
+
+fn hash(lbn: u64) -> u64 {
+    let mut z = lbn.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl LbnIndex {
+    pub fn with_capacity(n: usize) -> Self {
+        let size = (n * 4 / 3 + 1).next_power_of_two().max(16);
+        LbnIndex {
+            table: vec![EMPTY; size],
+            len: 0,
+        }
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    fn mask(&self) -> usize {
+        self.table.len() - 1
+    }
+    /// The id stored for `lbn`.
+    pub fn get(&self, lbn: u64, key: impl Fn(u32) -> u64) -> Option<u32> {
+        let m = self.mask();
+        let mut i = hash(lbn) as usize & m;
+        loop {
+            let id = self.table[i];
+            if id == EMPTY {
+                return None;
+            }
+            if key(id) == lbn {
+                return Some(id);
+            }
+            i = (i + 1) & m;
+        }
+    }
+    /// Insert `id` for `lbn`. Caller guarantees `lbn` is absent and `key(id) == lbn`.
+    pub fn insert(&mut self, lbn: u64, id: u32, key: impl Fn(u32) -> u64) {
+        assert!(id != EMPTY);
+        if (self.len + 1) * 4 > self.table.len() * 3 {
+            let bigger = vec![EMPTY; self.table.len() * 2];
+            let old = std::mem::replace(&mut self.table, bigger);
+            self.len = 0;
+            for x in old.into_iter().filter(|&x| x != EMPTY) {
+                self.place(key(x), x);
+            }
+        }
+        debug_assert!(self.get(lbn, &key).is_none(), "key inserted twice");
+        self.place(lbn, id);
+    }
+    fn place(&mut self, lbn: u64, id: u32) {
+        let m = self.mask();
+        let mut i = hash(lbn) as usize & m;
+        while self.table[i] != EMPTY {
+            i = (i + 1) & m;
+        }
+        self.table[i] = id;
+        self.len += 1;
+    }
+    /// Remove `lbn`'s entry, returning its id.
+    pub fn remove(&mut self, lbn: u64, key: impl Fn(u32) -> u64) -> Option<u32> {
+        let m = self.mask();
+        let mut i = hash(lbn) as usize & m;
+        loop {
+            let id = self.table[i];
+            if id == EMPTY {
+                return None;
+            }
+            if key(id) == lbn {
+                break;
+            }
+            i = (i + 1) & m;
+        }
+        let removed = self.table[i];
+        // Backward shift: move later entries of the cluster into the hole when
+        // their home position does not lie cyclically in (hole, j].
+        let mut hole = i;
+        let mut j = i;
+        loop {
+            j = (j + 1) & m;
+            let id = self.table[j];
+            if id == EMPTY {
+                break;
+            }
+            let home = hash(key(id)) as usize & m;
+            let in_range = if hole <= j {
+                home > hole && home <= j
+            } else {
+                home > hole || home <= j
+            };
+            if !in_range {
+                self.table[hole] = id;
+                hole = j;
+            }
+        }
+        self.table[hole] = EMPTY;
+        self.len -= 1;
+        Some(removed)
+    }
+    pub fn mem_bytes(&self) -> usize {
+        self.table.capacity() * 4
+    }
+}
+
+/// A set of free ids as a bitmap, with amortised O(1) `pop`.
+#[derive(Debug, Clone, Default)]
+pub struct FreeSet {
+    words: Vec<u64>,
+    len: usize,
+    cursor: usize,
+}
+
+impl FreeSet {
+    /// `n` ids, all free when `all_free`.
+    pub fn new(n: usize, all_free: bool) -> Self {
+        let mut s = FreeSet {
+            words: vec![0; n.div_ceil(64)],
+            len: 0,
+            cursor: 0,
+        };
+        if all_free {
+            for i in 0..n {
+                s.push(i as u32);
+            }
+        }
+        s
+    }
+    /// Make room for ids below `n` (new ids are not free).
+    pub fn grow(&mut self, n: usize) {
+        if n.div_ceil(64) > self.words.len() {
+            self.words.resize(n.div_ceil(64), 0);
+        }
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn clear(&mut self) {
+        self.words.iter_mut().for_each(|w| *w = 0);
+        self.len = 0;
+    }
+    /// Mark `i` free. Caller guarantees it is not free already.
+    pub fn push(&mut self, i: u32) {
+        let (w, b) = (i as usize / 64, i % 64);
+        self.grow(i as usize + 1);
+        assert!(self.words[w] & (1 << b) == 0, "id {i} freed twice");
+        self.words[w] |= 1 << b;
+        self.len += 1;
+    }
+    /// Take a free id.
+    pub fn pop(&mut self) -> Option<u32> {
+        if self.len == 0 {
+            return None;
+        }
+        let n = self.words.len();
+        for k in 0..n {
+            let w = (self.cursor + k) % n;
+            if self.words[w] != 0 {
+                let b = self.words[w].trailing_zeros();
+                self.words[w] &= !(1 << b);
+                self.len -= 1;
+                self.cursor = w;
+                return Some((w * 64) as u32 + b);
+            }
+        }
+        unreachable!("free count says non-empty")
+    }
+    pub fn mem_bytes(&self) -> usize {
+        self.words.capacity() * 8
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    proptest! {
+        #[test]
+        fn index_matches_hashmap(ops in proptest::collection::vec((0u64..200, any::<bool>()), 1..2000)) {
+            // Ids are slots in `keys`; each id maps to one lbn.
+            let mut keys: Vec<u64> = Vec::new();
+            let mut free: Vec<u32> = Vec::new();
+            let mut idx = LbnIndex::with_capacity(4);
+            let mut model: HashMap<u64, u32> = HashMap::new();
+            for (lbn, ins) in ops {
+                if ins && !model.contains_key(&lbn) {
+                    let id = free.pop().unwrap_or_else(|| { keys.push(0); (keys.len() - 1) as u32 });
+                    keys[id as usize] = lbn;
+                    let k = keys.clone();
+                    idx.insert(lbn, id, |x| k[x as usize]);
+                    model.insert(lbn, id);
+                } else if !ins {
+                    let k = keys.clone();
+                    let got = idx.remove(lbn, |x| k[x as usize]);
+                    prop_assert_eq!(got, model.remove(&lbn));
+                    if let Some(id) = got { free.push(id); }
+                }
+                let k = keys.clone();
+                for (&l, &id) in &model {
+                    prop_assert_eq!(idx.get(l, |x| k[x as usize]), Some(id));
+                }
+                prop_assert_eq!(idx.len(), model.len());
+            }
+        }
+
+        #[test]
+        fn freeset_behaves_like_a_set(ops in proptest::collection::vec(any::<bool>(), 1..500)) {
+            let mut fs = FreeSet::new(64, true);
+            let mut taken: Vec<u32> = Vec::new();
+            for pop in ops {
+                if pop {
+                    match fs.pop() {
+                        Some(i) => { prop_assert!(!taken.contains(&i)); taken.push(i); }
+                        None => prop_assert_eq!(taken.len(), 64),
+                    }
+                } else if let Some(i) = taken.pop() {
+                    fs.push(i);
+                }
+                prop_assert_eq!(fs.len(), 64 - taken.len());
+            }
+        }
+    }
+}
