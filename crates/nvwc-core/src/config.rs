@@ -127,6 +127,8 @@ pub enum ConfigError {
     Watermarks,
     #[error("transaction size must be at least 1 block")]
     TxnSize,
+    #[error("destage limit {0} must be between 1 and 65535")]
+    DestageLimit(u32),
 }
 
 /// Engine configuration.
@@ -205,6 +207,9 @@ impl Config {
         }
         if self.journal.txn_max_blocks == 0 || self.journal.checkpoint_merge_max == 0 {
             return Err(ConfigError::TxnSize);
+        }
+        if self.max_destage_inflight == 0 || self.max_destage_inflight > u16::MAX as u32 {
+            return Err(ConfigError::DestageLimit(self.max_destage_inflight));
         }
         Ok(())
     }

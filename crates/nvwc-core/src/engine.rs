@@ -35,7 +35,7 @@ use std::collections::{HashMap, VecDeque};
 
 use nvwc_replacement::{BlockId, Replacement};
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, WritePolicyKind};
 use crate::index::{FreeSet, LbnIndex};
 use crate::layout::{self, CommitRecord, Entry, FormatError, Layout, F_DIRTY, F_VALID};
 use crate::payload::Payload;
@@ -60,15 +60,9 @@ enum SlotState {
 
 #[derive(Copy, Clone, Debug)]
 struct Slot {
-    lbn: u64,
     seq: u64,
-    group: Group,
     /// Owning block (latest version or shadow), or NIL (free or retired).
     block: u32,
-    /// Byte range of the block this version's writes changed (exact for
-    /// ordered versions; the hull of coalesced writes otherwise).
-    lo: u32,
-    hi: u32,
     refs: u16,
     state: SlotState,
     dirty: bool,
@@ -84,12 +78,8 @@ struct Slot {
 impl Slot {
     fn free() -> Self {
         Slot {
-            lbn: 0,
             seq: 0,
-            group: NO_GROUP,
             block: NIL,
-            lo: 0,
-            hi: 0,
             refs: 0,
             state: SlotState::Free,
             dirty: false,
@@ -102,23 +92,52 @@ impl Slot {
     }
 }
 
+/// A backing block with state in the engine (cached, or busy with I/O).
+/// 24 bytes: the block number shares a word with the reader count.
 #[derive(Clone, Debug)]
 struct Block {
-    lbn: u64,
+    /// Block number (low 48 bits) and backing reads in flight (high 16 bits).
+    key: u64,
     latest: u32,
     /// Replacement handle while cached, or NIL.
     rid: u32,
-    /// A write piece (or a read fill) holds the block.
-    busy: bool,
-    /// Backing reads in flight for this block.
-    readers: u16,
-    /// Bumped by every write piece; read fills check it.
-    gen: u32,
     /// Older dirty versions (shadows) kept for the write policy.
     shadows: u32,
     /// Destage writes of this block's versions in flight (at most one plan
     /// writes a block at a time, so writes of two versions never race).
-    destaging: u32,
+    destaging: u16,
+    /// A write piece (or a read fill) holds the block.
+    busy: bool,
+    /// A write started while backing reads were in flight: their data may be
+    /// stale, so they must not fill the cache.
+    fill_stale: bool,
+}
+
+const LBN_BITS: u32 = 48;
+const LBN_MASK: u64 = (1 << LBN_BITS) - 1;
+
+impl Block {
+    fn new(lbn: u64) -> Self {
+        assert!(lbn <= LBN_MASK, "block number {lbn} needs more than 48 bits");
+        Block { key: lbn, latest: NIL, rid: NIL, shadows: 0, destaging: 0, busy: false, fill_stale: false }
+    }
+    fn lbn(&self) -> u64 {
+        self.key & LBN_MASK
+    }
+    fn readers(&self) -> u16 {
+        (self.key >> LBN_BITS) as u16
+    }
+    fn add_reader(&mut self) {
+        assert!(self.readers() < u16::MAX, "too many reads of one block in flight");
+        self.key += 1 << LBN_BITS;
+    }
+    fn remove_reader(&mut self) {
+        assert!(self.readers() > 0);
+        self.key -= 1 << LBN_BITS;
+        if self.readers() == 0 {
+            self.fill_stale = false;
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -136,7 +155,6 @@ struct Piece<P> {
     ios: u8,
     failed: bool,
     stalled_since: Option<u64>,
-    gen: u32,
     seq: u64,
     group: Group,
     fua: bool,
@@ -193,6 +211,10 @@ enum IoCtx {
     DestageRead {
         plan: u32,
         slot: u32,
+        /// The version's block when the plan started (it stays in the table while destaging).
+        block: u32,
+        /// Where in the block the bytes read start.
+        lo: u32,
     },
     DestageWrite {
         plan: u32,
@@ -316,6 +338,11 @@ pub struct Engine<P: Payload> {
     policy: Box<dyn WritePolicy>,
     repl: Box<dyn Replacement>,
     slots: Vec<Slot>,
+    /// Policy group of each slot's version; empty for policies without groups.
+    groups: Vec<Group>,
+    /// Byte range each version's writes changed; kept only where destage is
+    /// exact (ordered), empty otherwise (whole blocks).
+    ranges: Vec<(u32, u32)>,
     free_slots: FreeSet,
     retired_pending: u64,
     index: LbnIndex,
@@ -370,6 +397,7 @@ struct View<'a> {
     repl: &'a mut dyn Replacement,
     blocks: &'a [Block],
     slots: &'a [Slot],
+    groups: &'a [Group],
     rid_block: &'a [u32],
     wanted: bool,
     pressure: bool,
@@ -388,6 +416,7 @@ impl PlanCtx for View<'_> {
     fn pick_victims(&mut self, max: usize, out: &mut Vec<(u32, Group)>) {
         let blocks = self.blocks;
         let slots = self.slots;
+        let groups = self.groups;
         let rid_block = self.rid_block;
         let busy = |id: BlockId| {
             let b = &blocks[rid_block[id.0 as usize] as usize];
@@ -400,15 +429,15 @@ impl PlanCtx for View<'_> {
             let s = &slots[b.latest as usize];
             // A version outside any group (ordered: already written in its wave)
             // is re-synced only once no older version of its block is left.
-            s.destaging || !s.dirty || (s.group == NO_GROUP && b.shadows > 0)
+            let g = groups.get(b.latest as usize).copied().unwrap_or(NO_GROUP);
+            s.destaging || !s.dirty || (g == NO_GROUP && b.shadows > 0)
         };
         self.ids.clear();
         self.repl.clean_batch(max, &busy, &mut self.ids);
         for id in &self.ids {
             let b = &blocks[rid_block[id.0 as usize] as usize];
-            let s = &slots[b.latest as usize];
             if !busy(*id) {
-                out.push((b.latest, s.group));
+                out.push((b.latest, groups.get(b.latest as usize).copied().unwrap_or(NO_GROUP)));
             }
         }
     }
@@ -436,13 +465,20 @@ impl<P: Payload> Engine<P> {
         let policy = write_policy::build(&cfg);
         let repl = nvwc_replacement::build(cfg.replacement, cfg.capacity_blocks as usize);
         let bs = cfg.block_size as u64;
-        let max_active = ((cap / 4) as u32).max(4);
+        // Pieces in progress; also bounds the reads of one block in flight (u16).
+        let max_active = ((cap / 4) as u32).clamp(4, u16::MAX as u32);
         Engine {
             layout,
             bs,
             policy,
             repl,
             slots: vec![Slot::free(); cap],
+            groups: if matches!(cfg.write_policy, WritePolicyKind::Ordered | WritePolicyKind::Journaled | WritePolicyKind::JournaledHints) {
+                vec![NO_GROUP; cap]
+            } else {
+                Vec::new()
+            },
+            ranges: if cfg.write_policy == WritePolicyKind::Ordered { vec![(0, 0); cap] } else { Vec::new() },
             free_slots: FreeSet::new(cap, true),
             retired_pending: 0,
             index: LbnIndex::with_capacity(cap),
@@ -622,11 +658,9 @@ impl<P: Payload> Engine<P> {
             let is_latest = survivor.get(&v.lbn).map(|&(_, j)| j == i).unwrap_or(false);
             let dirty = v.dirty && !v.clean;
             let keep = !v.discard && (is_latest || dirty);
+            e.set_range(s, (v.lo, v.hi));
             let slot = &mut e.slots[s as usize];
-            slot.lbn = v.lbn;
             slot.seq = v.seq;
-            slot.lo = v.lo;
-            slot.hi = v.hi;
             slot.disk_valid = true;
             if !keep {
                 slot.state = SlotState::Retired;
@@ -637,7 +671,7 @@ impl<P: Payload> Engine<P> {
             }
             slot.state = SlotState::Valid;
             slot.dirty = dirty;
-            slot.group = if dirty { v.group } else { NO_GROUP };
+            e.set_group(s, if dirty { v.group } else { NO_GROUP });
             if dirty {
                 e.dirty_slots += 1;
                 report.dirty_versions += 1;
@@ -903,7 +937,7 @@ impl<P: Payload> Engine<P> {
             }
             IoCtx::PieceBackingWrite { piece } => self.on_piece_io_done(piece, res.is_ok()),
             IoCtx::Fill { block, slot } => self.on_fill(block, slot, res.is_ok()),
-            IoCtx::DestageRead { plan, slot } => self.on_destage_read(plan, slot, res),
+            IoCtx::DestageRead { plan, slot, block, lo } => self.on_destage_read(plan, slot, block, lo, res),
             IoCtx::DestageWrite { plan } => self.on_destage_write(plan, res.is_ok()),
             IoCtx::PlanBegin { plan } => self.on_plan_begin(plan, res.is_ok()),
             IoCtx::PlanFinish { plan } => self.on_plan_finish(plan, res.is_ok()),
@@ -1009,19 +1043,10 @@ impl<P: Payload> Engine<P> {
     }
 
     fn block_for(&mut self, lbn: u64) -> u32 {
-        if let Some(b) = self.index.get(lbn, |id| self.blocks[id as usize].lbn) {
+        if let Some(b) = self.index.get(lbn, |id| self.blocks[id as usize].lbn()) {
             return b;
         }
-        let blk = Block {
-            lbn,
-            latest: NIL,
-            rid: NIL,
-            busy: false,
-            readers: 0,
-            gen: 0,
-            shadows: 0,
-            destaging: 0,
-        };
+        let blk = Block::new(lbn);
         let b = if let Some(b) = self.free_blocks.pop() {
             self.blocks[b as usize] = blk;
             b
@@ -1029,14 +1054,45 @@ impl<P: Payload> Engine<P> {
             self.blocks.push(blk);
             (self.blocks.len() - 1) as u32
         };
-        self.index.insert(lbn, b, |id| self.blocks[id as usize].lbn);
+        self.index.insert(lbn, b, |id| self.blocks[id as usize].lbn());
         b
+    }
+
+    fn group_of(&self, s: u32) -> Group {
+        self.groups.get(s as usize).copied().unwrap_or(NO_GROUP)
+    }
+
+    fn set_group(&mut self, s: u32, g: Group) -> Group {
+        match self.groups.get_mut(s as usize) {
+            Some(x) => std::mem::replace(x, g),
+            None => {
+                debug_assert_eq!(g, NO_GROUP, "policy without groups got a group");
+                NO_GROUP
+            }
+        }
+    }
+
+    fn range_of(&self, s: u32) -> (u32, u32) {
+        self.ranges.get(s as usize).copied().unwrap_or((0, self.bs as u32))
+    }
+
+    fn set_range(&mut self, s: u32, r: (u32, u32)) {
+        if let Some(x) = self.ranges.get_mut(s as usize) {
+            *x = r;
+        }
+    }
+
+    /// The block number a valid version belongs to.
+    fn lbn_of(&self, s: u32) -> u64 {
+        let b = self.slots[s as usize].block;
+        assert!(b != NIL, "slot {s} has no block");
+        self.blocks[b as usize].lbn()
     }
 
     /// The block entry of `lbn`. Caller guarantees it exists.
     fn block_of(&self, lbn: u64) -> u32 {
         self.index
-            .get(lbn, |id| self.blocks[id as usize].lbn)
+            .get(lbn, |id| self.blocks[id as usize].lbn())
             .expect("block entry exists")
     }
 
@@ -1044,14 +1100,14 @@ impl<P: Payload> Engine<P> {
         let blk = &self.blocks[b as usize];
         if blk.latest == NIL
             && !blk.busy
-            && blk.readers == 0
+            && blk.readers() == 0
             && blk.shadows == 0
             && blk.destaging == 0
             && !self.waiters.contains_key(&b)
         {
             debug_assert_eq!(blk.rid, NIL);
-            let lbn = blk.lbn;
-            self.index.remove(lbn, |id| self.blocks[id as usize].lbn);
+            let lbn = blk.lbn();
+            self.index.remove(lbn, |id| self.blocks[id as usize].lbn());
             self.free_blocks.push(b);
         }
     }
@@ -1104,11 +1160,12 @@ impl<P: Payload> Engine<P> {
             slot.dirty = false;
             self.dirty_slots -= 1;
         }
-        let g = std::mem::replace(&mut slot.group, NO_GROUP);
+        let (disk_valid, in_snapshot) = (slot.disk_valid, slot.in_snapshot);
+        let g = self.set_group(s, NO_GROUP);
         if g != NO_GROUP {
             self.policy.on_version_removed(g, s);
         }
-        if slot.disk_valid || slot.in_snapshot {
+        if disk_valid || in_snapshot {
             self.retired_pending += 1;
             self.mark_meta(s);
         } else {
@@ -1267,7 +1324,6 @@ impl<P: Payload> Engine<P> {
                 ios: 0,
                 failed: false,
                 stalled_since: None,
-                gen: 0,
                 seq,
                 group,
                 fua,
@@ -1294,7 +1350,9 @@ impl<P: Payload> Engine<P> {
         } else {
             let blk = &mut self.blocks[b as usize];
             blk.busy = true;
-            blk.gen = blk.gen.wrapping_add(1);
+            if blk.readers() > 0 {
+                blk.fill_stale = true;
+            }
             self.write_piece(p, b);
         }
     }
@@ -1326,11 +1384,9 @@ impl<P: Payload> Engine<P> {
             );
         } else {
             self.stats.read_misses += 1;
-            let gen = blk.gen;
-            self.blocks[b as usize].readers += 1;
+            self.blocks[b as usize].add_reader();
             let full = self.cfg.read_allocate;
             let pc = self.pieces.get_mut(p);
-            pc.gen = gen;
             pc.ios = 1;
             let (off, len) = if full {
                 (lbn * self.bs, self.bs as u32)
@@ -1353,12 +1409,14 @@ impl<P: Payload> Engine<P> {
     }
 
     fn on_read_miss(&mut self, p: u32, full: bool, res: IoResult<P>) {
-        let (lbn, start, end, gen) = {
+        let (lbn, start, end) = {
             let pc = self.pieces.get(p);
-            (pc.lbn, pc.start, pc.end, pc.gen)
+            (pc.lbn, pc.start, pc.end)
         };
         let b = self.block_of(lbn);
-        self.blocks[b as usize].readers -= 1;
+        // A write that started while this read was in flight makes its data unfit to cache.
+        let stale = self.blocks[b as usize].fill_stale;
+        self.blocks[b as usize].remove_reader();
         let data = res.ok().flatten();
         let part = match (&data, full) {
             (Some(d), true) if d.len() == self.bs as usize => {
@@ -1369,7 +1427,7 @@ impl<P: Payload> Engine<P> {
         };
         if let (Some(d), true) = (&data, full) {
             let blk = &self.blocks[b as usize];
-            if part.is_some() && blk.latest == NIL && !blk.busy && blk.gen == gen {
+            if part.is_some() && blk.latest == NIL && !blk.busy && !stale {
                 self.fill(b, d.clone());
             }
         }
@@ -1400,7 +1458,7 @@ impl<P: Payload> Engine<P> {
 
     fn on_fill(&mut self, b: u32, s: u32, ok: bool) {
         if ok {
-            let lbn = self.blocks[b as usize].lbn;
+            let lbn = self.blocks[b as usize].lbn();
             let seq = self.next_seq;
             self.next_seq += 1;
             self.install(b, s, lbn, seq, NO_GROUP, false, (0, 0));
@@ -1438,7 +1496,7 @@ impl<P: Payload> Engine<P> {
             && slot.dirty
             && self.commit_waiters.is_empty()
             && !self.commit_deferred
-            && self.policy.may_overwrite(slot.group, group)
+            && self.policy.may_overwrite(self.group_of(s), group)
     }
 
     fn write_piece(&mut self, p: u32, b: u32) {
@@ -1642,9 +1700,8 @@ impl<P: Payload> Engine<P> {
             if ok {
                 slot.seq = seq;
                 let (a, e) = (self.pieces.get(p).start, self.pieces.get(p).end);
-                let slot = &mut self.slots[s as usize];
-                slot.lo = slot.lo.min(a);
-                slot.hi = slot.hi.max(e);
+                let (lo, hi) = self.range_of(s);
+                self.set_range(s, (lo.min(a), hi.max(e)));
                 self.mark_meta(s);
                 if group != NO_GROUP {
                     self.policy.on_version_installed(group, s, lbn, seq);
@@ -1718,22 +1775,22 @@ impl<P: Payload> Engine<P> {
         let old = self.blocks[b as usize].latest;
         let coalesce = old != NIL && {
             let o = &self.slots[old as usize];
-            !(o.dirty && self.policy.keep_superseded(o.group, group))
+            !(o.dirty && self.policy.keep_superseded(self.group_of(old), group))
         };
         let (mut lo, mut hi) = range;
         if coalesce && self.slots[old as usize].dirty && self.policy.inherits_dirty_range() {
-            lo = lo.min(self.slots[old as usize].lo);
-            hi = hi.max(self.slots[old as usize].hi);
+            let (olo, ohi) = self.range_of(old);
+            lo = lo.min(olo);
+            hi = hi.max(ohi);
         }
+        self.set_range(s, (lo, hi));
+        self.set_group(s, group);
         {
             let slot = &mut self.slots[s as usize];
-            slot.lo = lo;
-            slot.hi = hi;
+
             assert_eq!(slot.state, SlotState::Writing);
             slot.state = SlotState::Valid;
-            slot.lbn = lbn;
             slot.seq = seq;
-            slot.group = group;
             slot.dirty = dirty;
             slot.block = b;
         }
@@ -1827,7 +1884,7 @@ impl<P: Payload> Engine<P> {
                     self.policy.on_write_data_done(self.now, r.group);
                     for &s in &r.installed {
                         let slot = &self.slots[s as usize];
-                        if slot.state == SlotState::Valid && slot.group == r.group {
+                        if slot.state == SlotState::Valid && self.group_of(s) == r.group {
                             self.mark_meta(s);
                         }
                     }
@@ -1892,7 +1949,7 @@ impl<P: Payload> Engine<P> {
         let first = offset.div_ceil(self.bs);
         let end = (offset + len as u64) / self.bs;
         for lbn in first..end {
-            if let Some(b) = self.index.get(lbn, |id| self.blocks[id as usize].lbn) {
+            if let Some(b) = self.index.get(lbn, |id| self.blocks[id as usize].lbn()) {
                 let blk = &self.blocks[b as usize];
                 if blk.latest != NIL && !blk.busy && !self.waiters.contains_key(&b) {
                     let s = &self.slots[blk.latest as usize];
@@ -2018,6 +2075,7 @@ impl<P: Payload> Engine<P> {
                 repl: &mut *self.repl,
                 blocks: &self.blocks,
                 slots: &self.slots,
+                groups: &self.groups,
                 rid_block: &self.rid_block,
                 wanted,
                 pressure,
@@ -2092,9 +2150,10 @@ impl<P: Payload> Engine<P> {
             return self.plan_copied(pid);
         }
         let exact = self.plans.get(pid).plan.exact;
-        for s in slots {
+        let blocks = self.plans.get(pid).blocks.clone();
+        for (s, b) in slots.into_iter().zip(blocks) {
             let (lo, hi) = if exact {
-                (self.slots[s as usize].lo, self.slots[s as usize].hi)
+                self.range_of(s)
             } else {
                 (0, self.bs as u32)
             };
@@ -2106,7 +2165,7 @@ impl<P: Payload> Engine<P> {
                     len: hi - lo,
                 },
                 None,
-                IoCtx::DestageRead { plan: pid, slot: s },
+                IoCtx::DestageRead { plan: pid, slot: s, block: b, lo },
             );
         }
     }
@@ -2121,16 +2180,10 @@ impl<P: Payload> Engine<P> {
         self.plan_copy(pid);
     }
 
-    fn on_destage_read(&mut self, pid: u32, s: u32, res: IoResult<P>) {
+    fn on_destage_read(&mut self, pid: u32, _s: u32, b: u32, lo: u32, res: IoResult<P>) {
         match res {
             Ok(Some(d)) => {
-                let sl = &self.slots[s as usize];
-                let lo = if self.plans.get(pid).plan.exact {
-                    sl.lo
-                } else {
-                    0
-                };
-                let lbn = sl.lbn;
+                let lbn = self.blocks[b as usize].lbn();
                 let group = self.plans.get(pid).plan.atomic_group;
                 self.emit(
                     Dev::Backing,
@@ -2233,10 +2286,10 @@ impl<P: Payload> Engine<P> {
             let slot = self.slots[s as usize];
             if slot.state == SlotState::Valid && self.is_latest(s) && slot.dirty {
                 let b = slot.block;
-                let full = slot.lo == 0 && slot.hi as u64 == self.bs;
+                let full = self.range_of(s) == (0, self.bs as u32);
                 let alone = self.blocks[b as usize].shadows == 0
                     && per_block.get(&b).copied().unwrap_or(0) == 1;
-                let g = std::mem::replace(&mut self.slots[s as usize].group, NO_GROUP);
+                let g = self.set_group(s, NO_GROUP);
                 if g != NO_GROUP {
                     self.policy.on_version_removed(g, s);
                 }
@@ -2342,18 +2395,18 @@ impl<P: Payload> Engine<P> {
                     let tag = n;
                     let e = if slot.state == SlotState::Valid {
                         let (aux0, aux1) = if slot.dirty {
-                            self.policy.entry_aux(slot.group)
+                            self.policy.entry_aux(self.group_of(s as u32))
                         } else {
                             (0, 0)
                         };
                         Entry {
-                            lbn: slot.lbn,
+                            lbn: self.lbn_of(s as u32),
                             seq: slot.seq,
                             commit: tag,
                             aux0,
                             aux1,
-                            lo: slot.lo,
-                            hi: slot.hi,
+                            lo: self.range_of(s as u32).0,
+                            hi: self.range_of(s as u32).1,
                             flags: F_VALID | if slot.dirty { F_DIRTY } else { 0 },
                         }
                     } else {

@@ -5,7 +5,9 @@
 /// Maps a backing block number to a block id. The table stores ids only;
 /// callers pass a `key` function that returns an id's block number.
 ///
-/// Linear probing with backward-shift deletion; load factor at most 3/4.
+/// Linear probing with backward-shift deletion; load factor at most 3/4. The
+/// table size is not rounded to a power of two (positions come from a
+/// multiply-shift of the hash), so a full cache pays 4/3 × 4 bytes per block.
 #[derive(Debug, Clone)]
 pub struct LbnIndex {
     table: Vec<u32>,
@@ -23,7 +25,7 @@ fn hash(lbn: u64) -> u64 {
 
 impl LbnIndex {
     pub fn with_capacity(n: usize) -> Self {
-        let size = (n * 4 / 3 + 1).next_power_of_two().max(16);
+        let size = (n * 4 / 3 + 1).max(16);
         LbnIndex {
             table: vec![EMPTY; size],
             len: 0,
@@ -32,13 +34,20 @@ impl LbnIndex {
     pub fn len(&self) -> usize {
         self.len
     }
-    fn mask(&self) -> usize {
-        self.table.len() - 1
+    /// Home position of `lbn`.
+    fn home(&self, lbn: u64) -> usize {
+        ((hash(lbn) as u128 * self.table.len() as u128) >> 64) as usize
+    }
+    fn next(&self, i: usize) -> usize {
+        if i + 1 == self.table.len() {
+            0
+        } else {
+            i + 1
+        }
     }
     /// The id stored for `lbn`.
     pub fn get(&self, lbn: u64, key: impl Fn(u32) -> u64) -> Option<u32> {
-        let m = self.mask();
-        let mut i = hash(lbn) as usize & m;
+        let mut i = self.home(lbn);
         loop {
             let id = self.table[i];
             if id == EMPTY {
@@ -47,7 +56,7 @@ impl LbnIndex {
             if key(id) == lbn {
                 return Some(id);
             }
-            i = (i + 1) & m;
+            i = self.next(i);
         }
     }
     /// Insert `id` for `lbn`. Caller guarantees `lbn` is absent and `key(id) == lbn`.
@@ -65,18 +74,16 @@ impl LbnIndex {
         self.place(lbn, id);
     }
     fn place(&mut self, lbn: u64, id: u32) {
-        let m = self.mask();
-        let mut i = hash(lbn) as usize & m;
+        let mut i = self.home(lbn);
         while self.table[i] != EMPTY {
-            i = (i + 1) & m;
+            i = self.next(i);
         }
         self.table[i] = id;
         self.len += 1;
     }
     /// Remove `lbn`'s entry, returning its id.
     pub fn remove(&mut self, lbn: u64, key: impl Fn(u32) -> u64) -> Option<u32> {
-        let m = self.mask();
-        let mut i = hash(lbn) as usize & m;
+        let mut i = self.home(lbn);
         loop {
             let id = self.table[i];
             if id == EMPTY {
@@ -85,7 +92,7 @@ impl LbnIndex {
             if key(id) == lbn {
                 break;
             }
-            i = (i + 1) & m;
+            i = self.next(i);
         }
         let removed = self.table[i];
         // Backward shift: move later entries of the cluster into the hole when
@@ -93,12 +100,12 @@ impl LbnIndex {
         let mut hole = i;
         let mut j = i;
         loop {
-            j = (j + 1) & m;
+            j = self.next(j);
             let id = self.table[j];
             if id == EMPTY {
                 break;
             }
-            let home = hash(key(id)) as usize & m;
+            let home = self.home(key(id));
             let in_range = if hole <= j {
                 home > hole && home <= j
             } else {

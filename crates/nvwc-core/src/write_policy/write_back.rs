@@ -26,8 +26,9 @@ impl WritePolicy for WriteBack {
     fn kind(&self) -> WritePolicyKind {
         WritePolicyKind::WriteBack
     }
+    /// Write-back versions belong to no group.
     fn on_write_issue(&mut self, _now: u64, _seq: u64) -> u64 {
-        0
+        u64::MAX
     }
     fn next_plan(&mut self, ctx: &mut dyn PlanCtx) -> Option<Plan> {
         if !ctx.cleaning_wanted() {
