@@ -65,14 +65,47 @@ struct Slot {
     block: u32,
     refs: u16,
     state: SlotState,
-    dirty: bool,
-    /// An older version kept for the write policy (counted in its block's `shadows`).
-    shadow: bool,
-    /// The durable slot table may name this slot as valid.
-    disk_valid: bool,
-    in_meta_dirty: bool,
-    in_snapshot: bool,
-    destaging: bool,
+    /// `F_*` bits below.
+    flags: u8,
+}
+
+/// The version is dirty (not yet on the backing store).
+const S_DIRTY: u8 = 1;
+/// An older version kept for the write policy (counted in its block's `shadows`).
+const S_SHADOW: u8 = 2;
+/// The durable slot table may name this slot as valid.
+const S_DISK_VALID: u8 = 4;
+/// Listed in `meta_dirty` (its entry changed since the last commit snapshot).
+const S_IN_META_DIRTY: u8 = 8;
+/// Part of the commit in progress.
+const S_IN_SNAPSHOT: u8 = 16;
+/// Being copied to the backing store by a plan.
+const S_DESTAGING: u8 = 32;
+
+macro_rules! slot_flag {
+    ($get:ident, $set:ident, $bit:expr) => {
+        fn $get(&self) -> bool {
+            self.flags & $bit != 0
+        }
+        fn $set(&mut self, v: bool) {
+            if v {
+                self.flags |= $bit
+            } else {
+                self.flags &= !$bit
+            }
+        }
+    };
+}
+
+const _: () = assert!(std::mem::size_of::<Slot>() == 16 && std::mem::size_of::<Block>() == 24);
+
+impl Slot {
+    slot_flag!(dirty, set_dirty, S_DIRTY);
+    slot_flag!(shadow, set_shadow, S_SHADOW);
+    slot_flag!(disk_valid, set_disk_valid, S_DISK_VALID);
+    slot_flag!(in_meta_dirty, set_in_meta_dirty, S_IN_META_DIRTY);
+    slot_flag!(in_snapshot, set_in_snapshot, S_IN_SNAPSHOT);
+    slot_flag!(destaging, set_destaging, S_DESTAGING);
 }
 
 impl Slot {
@@ -82,12 +115,7 @@ impl Slot {
             block: NIL,
             refs: 0,
             state: SlotState::Free,
-            dirty: false,
-            shadow: false,
-            disk_valid: false,
-            in_meta_dirty: false,
-            in_snapshot: false,
-            destaging: false,
+            flags: 0,
         }
     }
 }
@@ -118,8 +146,19 @@ const LBN_MASK: u64 = (1 << LBN_BITS) - 1;
 
 impl Block {
     fn new(lbn: u64) -> Self {
-        assert!(lbn <= LBN_MASK, "block number {lbn} needs more than 48 bits");
-        Block { key: lbn, latest: NIL, rid: NIL, shadows: 0, destaging: 0, busy: false, fill_stale: false }
+        assert!(
+            lbn <= LBN_MASK,
+            "block number {lbn} needs more than 48 bits"
+        );
+        Block {
+            key: lbn,
+            latest: NIL,
+            rid: NIL,
+            shadows: 0,
+            destaging: 0,
+            busy: false,
+            fill_stale: false,
+        }
     }
     fn lbn(&self) -> u64 {
         self.key & LBN_MASK
@@ -128,7 +167,10 @@ impl Block {
         (self.key >> LBN_BITS) as u16
     }
     fn add_reader(&mut self) {
-        assert!(self.readers() < u16::MAX, "too many reads of one block in flight");
+        assert!(
+            self.readers() < u16::MAX,
+            "too many reads of one block in flight"
+        );
         self.key += 1 << LBN_BITS;
     }
     fn remove_reader(&mut self) {
@@ -430,14 +472,17 @@ impl PlanCtx for View<'_> {
             // A version outside any group (ordered: already written in its wave)
             // is re-synced only once no older version of its block is left.
             let g = groups.get(b.latest as usize).copied().unwrap_or(NO_GROUP);
-            s.destaging || !s.dirty || (g == NO_GROUP && b.shadows > 0)
+            s.destaging() || !s.dirty() || (g == NO_GROUP && b.shadows > 0)
         };
         self.ids.clear();
         self.repl.clean_batch(max, &busy, &mut self.ids);
         for id in &self.ids {
             let b = &blocks[rid_block[id.0 as usize] as usize];
             if !busy(*id) {
-                out.push((b.latest, groups.get(b.latest as usize).copied().unwrap_or(NO_GROUP)));
+                out.push((
+                    b.latest,
+                    groups.get(b.latest as usize).copied().unwrap_or(NO_GROUP),
+                ));
             }
         }
     }
@@ -473,12 +518,21 @@ impl<P: Payload> Engine<P> {
             policy,
             repl,
             slots: vec![Slot::free(); cap],
-            groups: if matches!(cfg.write_policy, WritePolicyKind::Ordered | WritePolicyKind::Journaled | WritePolicyKind::JournaledHints) {
+            groups: if matches!(
+                cfg.write_policy,
+                WritePolicyKind::Ordered
+                    | WritePolicyKind::Journaled
+                    | WritePolicyKind::JournaledHints
+            ) {
                 vec![NO_GROUP; cap]
             } else {
                 Vec::new()
             },
-            ranges: if cfg.write_policy == WritePolicyKind::Ordered { vec![(0, 0); cap] } else { Vec::new() },
+            ranges: if cfg.write_policy == WritePolicyKind::Ordered {
+                vec![(0, 0); cap]
+            } else {
+                Vec::new()
+            },
             free_slots: FreeSet::new(cap, true),
             retired_pending: 0,
             index: LbnIndex::with_capacity(cap),
@@ -661,7 +715,7 @@ impl<P: Payload> Engine<P> {
             e.set_range(s, (v.lo, v.hi));
             let slot = &mut e.slots[s as usize];
             slot.seq = v.seq;
-            slot.disk_valid = true;
+            slot.set_disk_valid(true);
             if !keep {
                 slot.state = SlotState::Retired;
                 e.retired_pending += 1;
@@ -670,7 +724,7 @@ impl<P: Payload> Engine<P> {
                 continue;
             }
             slot.state = SlotState::Valid;
-            slot.dirty = dirty;
+            slot.set_dirty(dirty);
             e.set_group(s, if dirty { v.group } else { NO_GROUP });
             if dirty {
                 e.dirty_slots += 1;
@@ -685,7 +739,7 @@ impl<P: Payload> Engine<P> {
             let b = e.block_for(v.lbn);
             e.slots[s as usize].block = b;
             if !is_latest {
-                e.slots[s as usize].shadow = true;
+                e.slots[s as usize].set_shadow(true);
                 e.blocks[b as usize].shadows += 1;
             }
             if is_latest {
@@ -700,7 +754,7 @@ impl<P: Payload> Engine<P> {
             used[s as usize] = true;
             let slot = &mut e.slots[s as usize];
             slot.state = SlotState::Retired;
-            slot.disk_valid = true;
+            slot.set_disk_valid(true);
             e.retired_pending += 1;
             e.mark_meta(s);
         }
@@ -830,6 +884,8 @@ impl<P: Payload> Engine<P> {
     /// Bytes of RAM used by the engine's per-block state (slots, blocks, index, replacement, policy).
     pub fn mem_bytes(&self) -> usize {
         self.slots.capacity() * std::mem::size_of::<Slot>()
+            + self.groups.capacity() * std::mem::size_of::<Group>()
+            + self.ranges.capacity() * 8
             + self.blocks.capacity() * std::mem::size_of::<Block>()
             + self.index.mem_bytes()
             + self.free_slots.mem_bytes()
@@ -937,7 +993,12 @@ impl<P: Payload> Engine<P> {
             }
             IoCtx::PieceBackingWrite { piece } => self.on_piece_io_done(piece, res.is_ok()),
             IoCtx::Fill { block, slot } => self.on_fill(block, slot, res.is_ok()),
-            IoCtx::DestageRead { plan, slot, block, lo } => self.on_destage_read(plan, slot, block, lo, res),
+            IoCtx::DestageRead {
+                plan,
+                slot,
+                block,
+                lo,
+            } => self.on_destage_read(plan, slot, block, lo, res),
             IoCtx::DestageWrite { plan } => self.on_destage_write(plan, res.is_ok()),
             IoCtx::PlanBegin { plan } => self.on_plan_begin(plan, res.is_ok()),
             IoCtx::PlanFinish { plan } => self.on_plan_finish(plan, res.is_ok()),
@@ -1054,7 +1115,8 @@ impl<P: Payload> Engine<P> {
             self.blocks.push(blk);
             (self.blocks.len() - 1) as u32
         };
-        self.index.insert(lbn, b, |id| self.blocks[id as usize].lbn());
+        self.index
+            .insert(lbn, b, |id| self.blocks[id as usize].lbn());
         b
     }
 
@@ -1073,7 +1135,10 @@ impl<P: Payload> Engine<P> {
     }
 
     fn range_of(&self, s: u32) -> (u32, u32) {
-        self.ranges.get(s as usize).copied().unwrap_or((0, self.bs as u32))
+        self.ranges
+            .get(s as usize)
+            .copied()
+            .unwrap_or((0, self.bs as u32))
     }
 
     fn set_range(&mut self, s: u32, r: (u32, u32)) {
@@ -1114,8 +1179,8 @@ impl<P: Payload> Engine<P> {
 
     fn mark_meta(&mut self, s: u32) {
         let slot = &mut self.slots[s as usize];
-        if !slot.in_meta_dirty {
-            slot.in_meta_dirty = true;
+        if !slot.in_meta_dirty() {
+            slot.set_in_meta_dirty(true);
             self.meta_dirty.push(s);
         }
         if self.oldest_change.is_none() {
@@ -1131,7 +1196,7 @@ impl<P: Payload> Engine<P> {
             SlotState::Free,
             "allocated a slot that is not free"
         );
-        assert!(!slot.disk_valid && !slot.in_snapshot && slot.refs == 0);
+        assert!(!slot.disk_valid() && !slot.in_snapshot() && slot.refs == 0);
         slot.state = SlotState::Writing;
         Some(s)
     }
@@ -1155,12 +1220,13 @@ impl<P: Payload> Engine<P> {
         );
         slot.state = SlotState::Retired;
         let owner = std::mem::replace(&mut slot.block, NIL);
-        let was_shadow = std::mem::replace(&mut slot.shadow, false);
-        if slot.dirty {
-            slot.dirty = false;
+        let was_shadow = slot.shadow();
+        slot.set_shadow(false);
+        if slot.dirty() {
+            slot.set_dirty(false);
             self.dirty_slots -= 1;
         }
-        let (disk_valid, in_snapshot) = (slot.disk_valid, slot.in_snapshot);
+        let (disk_valid, in_snapshot) = (slot.disk_valid(), slot.in_snapshot());
         let g = self.set_group(s, NO_GROUP);
         if g != NO_GROUP {
             self.policy.on_version_removed(g, s);
@@ -1186,8 +1252,8 @@ impl<P: Payload> Engine<P> {
         let slot = &mut self.slots[s as usize];
         if slot.state == SlotState::Retired
             && slot.refs == 0
-            && !slot.disk_valid
-            && !slot.in_snapshot
+            && !slot.disk_valid()
+            && !slot.in_snapshot()
         {
             slot.state = SlotState::Free;
             self.free_slots.push(s);
@@ -1489,11 +1555,11 @@ impl<P: Payload> Engine<P> {
     fn inplace_ok(&self, s: u32, group: Group) -> bool {
         let slot = &self.slots[s as usize];
         slot.state == SlotState::Valid
-            && !slot.disk_valid
-            && !slot.in_snapshot
+            && !slot.disk_valid()
+            && !slot.in_snapshot()
             && slot.refs == 0
-            && !slot.destaging
-            && slot.dirty
+            && !slot.destaging()
+            && slot.dirty()
             && self.commit_waiters.is_empty()
             && !self.commit_deferred
             && self.policy.may_overwrite(self.group_of(s), group)
@@ -1775,10 +1841,10 @@ impl<P: Payload> Engine<P> {
         let old = self.blocks[b as usize].latest;
         let coalesce = old != NIL && {
             let o = &self.slots[old as usize];
-            !(o.dirty && self.policy.keep_superseded(self.group_of(old), group))
+            !(o.dirty() && self.policy.keep_superseded(self.group_of(old), group))
         };
         let (mut lo, mut hi) = range;
-        if coalesce && self.slots[old as usize].dirty && self.policy.inherits_dirty_range() {
+        if coalesce && self.slots[old as usize].dirty() && self.policy.inherits_dirty_range() {
             let (olo, ohi) = self.range_of(old);
             lo = lo.min(olo);
             hi = hi.max(ohi);
@@ -1791,7 +1857,7 @@ impl<P: Payload> Engine<P> {
             assert_eq!(slot.state, SlotState::Writing);
             slot.state = SlotState::Valid;
             slot.seq = seq;
-            slot.dirty = dirty;
+            slot.set_dirty(dirty);
             slot.block = b;
         }
         if dirty {
@@ -1807,16 +1873,16 @@ impl<P: Payload> Engine<P> {
             if !coalesce {
                 // Shadow version: kept until its group reaches the backing store.
                 self.blocks[b as usize].shadows += 1;
-                self.slots[old as usize].shadow = true;
+                self.slots[old as usize].set_shadow(true);
             } else {
-                if o.dirty {
+                if o.dirty() {
                     self.stats.overwrites += 1;
                 }
                 self.retire(old);
             }
             let rid = self.blocks[b as usize].rid;
             self.repl.touch(BlockId(rid), true);
-            if o.dirty != dirty {
+            if o.dirty() != dirty {
                 self.repl.set_dirty(BlockId(rid), dirty);
             }
         } else {
@@ -1953,7 +2019,7 @@ impl<P: Payload> Engine<P> {
                 let blk = &self.blocks[b as usize];
                 if blk.latest != NIL && !blk.busy && !self.waiters.contains_key(&b) {
                     let s = &self.slots[blk.latest as usize];
-                    if !s.dirty && s.refs == 0 && !s.destaging {
+                    if !s.dirty() && s.refs == 0 && !s.destaging() {
                         self.evict_block(b);
                     }
                 }
@@ -2024,14 +2090,14 @@ impl<P: Payload> Engine<P> {
                 let b = rid_block[id.0 as usize];
                 let blk = &blocks[b as usize];
                 let s = &slots[blk.latest as usize];
-                blk.busy || s.refs > 0 || s.destaging || s.dirty || waiters.contains_key(&b)
+                blk.busy || s.refs > 0 || s.destaging() || s.dirty() || waiters.contains_key(&b)
             };
             let Some(v) = self.repl.victim_clean(&pinned) else {
                 break;
             };
             let b = self.rid_block[v.0 as usize];
             assert!(
-                !self.slots[self.blocks[b as usize].latest as usize].dirty,
+                !self.slots[self.blocks[b as usize].latest as usize].dirty(),
                 "replacement chose a dirty victim"
             );
             self.evict_block(b);
@@ -2104,9 +2170,9 @@ impl<P: Payload> Engine<P> {
                 SlotState::Valid,
                 "plan names a slot that is not valid"
             );
-            assert!(slot.dirty, "plan names a clean version");
-            assert!(!slot.destaging, "slot destaged twice at once");
-            slot.destaging = true;
+            assert!(slot.dirty(), "plan names a clean version");
+            assert!(!slot.destaging(), "slot destaged twice at once");
+            slot.set_destaging(true);
             slot.refs += 1;
         }
         let blocks: Vec<u32> = plan
@@ -2165,7 +2231,12 @@ impl<P: Payload> Engine<P> {
                     len: hi - lo,
                 },
                 None,
-                IoCtx::DestageRead { plan: pid, slot: s, block: b, lo },
+                IoCtx::DestageRead {
+                    plan: pid,
+                    slot: s,
+                    block: b,
+                    lo,
+                },
             );
         }
     }
@@ -2248,7 +2319,7 @@ impl<P: Payload> Engine<P> {
             self.blocks[b as usize].destaging -= 1;
         }
         for &s in &pe.plan.write {
-            self.slots[s as usize].destaging = false;
+            self.slots[s as usize].set_destaging(false);
         }
         if !ok {
             self.stats.destage_failures += 1;
@@ -2284,7 +2355,7 @@ impl<P: Payload> Engine<P> {
         }
         for &s in &pe.plan.write {
             let slot = self.slots[s as usize];
-            if slot.state == SlotState::Valid && self.is_latest(s) && slot.dirty {
+            if slot.state == SlotState::Valid && self.is_latest(s) && slot.dirty() {
                 let b = slot.block;
                 let full = self.range_of(s) == (0, self.bs as u32);
                 let alone = self.blocks[b as usize].shadows == 0
@@ -2295,7 +2366,7 @@ impl<P: Payload> Engine<P> {
                 }
                 if !pe.plan.exact || (full && alone) {
                     // The backing store now holds exactly this version: clean.
-                    self.slots[s as usize].dirty = false;
+                    self.slots[s as usize].set_dirty(false);
                     self.dirty_slots -= 1;
                     let rid = self.blocks[b as usize].rid;
                     self.repl.set_dirty(BlockId(rid), false);
@@ -2367,11 +2438,11 @@ impl<P: Payload> Engine<P> {
         let mut pages: Vec<u64> = Vec::new();
         for s in std::mem::take(&mut self.meta_dirty) {
             let slot = &mut self.slots[s as usize];
-            slot.in_meta_dirty = false;
+            slot.set_in_meta_dirty(false);
             // Free and Writing slots are written as free entries: the durable
             // table already says free for them, so they need no protection.
             if matches!(slot.state, SlotState::Valid | SlotState::Retired) {
-                slot.in_snapshot = true;
+                slot.set_in_snapshot(true);
             }
             snapshot.push((s, slot.state == SlotState::Valid));
             pages.push(s as u64 / layout::ENTRIES_PER_PAGE);
@@ -2394,7 +2465,7 @@ impl<P: Payload> Engine<P> {
                     let slot = &self.slots[s as usize];
                     let tag = n;
                     let e = if slot.state == SlotState::Valid {
-                        let (aux0, aux1) = if slot.dirty {
+                        let (aux0, aux1) = if slot.dirty() {
                             self.policy.entry_aux(self.group_of(s as u32))
                         } else {
                             (0, 0)
@@ -2407,7 +2478,7 @@ impl<P: Payload> Engine<P> {
                             aux1,
                             lo: self.range_of(s as u32).0,
                             hi: self.range_of(s as u32).1,
-                            flags: F_VALID | if slot.dirty { F_DIRTY } else { 0 },
+                            flags: F_VALID | if slot.dirty() { F_DIRTY } else { 0 },
                         }
                     } else {
                         Entry {
@@ -2522,21 +2593,22 @@ impl<P: Payload> Engine<P> {
         }
         for (s, valid) in job.snapshot {
             let slot = &mut self.slots[s as usize];
-            let marked = std::mem::replace(&mut slot.in_snapshot, false);
-            let was = slot.disk_valid;
+            let marked = slot.in_snapshot();
+            slot.set_in_snapshot(false);
+            let was = slot.disk_valid();
             if !marked {
                 // Written as free over a free entry: nothing changed on disk.
                 continue;
             }
             if ok {
-                slot.disk_valid = valid;
+                slot.set_disk_valid(valid);
             } else {
                 // Unknown: the entry may or may not have reached the device.
-                slot.disk_valid = was || valid;
+                slot.set_disk_valid(was || valid);
                 self.mark_meta(s);
             }
             let slot = &self.slots[s as usize];
-            if slot.state == SlotState::Retired && !slot.disk_valid && (was || ok) {
+            if slot.state == SlotState::Retired && !slot.disk_valid() && (was || ok) {
                 self.retired_pending = self.retired_pending.saturating_sub(1);
                 self.try_release(s);
             }
