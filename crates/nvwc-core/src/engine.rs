@@ -1601,23 +1601,7 @@ impl<P: Payload> Engine<P> {
                 && self.free_slots.len() as u64 > self.reserved + self.cfg.free_reserve as u64 / 2
             {
                 let s = self.alloc_slot().unwrap();
-                let pc = self.pieces.get_mut(p);
-                pc.slot = s;
-                pc.ios += 1;
-                let off = self.layout.slot_offset(s);
-                self.emit(
-                    Dev::Cache,
-                    IoOp::Write {
-                        offset: off,
-                        data,
-                        fua: false,
-                    },
-                    None,
-                    IoCtx::PieceCacheWrite {
-                        piece: p,
-                        inplace: false,
-                    },
-                );
+                self.write_new_version(p, s, data);
             }
             return;
         }
@@ -1706,6 +1690,27 @@ impl<P: Payload> Engine<P> {
         }
     }
 
+    /// Write a piece's whole new version (`data`, one block) to fresh slot `s`.
+    fn write_new_version(&mut self, p: u32, s: u32, data: P) {
+        let pc = self.pieces.get_mut(p);
+        pc.slot = s;
+        pc.ios += 1;
+        let offset = self.layout.slot_offset(s);
+        self.emit(
+            Dev::Cache,
+            IoOp::Write {
+                offset,
+                data,
+                fua: false,
+            },
+            None,
+            IoCtx::PieceCacheWrite {
+                piece: p,
+                inplace: false,
+            },
+        );
+    }
+
     /// Allocate a slot and write the piece's block to it, or queue the piece
     /// as a stalled writer. Returns whether it got a slot.
     fn alloc_and_write(&mut self, p: u32) -> bool {
@@ -1722,24 +1727,8 @@ impl<P: Payload> Engine<P> {
                 if let Some(since) = self.pieces.get_mut(p).stalled_since.take() {
                     self.stats.stall_ns += self.now - since;
                 }
-                let pc = self.pieces.get_mut(p);
-                let data = pc.buf.take().expect("full block data");
-                pc.slot = s;
-                pc.ios = 1;
-                let off = self.layout.slot_offset(s);
-                self.emit(
-                    Dev::Cache,
-                    IoOp::Write {
-                        offset: off,
-                        data,
-                        fua: false,
-                    },
-                    None,
-                    IoCtx::PieceCacheWrite {
-                        piece: p,
-                        inplace: false,
-                    },
-                );
+                let data = self.pieces.get_mut(p).buf.take().expect("full block data");
+                self.write_new_version(p, s, data);
                 true
             }
             None => {
