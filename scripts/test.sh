@@ -29,7 +29,7 @@ export CARGO_TERM_COLOR=never
 cargo build --release --workspace --all-targets
 
 # 4. Deterministic simulation testing (reduced; the acceptance run uses 20000 seeds).
-./target/release/nvwc vopr --write-policy all --seeds "${NVWC_VOPR_SEEDS:-3000}"
+"${CARGO_TARGET_DIR:-target}/release/nvwc" vopr --write-policy all --seeds "${NVWC_VOPR_SEEDS:-3000}"
 
 # 5. Every test (last, so its summary closes the output).
 cargo test --release --workspace
