@@ -1,6 +1,6 @@
 //! `nvwc vopr`.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -79,15 +79,18 @@ pub fn run(a: Args) -> Result<ExitCode> {
         }
         let shown = AtomicU64::new(0);
         let total = a.seeds;
+        let tty = std::io::stderr().is_terminal();
         let progress = |d: u64| {
             let step = (total / 20).max(1);
-            if d.is_multiple_of(step) && shown.fetch_max(d, Ordering::Relaxed) < d {
+            if tty && d.is_multiple_of(step) && shown.fetch_max(d, Ordering::Relaxed) < d {
                 eprint!("\r  {}: {d}/{total} seeds", policy.name());
                 let _ = std::io::stderr().flush();
             }
         };
         let s = run_many(&opts, a.first_seed, a.seeds, threads, &progress);
-        eprint!("\r\x1b[K");
+        if tty {
+            eprint!("\r\x1b[K");
+        }
         println!(
             "write-policy={} seeds={} violations={}",
             s.policy, s.seeds, s.violations
