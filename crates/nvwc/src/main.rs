@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod serve;
 mod vopr;
 
 #[derive(Parser)]
@@ -19,6 +20,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Serve a backing store through a persistent write cache over NBD.
+    Serve(serve::Args),
+    /// Make a backing store consistent alone (after losing the cache device).
+    Recover(serve::RecoverArgs),
     /// Deterministic simulation testing of the engine under crashes.
     Vopr(vopr::Args),
 }
@@ -26,6 +31,8 @@ enum Cmd {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
+        Cmd::Serve(a) => serve::run(a),
+        Cmd::Recover(a) => serve::recover(a),
         Cmd::Vopr(a) => vopr::run(a),
     };
     match r {
