@@ -180,3 +180,186 @@ fn real_clients_every_policy_and_kill9_recovery() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+fn sh(cmd: &str) -> (bool, String) {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .output()
+        .expect("run sh");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+fn must(cmd: &str) -> String {
+    let (ok, out) = sh(cmd);
+    assert!(ok, "`{cmd}` failed: {out}");
+    out
+}
+
+/// Attach the export as a block device: nbdfuse exposes it as a file, losetup as /dev/loopN.
+struct Attached {
+    fuse_dir: PathBuf,
+    fuse: Child,
+    loopdev: String,
+}
+
+impl Attached {
+    fn new(dir: &Path) -> Attached {
+        let fuse_dir = dir.join("fuse");
+        std::fs::create_dir_all(&fuse_dir).unwrap();
+        let fuse = Command::new("nbdfuse")
+            .arg(fuse_dir.join("disk"))
+            .arg(uri(dir))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nbdfuse");
+        let t = Instant::now();
+        while !fuse_dir.join("disk").exists() {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "nbdfuse did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let loopdev = must(&format!(
+            "losetup -f --show {}",
+            fuse_dir.join("disk").display()
+        ))
+        .trim()
+        .to_string();
+        Attached {
+            fuse_dir,
+            fuse,
+            loopdev,
+        }
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        let _ = sh(&format!("losetup -d {}", self.loopdev));
+        let _ = sh(&format!(
+            "fusermount3 -u {} || umount -l {}",
+            self.fuse_dir.display(),
+            self.fuse_dir.display()
+        ));
+        let _ = self.fuse.kill();
+        let _ = self.fuse.wait();
+    }
+}
+
+fn stop(mut s: Server) {
+    // Graceful stop: SIGTERM, then wait for exit.
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(s.0.id().to_string())
+        .status();
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_secs(30) {
+        if let Ok(Some(_)) = s.0.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("server did not stop on SIGTERM");
+}
+
+/// ext4 on nvwc through nbdfuse and a loop device: write, fsync, unmount,
+/// restart the server, mount again: contents intact and `e2fsck -fn` clean.
+#[test]
+fn ext4_round_trip_across_restart() {
+    if !tool("nbdfuse") || !tool("mkfs.ext4") || !tool("losetup") || !tool("e2fsck") {
+        return;
+    }
+    let root = sh("id -u").1.trim() == "0";
+    if !root || !Path::new("/dev/fuse").exists() {
+        if std::env::var("NVWC_REQUIRE_TOOLS").as_deref() == Ok("1") {
+            panic!("the ext4 round trip needs root and /dev/fuse");
+        }
+        eprintln!("SKIP: needs root and /dev/fuse");
+        return;
+    }
+    for policy in ["write-back", "journaled"] {
+        let dir = tempdir(&format!("fs-{policy}"));
+        let mnt = dir.join("mnt");
+        std::fs::create_dir_all(&mnt).unwrap();
+        let s = start(&dir, policy);
+        {
+            let a = Attached::new(&dir);
+            must(&format!("mkfs.ext4 -q -F {}", a.loopdev));
+            must(&format!("mount {} {}", a.loopdev, mnt.display()));
+            must(&format!(
+                "cd {m} && head -c 3000000 /dev/urandom > big && for i in $(seq 1 40); do echo line$i > f$i; echo more >> f$i; done && mv f1 renamed && sync && md5sum big renamed f40 > ../sums",
+                m = mnt.display()
+            ));
+            must(&format!("umount {}", mnt.display()));
+        }
+        stop(s);
+        let s = start(&dir, policy);
+        {
+            let a = Attached::new(&dir);
+            let out = must(&format!("e2fsck -fn {}", a.loopdev));
+            assert!(
+                out.contains("clean") || out.contains("Pass 5"),
+                "{policy}: e2fsck: {out}"
+            );
+            must(&format!("mount {} {}", a.loopdev, mnt.display()));
+            must(&format!("cd {} && md5sum -c ../sums", mnt.display()));
+            must(&format!("umount {}", mnt.display()));
+        }
+        stop(s);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// nbdcopy with 4 connections in and out (multi-conn), identical checksums;
+/// fio's nbd engine with crc32c verification.
+#[test]
+fn nbdcopy_and_fio_verify() {
+    if !tool("nbdcopy") || !tool("fio") {
+        return;
+    }
+    let dir = tempdir("copy");
+    let s = start(&dir, "write-back");
+    let src = dir.join("src.bin");
+    let back = dir.join("back.bin");
+    must(&format!("head -c 48M /dev/urandom > {}", src.display()));
+    must(&format!(
+        "nbdcopy --connections=4 {} '{}'",
+        src.display(),
+        uri(&dir)
+    ));
+    must(&format!(
+        "nbdcopy --connections=4 '{}' {}",
+        uri(&dir),
+        back.display()
+    ));
+    let a = must(&format!("head -c 48M {} | md5sum", back.display()));
+    let b = must(&format!("md5sum < {}", src.display()));
+    assert_eq!(
+        a.split_whitespace().next(),
+        b.split_whitespace().next(),
+        "nbdcopy round trip differs"
+    );
+    let sock = dir.join("nvwc-data/nvwc.sock");
+    for (rw, bs) in [("randwrite", "4k"), ("randrw", "64k")] {
+        let out = must(&format!(
+            "fio --name=v --ioengine=nbd --uri='nbd+unix:///?socket={}' --rw={rw} --bs={bs} --size=16M --iodepth=16 --verify=crc32c --do_verify=1 --verify_fatal=1 --offset=16M 2>&1",
+            sock.display()
+        ));
+        assert!(
+            out.contains("err= 0") && !out.contains("verify: bad"),
+            "fio {rw} {bs}: {out}"
+        );
+    }
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
