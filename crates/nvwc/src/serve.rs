@@ -35,7 +35,8 @@ use nvwc_nbd::NbdError;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Backing store file (created sparse with --size if missing).
+    /// Backing store: a file (created sparse with --size if missing) or an
+    /// upstream NBD server, `nbd://host:port/name` or `nbd+unix:///name?socket=PATH`.
     #[arg(long, default_value = "nvwc-data/backing.img")]
     backing: PathBuf,
     /// Cache device file (created with --cache-size if missing).
@@ -172,8 +173,15 @@ impl Redo {
     }
 }
 
+/// Where a device's bytes live.
+enum Backend {
+    File(File),
+    /// An upstream NBD export, driven from the worker threads through the runtime.
+    Nbd(Arc<nvwc_nbd::Client>, tokio::runtime::Handle),
+}
+
 struct Device {
-    file: File,
+    backend: Backend,
     groups: Mutex<HashMap<u64, Vec<(u64, Bytes)>>>,
     redo: Option<Redo>,
 }
@@ -186,10 +194,29 @@ impl Device {
                 _ => IoError::Eio,
             })
         };
+        let file = match &self.backend {
+            Backend::File(f) => f,
+            Backend::Nbd(c, rt) => {
+                let e = |_| IoError::Eio;
+                return match op {
+                    IoOp::Read { offset, len } => {
+                        rt.block_on(c.read(*offset, *len)).map(Some).map_err(e)
+                    }
+                    IoOp::Write { offset, data, fua } => rt
+                        .block_on(c.write(*offset, data.clone(), *fua))
+                        .map(|_| None)
+                        .map_err(e),
+                    IoOp::Flush => rt.block_on(c.flush()).map(|_| None).map_err(e),
+                    IoOp::Trim { .. } => Ok(None),
+                    // Journaled policies are refused over an upstream (no redo region yet).
+                    IoOp::GroupBegin { .. } | IoOp::GroupEnd { .. } => Err(IoError::Eio),
+                };
+            }
+        };
         match op {
             IoOp::Read { offset, len } => {
                 let mut buf = vec![0u8; *len as usize];
-                io(self.file.read_exact_at(&mut buf, *offset))?;
+                io(file.read_exact_at(&mut buf, *offset))?;
                 Ok(Some(Bytes::from(buf)))
             }
             IoOp::Write { offset, data, fua } => {
@@ -202,13 +229,13 @@ impl Device {
                         .push((*offset, data.clone()));
                     return Ok(None);
                 }
-                io(self.file.write_all_at(data, *offset))?;
+                io(file.write_all_at(data, *offset))?;
                 if *fua {
-                    io(self.file.sync_data())?;
+                    io(file.sync_data())?;
                 }
                 Ok(None)
             }
-            IoOp::Flush => io(self.file.sync_data()).map(|_| None),
+            IoOp::Flush => io(file.sync_data()).map(|_| None),
             IoOp::Trim { .. } => Ok(None),
             IoOp::GroupBegin { group } => {
                 self.groups.lock().unwrap().insert(*group, Vec::new());
@@ -222,7 +249,7 @@ impl Device {
                     .remove(group)
                     .unwrap_or_default();
                 let redo = self.redo.as_ref().expect("backing device has a redo log");
-                io(redo.commit_and_apply(&self.file, &writes)).map(|_| None)
+                io(redo.commit_and_apply(file, &writes)).map(|_| None)
             }
         }
     }
@@ -510,14 +537,37 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
         .replacement
         .parse()
         .map_err(|e| anyhow::anyhow!("--replacement: {e}"))?;
-    let (mut backing, _) = open_or_create(&a.backing, a.size)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let spec = a.backing.to_string_lossy().to_string();
+    let upstream = spec.starts_with("nbd://") || spec.starts_with("nbd+unix://");
+    let (backend, backing_len, redo) = if upstream {
+        if wp.is_journaled() {
+            bail!("--write-policy {wp} needs a file backing store for atomic checkpoints (the redo log); over an upstream NBD server use write-through, write-back or ordered");
+        }
+        let client = rt
+            .block_on(nvwc_nbd::Client::connect(&spec))
+            .with_context(|| format!("connecting to {spec}"))?;
+        let len = client.size();
+        (
+            Backend::Nbd(Arc::new(client), rt.handle().clone()),
+            len,
+            None,
+        )
+    } else {
+        let (mut backing, _) = open_or_create(&a.backing, a.size)?;
+        let redo_path = PathBuf::from(format!("{}.nvwc-redo", a.backing.display()));
+        let replayed = Redo::replay(&redo_path, &backing)?;
+        if replayed > 0 {
+            eprintln!("nvwc: level=info event=redo_replayed writes={replayed}");
+        }
+        let len = file_len(&mut backing)?;
+        (Backend::File(backing), len, Some(Redo { path: redo_path }))
+    };
     let (mut cache, cache_new) = open_or_create(&a.cache, a.cache_size)?;
-    let redo_path = PathBuf::from(format!("{}.nvwc-redo", a.backing.display()));
-    let replayed = Redo::replay(&redo_path, &backing)?;
-    if replayed > 0 {
-        eprintln!("nvwc: level=info event=redo_replayed writes={replayed}");
-    }
-    let usable = file_len(&mut backing)? / bs * bs;
+    let usable = backing_len / bs * bs;
     let capacity = Layout::capacity_for(file_len(&mut cache)?, bs as u32);
     if usable == 0 {
         bail!(
@@ -539,14 +589,14 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
 
     let (tx, rx) = mpsc::channel::<Msg>();
     let cache_dev = Arc::new(Device {
-        file: cache,
+        backend: Backend::File(cache),
         groups: Mutex::default(),
         redo: None,
     });
     let backing_dev = Arc::new(Device {
-        file: backing,
+        backend,
         groups: Mutex::default(),
-        redo: Some(Redo { path: redo_path }),
+        redo,
     });
     let cache_q = spawn_pool(cache_dev, tx.clone(), 4);
     let backing_q = spawn_pool(backing_dev, tx.clone(), 4);
@@ -565,10 +615,6 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
         info,
     });
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
     let code = rt.block_on(async move {
         let server = nvwc_nbd::Server::builder().export(export).build()?;
         let _ = std::fs::remove_file(&a.unix);
