@@ -289,6 +289,7 @@ fn spawn_pool(
 fn run_engine(
     mut eng: Engine<Bytes>,
     rx: mpsc::Receiver<Msg>,
+    cache_dev: Arc<Device>,
     cache: mpsc::Sender<IoCmd<Bytes>>,
     backing: mpsc::Sender<IoCmd<Bytes>>,
 ) {
@@ -300,6 +301,17 @@ fn run_engine(
     eng.handle_timeout(now());
     loop {
         while let Some(cmd) = eng.poll_io() {
+            // Cache-device reads and plain writes go to the page cache and are
+            // done here, inline: no thread hop on the hot path. Syncs, FUA
+            // writes and everything for the backing store run on the pools.
+            let inline = cmd.dev == Dev::Cache
+                && cmd.group.is_none()
+                && matches!(cmd.op, IoOp::Read { .. } | IoOp::Write { fua: false, .. });
+            if inline {
+                let res = cache_dev.execute(&cmd.op, None);
+                eng.handle_completion(now(), cmd.id, res);
+                continue;
+            }
             let q = if cmd.dev == Dev::Cache {
                 &cache
             } else {
@@ -598,9 +610,10 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
         groups: Mutex::default(),
         redo,
     });
-    let cache_q = spawn_pool(cache_dev, tx.clone(), 4);
+    let cache_q = spawn_pool(cache_dev.clone(), tx.clone(), 2);
     let backing_q = spawn_pool(backing_dev, tx.clone(), 4);
-    let engine_thread = std::thread::spawn(move || run_engine(eng, rx, cache_q, backing_q));
+    let engine_thread =
+        std::thread::spawn(move || run_engine(eng, rx, cache_dev, cache_q, backing_q));
 
     let mut info = ExportInfo::new("", usable).with_all_features();
     info.description = format!("nvwc {wp} cache over {}", a.backing.display());
