@@ -22,6 +22,12 @@ struct Cli {
 enum Cmd {
     /// Serve a backing store through a persistent write cache over NBD.
     Serve(serve::Args),
+    /// Print a running server's state as JSON.
+    Status(serve::CtlArgs),
+    /// Write back everything dirty on a running server (it keeps serving).
+    Flush(serve::CtlArgs),
+    /// Write back everything dirty, then stop the server: the backing store is complete on its own.
+    Detach(serve::CtlArgs),
     /// Make a backing store consistent alone (after losing the cache device).
     Recover(serve::RecoverArgs),
     /// Deterministic simulation testing of the engine under crashes.
@@ -33,6 +39,9 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Serve(a) => serve::run(a),
         Cmd::Recover(a) => serve::recover(a),
+        Cmd::Status(a) => serve::control("status", a),
+        Cmd::Flush(a) => serve::control("flush", a),
+        Cmd::Detach(a) => serve::control("detach", a),
         Cmd::Vopr(a) => vopr::run(a),
     };
     match r {

@@ -76,6 +76,12 @@ pub struct Args {
     /// Serve the export read-only.
     #[arg(long)]
     read_only: bool,
+    /// Control socket for `nvwc status`, `nvwc flush` and `nvwc detach`.
+    #[arg(long, default_value = "nvwc-data/nvwc.ctl")]
+    control: PathBuf,
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9180).
+    #[arg(long)]
+    metrics: Option<String>,
 }
 
 /// Parse sizes like `4096`, `4K`, `64M`, `8G`, `1T`.
@@ -261,6 +267,10 @@ enum Msg {
     Req(ReqOp<Bytes>, tokio::sync::oneshot::Sender<Reply<Bytes>>),
     Io(IoId, IoResult<Bytes>),
     Shutdown(mpsc::Sender<Stats>),
+    /// Counters and policy counters, for `nvwc status` and metrics.
+    Status(tokio::sync::oneshot::Sender<(Stats, Vec<(&'static str, u64)>)>),
+    /// Write back everything dirty; answer when nothing is dirty.
+    Drain(tokio::sync::oneshot::Sender<Stats>),
 }
 
 fn spawn_pool(
@@ -298,6 +308,7 @@ fn run_engine(
     let mut next_id: ReqId = 1;
     let mut waiting: HashMap<ReqId, tokio::sync::oneshot::Sender<Reply<Bytes>>> = HashMap::new();
     let mut shutdown: Option<mpsc::Sender<Stats>> = None;
+    let mut drains: Vec<tokio::sync::oneshot::Sender<Stats>> = Vec::new();
     eng.handle_timeout(now());
     loop {
         while let Some(cmd) = eng.poll_io() {
@@ -327,6 +338,11 @@ fn run_engine(
         while let Some(ev) = eng.poll_event() {
             if let Event::BackgroundError { what } = ev {
                 eprintln!("nvwc: level=warn event=background_error what={what}");
+            }
+        }
+        if !drains.is_empty() && eng.dirty_versions() == 0 && eng.is_idle() {
+            for d in drains.drain(..) {
+                let _ = d.send(eng.stats());
             }
         }
         if shutdown.is_some() && eng.is_idle() {
@@ -364,6 +380,13 @@ fn run_engine(
                 eng.start_shutdown(now());
                 shutdown = Some(ack);
             }
+            Msg::Status(ack) => {
+                let _ = ack.send((eng.stats(), eng.policy_counters()));
+            }
+            Msg::Drain(ack) => {
+                eng.start_drain(now());
+                drains.push(ack);
+            }
         }
         if eng.poll_timeout().is_some_and(|t| t <= now()) {
             eng.handle_timeout(now());
@@ -376,6 +399,31 @@ fn run_engine(
 struct NvwcExport {
     tx: Mutex<mpsc::Sender<Msg>>,
     info: ExportInfo,
+    lat: Latency,
+}
+
+/// Upper bounds (µs) of the latency histogram buckets; the last is +Inf.
+const LAT_BOUNDS_US: [u64; 12] = [
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
+];
+const OPS: [&str; 5] = ["read", "write", "flush", "trim", "write_zeroes"];
+
+/// Per-operation latency histograms (Prometheus style: cumulative at export).
+#[derive(Default)]
+struct Latency {
+    counts: Mutex<[[u64; 13]; 5]>,
+    sums_us: Mutex<[u64; 5]>,
+}
+
+impl Latency {
+    fn record(&self, op: usize, us: u64) {
+        let b = LAT_BOUNDS_US
+            .iter()
+            .position(|&x| us <= x)
+            .unwrap_or(LAT_BOUNDS_US.len());
+        self.counts.lock().unwrap()[op][b] += 1;
+        self.sums_us.lock().unwrap()[op] += us;
+    }
 }
 
 fn nbd_err(e: ReqError) -> NbdError {
@@ -390,6 +438,20 @@ fn nbd_err(e: ReqError) -> NbdError {
 
 impl NvwcExport {
     async fn call(&self, op: ReqOp<Bytes>) -> NbdResult<Option<Bytes>> {
+        let kind = match &op {
+            ReqOp::Read { .. } => 0,
+            ReqOp::Write { .. } => 1,
+            ReqOp::Flush | ReqOp::Checkpoint => 2,
+            ReqOp::Trim { .. } => 3,
+            ReqOp::WriteZeroes { .. } => 4,
+        };
+        let t = Instant::now();
+        let r = self.call_engine(op).await;
+        self.lat.record(kind, t.elapsed().as_micros() as u64);
+        r
+    }
+
+    async fn call_engine(&self, op: ReqOp<Bytes>) -> NbdResult<Option<Bytes>> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.tx
             .lock()
@@ -401,6 +463,188 @@ impl NvwcExport {
             .map_err(|_| NbdError::io("engine dropped the request"))?;
         r.result.map_err(nbd_err)
     }
+}
+
+impl NvwcExport {
+    fn send(&self, m: Msg) -> Result<()> {
+        self.tx
+            .lock()
+            .unwrap()
+            .send(m)
+            .map_err(|_| anyhow::anyhow!("engine stopped"))
+    }
+    async fn status(&self) -> Result<(Stats, Vec<(&'static str, u64)>)> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.send(Msg::Status(tx))?;
+        Ok(rx.await?)
+    }
+    async fn drain(&self) -> Result<Stats> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.send(Msg::Drain(tx))?;
+        Ok(rx.await?)
+    }
+}
+
+macro_rules! stat_fields {
+    ($m:ident) => {
+        $m!(requests reads writes flushes trims read_bytes write_bytes read_hits read_misses write_hits write_misses
+            overwrites cache_reads cache_read_bytes cache_writes cache_write_bytes cache_flushes backing_reads
+            backing_read_bytes backing_writes backing_write_bytes backing_flushes backing_groups fetches populates
+            stalled_writes stall_ns evictions destaged_blocks destage_plans destage_failures commits commit_failures
+            io_errors dirty_blocks cached_blocks free_slots)
+    };
+}
+
+fn stats_pairs(st: &Stats) -> Vec<(&'static str, u64)> {
+    macro_rules! pairs {
+        ($($f:ident)*) => { vec![$((stringify!($f), st.$f)),*] };
+    }
+    stat_fields!(pairs)
+}
+
+fn status_json(info: &ExportInfo, st: &Stats, pc: &[(&'static str, u64)]) -> String {
+    let mut out = format!(
+        "{{\"export_size\":{},\"description\":\"{}\",\"stats\":{{",
+        info.size,
+        info.description.replace('"', "'")
+    );
+    let kv: Vec<String> = stats_pairs(st)
+        .iter()
+        .map(|(k, v)| format!("\"{k}\":{v}"))
+        .collect();
+    out += &kv.join(",");
+    out += "},\"policy\":{";
+    let kv: Vec<String> = pc.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+    out += &kv.join(",");
+    out += "}}";
+    out
+}
+
+fn metrics_text(st: &Stats, pc: &[(&'static str, u64)], lat: &Latency) -> String {
+    let mut o = String::new();
+    for (k, v) in stats_pairs(st) {
+        let kind = if matches!(k, "dirty_blocks" | "cached_blocks" | "free_slots") {
+            "gauge"
+        } else {
+            "counter"
+        };
+        o += &format!("# TYPE nvwc_{k} {kind}\nnvwc_{k} {v}\n");
+    }
+    for (k, v) in pc {
+        o += &format!("# TYPE nvwc_{k} gauge\nnvwc_{k} {v}\n");
+    }
+    let counts = *lat.counts.lock().unwrap();
+    let sums = *lat.sums_us.lock().unwrap();
+    o += "# TYPE nvwc_request_latency_seconds histogram\n";
+    for (i, op) in OPS.iter().enumerate() {
+        let mut cum = 0;
+        for (b, bound) in LAT_BOUNDS_US.iter().enumerate() {
+            cum += counts[i][b];
+            o += &format!(
+                "nvwc_request_latency_seconds_bucket{{op=\"{op}\",le=\"{}\"}} {cum}\n",
+                *bound as f64 / 1e6
+            );
+        }
+        cum += counts[i][LAT_BOUNDS_US.len()];
+        o += &format!("nvwc_request_latency_seconds_bucket{{op=\"{op}\",le=\"+Inf\"}} {cum}\n");
+        o += &format!(
+            "nvwc_request_latency_seconds_sum{{op=\"{op}\"}} {}\n",
+            sums[i] as f64 / 1e6
+        );
+        o += &format!("nvwc_request_latency_seconds_count{{op=\"{op}\"}} {cum}\n");
+    }
+    o
+}
+
+/// Serve the control socket: one command per line (`status`, `flush`, `detach`), one JSON line back.
+async fn control_loop(
+    path: PathBuf,
+    export: Arc<NvwcExport>,
+    stop: Arc<tokio::sync::Notify>,
+) -> Result<()> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let _ = std::fs::remove_file(&path);
+    let l = tokio::net::UnixListener::bind(&path)
+        .with_context(|| format!("control socket {}", path.display()))?;
+    loop {
+        let (conn, _) = l.accept().await?;
+        let (export, stop) = (export.clone(), stop.clone());
+        tokio::spawn(async move {
+            let (r, mut w) = conn.into_split();
+            let mut line = String::new();
+            if BufReader::new(r).read_line(&mut line).await.is_err() {
+                return;
+            }
+            let reply = match line.trim() {
+                "status" => match export.status().await {
+                    Ok((st, pc)) => status_json(&export.info, &st, &pc),
+                    Err(e) => format!("{{\"error\":\"{e}\"}}"),
+                },
+                cmd @ ("flush" | "detach") => match export.drain().await {
+                    Ok(st) => {
+                        if cmd == "detach" {
+                            stop.notify_one();
+                        }
+                        format!("{{\"ok\":true,\"command\":\"{cmd}\",\"dirty_blocks\":{},\"destaged_blocks\":{}}}", st.dirty_blocks, st.destaged_blocks)
+                    }
+                    Err(e) => format!("{{\"error\":\"{e}\"}}"),
+                },
+                other => {
+                    format!("{{\"error\":\"unknown command {other:?} (status, flush, detach)\"}}")
+                }
+            };
+            let _ = w.write_all(format!("{reply}\n").as_bytes()).await;
+        });
+    }
+}
+
+/// Serve Prometheus text metrics over plain HTTP/1.1.
+async fn metrics_loop(addr: String, export: Arc<NvwcExport>) -> Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind(&addr)
+        .await
+        .with_context(|| format!("metrics address {addr}"))?;
+    loop {
+        let (mut conn, _) = l.accept().await?;
+        let export = export.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 2048];
+            let _ = conn.read(&mut buf).await;
+            let body = match export.status().await {
+                Ok((st, pc)) => metrics_text(&st, &pc, &export.lat),
+                Err(_) => String::new(),
+            };
+            let resp = format!("HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+            let _ = conn.write_all(resp.as_bytes()).await;
+        });
+    }
+}
+
+/// `nvwc status`, `nvwc flush`, `nvwc detach`: talk to a running server's control socket.
+#[derive(clap::Args, Debug)]
+pub struct CtlArgs {
+    /// The server's control socket.
+    #[arg(long, default_value = "nvwc-data/nvwc.ctl")]
+    control: PathBuf,
+}
+
+pub fn control(cmd: &str, a: CtlArgs) -> Result<std::process::ExitCode> {
+    use std::io::BufRead;
+    let mut s = std::os::unix::net::UnixStream::connect(&a.control).with_context(|| {
+        format!(
+            "connecting to {} (is `nvwc serve` running?)",
+            a.control.display()
+        )
+    })?;
+    s.write_all(format!("{cmd}\n").as_bytes())?;
+    let mut line = String::new();
+    std::io::BufReader::new(s).read_line(&mut line)?;
+    print!("{line}");
+    Ok(if line.contains("\"error\"") {
+        std::process::ExitCode::from(1)
+    } else {
+        std::process::ExitCode::SUCCESS
+    })
 }
 
 impl Export for NvwcExport {
@@ -626,10 +870,19 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
     let export = Arc::new(NvwcExport {
         tx: Mutex::new(tx.clone()),
         info,
+        lat: Latency::default(),
     });
+    let ctl_export = export.clone();
+    let ctl_path = a.control.clone();
+    let metrics_addr = a.metrics.clone();
 
     let code = rt.block_on(async move {
         let server = nvwc_nbd::Server::builder().export(export).build()?;
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let ctl = tokio::spawn(control_loop(ctl_path, ctl_export.clone(), stop.clone()));
+        if let Some(m) = metrics_addr {
+            tokio::spawn(metrics_loop(m, ctl_export.clone()));
+        }
         let _ = std::fs::remove_file(&a.unix);
         if let Some(d) = a.unix.parent() {
             if !d.as_os_str().is_empty() {
@@ -657,8 +910,10 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {},
             _ = term.recv() => {},
+            _ = stop.notified() => eprintln!("nvwc: level=info event=detached dirty_blocks=0"),
         }
         eprintln!("nvwc: level=info event=stopping");
+        ctl.abort();
         server.shutdown().await;
         anyhow::Ok(())
     });

@@ -481,3 +481,68 @@ fn start_with(dir: &Path, extra: &[&str]) -> Server {
     std::thread::sleep(Duration::from_millis(100));
     Server(child)
 }
+
+/// `nvwc status` / `flush` / `detach` through the control socket; after
+/// detach the server has exited and the backing file alone holds the data.
+#[test]
+fn control_socket_flush_and_detach() {
+    if !tool("qemu-io") {
+        return;
+    }
+    for policy in ["write-back", "ordered", "journaled"] {
+        let dir = tempdir(&format!("ctl-{policy}"));
+        let mut s = start(&dir, policy);
+        qemu_io(&dir, &["write -P 0x6b 0 3M", "write -P 0x6c 5M 100k"]);
+        let nvwc = |cmd: &str| {
+            let out = Command::new(env!("CARGO_BIN_EXE_nvwc"))
+                .current_dir(&dir)
+                .arg(cmd)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "nvwc {cmd}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            String::from_utf8_lossy(&out.stdout).to_string()
+        };
+        let st = nvwc("status");
+        assert!(
+            st.contains("\"dirty_blocks\":") && st.contains("\"writes\":2"),
+            "{policy}: status: {st}"
+        );
+        let fl = nvwc("flush");
+        assert!(fl.contains("\"dirty_blocks\":0"), "{policy}: flush: {fl}");
+        let de = nvwc("detach");
+        assert!(de.contains("\"ok\":true"), "{policy}: detach: {de}");
+        let t = Instant::now();
+        while s.0.try_wait().unwrap().is_none() {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "{policy}: server did not exit after detach"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let img = dir.join("nvwc-data/backing.img");
+        let out = Command::new("qemu-io")
+            .args([
+                "-f",
+                "raw",
+                "-r",
+                "-c",
+                "read -P 0x6b 0 3M",
+                "-c",
+                "read -P 0x6c 5M 100k",
+            ])
+            .arg(&img)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && !text.contains("failed"),
+            "{policy}: backing after detach: {text}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
