@@ -183,7 +183,7 @@ impl Config {
             read_allocate: true,
             autocommit_ns: 1_000_000_000,
             autocommit_changes: 4096,
-            max_destage_inflight: 64,
+            max_destage_inflight: 256,
             free_reserve: 8,
             retry_ns: 10_000_000,
         }

@@ -80,6 +80,9 @@ pub struct Ordered {
     pub reduce: bool,
     next_cidx: u64,
     wave: Vec<u32>,
+    /// Nodes that became ready (completed, no undestaged predecessor); may hold
+    /// stale ids, checked when taken. Ready nodes never depend on each other.
+    ready: Vec<u32>,
     wave_in_flight: bool,
     sync_in_flight: bool,
     awaiting_commit: bool,
@@ -110,6 +113,7 @@ impl Ordered {
             reduce: cfg.ordered_reduction,
             next_cidx: 0,
             wave: Vec::new(),
+            ready: Vec::new(),
             wave_in_flight: false,
             sync_in_flight: false,
             awaiting_commit: false,
@@ -191,6 +195,9 @@ impl Ordered {
             self.nodes[id as usize].preds = preds;
         }
         self.unabsorbed.push(id);
+        if self.nodes[id as usize].preds_left == 0 {
+            self.ready.push(id);
+        }
         if self.dummy_every > 0 && self.unabsorbed.len() >= self.dummy_every as usize {
             let d = self.alloc();
             self.nodes[d as usize].dummy = true;
@@ -236,6 +243,8 @@ impl Ordered {
                 sn.preds_left -= 1;
                 if sn.preds_left == 0 && sn.dummy && !sn.destaged {
                     work.push(s);
+                } else if sn.preds_left == 0 && sn.completed && !sn.destaged {
+                    self.ready.push(s);
                 }
             }
             if let Some(pos) = self.unabsorbed.iter().position(|&p| p == x) {
@@ -376,6 +385,37 @@ impl WritePolicy for Ordered {
             }
         }
         self.scratch = victims;
+        // Drop stale entries so the list stays proportional to the graph.
+        if self.ready.len() > 1024 && self.ready.len() > 2 * self.nodes.len() {
+            let nodes = &self.nodes;
+            self.ready.retain(|&n| {
+                let nd = &nodes[n as usize];
+                nd.live && nd.completed && !nd.dummy && !nd.destaged && nd.preds_left == 0
+            });
+            self.ready.sort_unstable();
+            self.ready.dedup();
+        }
+        // Fill the wave with other ready nodes: ready nodes are mutually
+        // independent, so one flush and one commit cover more of them.
+        let mut slots: usize = wave
+            .iter()
+            .map(|&n| self.nodes[n as usize].slots.len())
+            .sum();
+        while slots < limit {
+            let Some(n) = self.ready.pop() else { break };
+            let nd = &self.nodes[n as usize];
+            if nd.live
+                && nd.completed
+                && !nd.dummy
+                && !nd.destaged
+                && !nd.in_wave
+                && nd.preds_left == 0
+                && !wave.contains(&n)
+            {
+                slots += nd.slots.len();
+                wave.push(n);
+            }
+        }
         if wave.is_empty() {
             // The victims' nodes are not ready (or their blocks' latest versions
             // wait for older ones): destage the oldest ready node instead.
