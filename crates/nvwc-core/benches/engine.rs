@@ -136,7 +136,7 @@ fn main() {
         // Without dummies and without reduction the paper's rule is quadratic:
         // the stored graph is only affordable on a shorter stream.
         let n = if dummy == 0 && !reduce {
-            writes / 20
+            writes / 100
         } else {
             writes
         };
