@@ -4,7 +4,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod mrc;
+mod repro;
 mod serve;
+mod sim;
+mod trace;
 mod vopr;
 
 #[derive(Parser)]
@@ -32,6 +36,15 @@ enum Cmd {
     Recover(serve::RecoverArgs),
     /// Deterministic simulation testing of the engine under crashes.
     Vopr(vopr::Args),
+    /// Trace-driven simulation: sweep write policies, replacement policies and cache sizes.
+    Sim(sim::Args),
+    /// Miss-ratio curve of a trace, with its knees.
+    Mrc(mrc::Args),
+    /// Trace conversion and statistics.
+    #[command(subcommand)]
+    Trace(trace::Cmd),
+    /// Reproduce a paper's experiments (writes reports/<name>.md).
+    Repro(repro::Args),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +56,10 @@ fn main() -> ExitCode {
         Cmd::Flush(a) => serve::control("flush", a),
         Cmd::Detach(a) => serve::control("detach", a),
         Cmd::Vopr(a) => vopr::run(a),
+        Cmd::Sim(a) => sim::run(a),
+        Cmd::Mrc(a) => mrc::run(a),
+        Cmd::Trace(c) => trace::run(c),
+        Cmd::Repro(a) => repro::run(a),
     };
     match r {
         Ok(code) => code,

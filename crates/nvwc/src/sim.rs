@@ -1,0 +1,517 @@
+//! `nvwc sim`: trace-driven simulation sweeps (see `nvwc_sim`).
+//!
+//! The cartesian product of `--write-policy`, `--replacement` and
+//! `--cache-size` runs in parallel, one run per thread, with a progress bar.
+//! Results go to stdout as a table, and optionally to JSON (one object per
+//! run), CSV (the scalar fields) and a PNG/SVG plot.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use nvwc_core::{ReplacementKind, WritePolicyKind};
+use nvwc_sim::device::{build, DeviceSpec};
+use nvwc_sim::plot::{Axis, Chart, LinePlot, Series};
+use nvwc_sim::sweep::{default_threads, run_parallel, Job};
+use nvwc_sim::{
+    default_backing_qd, format_size, parse_size, AddressMode, DevSelect, RunResult, ScanOptions,
+    SimConfig, TracePlan,
+};
+
+/// Arguments of `nvwc sim`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct Args {
+    /// Trace file (any format nvwc-trace reads; gzip/bzip2 are detected).
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// Trace format (detected when omitted).
+    #[arg(long)]
+    pub format: Option<String>,
+    /// Write policies, comma-separated (write-through, write-back, ordered, journaled, journaled-hints; or wt, wb, wb-o, wb-j, wb-jh; or `all`).
+    #[arg(long, default_value = "write-back")]
+    pub write_policy: String,
+    /// Replacement policies, comma-separated (lru, arc, lst[:track=N], stack[:track=N,knee=K|online]).
+    /// Without `track=`, LST and stack use the backing disk's track size when it has one.
+    #[arg(long, default_value = "lru")]
+    pub replacement: String,
+    /// Cache sizes, comma-separated (4M,64M,1G).
+    #[arg(long, default_value = "64M")]
+    pub cache_size: String,
+    /// Cache block size.
+    #[arg(long, default_value = "4k")]
+    pub block_size: String,
+    /// Backing device: a preset name (hdd, hdd-hp97560, ssd, net, ...) or JSON.
+    #[arg(long, default_value = "net")]
+    pub backing: String,
+    /// Cache device: a preset name (nvdram, pmem, ssd-nvme, ssd-revodrive, ...) or JSON.
+    #[arg(long, default_value = "nvdram")]
+    pub cache_device: String,
+    /// Replay mode: closed (N outstanding per client) or open (trace timestamps).
+    #[arg(long, default_value = "closed")]
+    pub mode: String,
+    /// Closed loop: outstanding requests per client.
+    #[arg(long, default_value_t = 1)]
+    pub qd: u32,
+    /// Closed loop: what a client is (stream, dev, single).
+    #[arg(long, default_value = "stream")]
+    pub client_key: String,
+    /// Open loop: divide trace timestamps by this.
+    #[arg(long, default_value_t = 1.0)]
+    pub speedup: f64,
+    /// Replay at most this many requests.
+    #[arg(long)]
+    pub limit: Option<u64>,
+    /// Replay only this trace device (default: every device in its own region).
+    #[arg(long)]
+    pub dev: Option<u32>,
+    /// Address mapping: auto, identity, compact, compact:SIZE.
+    #[arg(long, default_value = "auto")]
+    pub address_map: String,
+    /// Backing store size (default: the mapped span of the trace).
+    #[arg(long)]
+    pub backing_size: Option<String>,
+    /// Snapshot metrics every SECS of virtual time (in the JSON's `intervals`).
+    #[arg(long)]
+    pub interval: Option<f64>,
+    /// Backing commands outstanding at once (default: 1 for a disk, 32 otherwise).
+    #[arg(long)]
+    pub backing_qd: Option<usize>,
+    /// Merge adjacent queued backing writes.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub merge_backing: bool,
+    /// Cost of a journaled checkpoint's GroupEnd: free or write-flush.
+    #[arg(long, default_value = "free")]
+    pub group_end: String,
+    /// Dirty watermarks HIGH,LOW (fractions of the cache).
+    #[arg(long)]
+    pub watermarks: Option<String>,
+    /// Journaled: transaction size limit in blocks.
+    #[arg(long)]
+    pub txn_blocks: Option<u32>,
+    /// Journaled: transaction age limit in ms (0 = none).
+    #[arg(long)]
+    pub txn_age_ms: Option<f64>,
+    /// Journaled: checkpoint delay in ms.
+    #[arg(long)]
+    pub checkpoint_delay_ms: Option<f64>,
+    /// Journaled: committed transactions merged per checkpoint.
+    #[arg(long)]
+    pub checkpoint_merge: Option<u32>,
+    /// Allocate cache blocks on read misses.
+    #[arg(long, action = clap::ArgAction::Set)]
+    pub read_allocate: Option<bool>,
+    /// Worker threads (default: available cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Write every run's result as a JSON array.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write the scalar results as CSV.
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+    /// Plot backing writes and throughput vs cache size (.png or .svg).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// No table on stdout.
+    #[arg(long)]
+    pub quiet: bool,
+    /// Print this process's peak resident set size (VmHWM) to stderr at the end.
+    #[arg(long, hide = true)]
+    pub print_peak_rss: bool,
+}
+
+/// Peak resident set size of this process in KiB (Linux `/proc/self/status`).
+pub fn peak_rss_kib() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Parses one replacement policy. `track_hint`: the backing disk's track size
+/// in blocks, used for LST and stack when the text gives no `track=`. This is
+/// the one place that knows the `ReplacementKind` variants.
+pub fn parse_replacement(s: &str, track_hint: Option<u64>) -> Result<ReplacementKind> {
+    let mut k: ReplacementKind = s
+        .parse()
+        .map_err(|e| anyhow::anyhow!("replacement {s:?}: {e}"))?;
+    if let (Some(t), false) = (track_hint, s.contains("track=")) {
+        match &mut k {
+            ReplacementKind::Lst { track_blocks } => *track_blocks = t.max(1),
+            ReplacementKind::Stack { track_blocks, .. } => *track_blocks = t.max(1),
+            _ => {}
+        }
+    }
+    Ok(k)
+}
+
+/// Splits a list of replacement policies at the commas that start a new
+/// policy name (parameters such as `stack:track=9,knee=100` keep theirs).
+pub fn split_replacements(s: &str) -> Vec<String> {
+    const NAMES: [&str; 4] = ["lru", "arc", "lst", "stack"];
+    let mut out: Vec<String> = Vec::new();
+    for part in s.split(',') {
+        let p = part.trim();
+        let starts_policy = NAMES.iter().any(|n| {
+            let l = p.to_ascii_lowercase();
+            l == *n || l.starts_with(&format!("{n}:"))
+        });
+        match out.last_mut() {
+            Some(last) if !starts_policy => {
+                last.push(',');
+                last.push_str(p);
+            }
+            _ => out.push(p.to_string()),
+        }
+    }
+    out
+}
+
+/// Parses a comma-separated policy list (`all` = every policy).
+pub fn parse_policies(s: &str) -> Result<Vec<WritePolicyKind>> {
+    if s == "all" {
+        return Ok(WritePolicyKind::ALL.to_vec());
+    }
+    s.split(',')
+        .map(|p| p.trim().parse().map_err(|e| anyhow::anyhow!("{e}")))
+        .collect()
+}
+
+/// Parses a comma-separated size list.
+pub fn parse_sizes(s: &str) -> Result<Vec<u64>> {
+    s.split(',')
+        .map(|p| parse_size(p).map_err(|e| anyhow::anyhow!(e)))
+        .collect()
+}
+
+/// Parses a device spec (preset name or JSON).
+pub fn parse_device(s: &str) -> Result<DeviceSpec> {
+    s.parse().map_err(|e| anyhow::anyhow!("device {s:?}: {e}"))
+}
+
+/// The backing device's track size in cache blocks, if it has tracks.
+pub fn track_blocks_of(spec: &DeviceSpec, block_size: u64) -> Result<Option<u64>> {
+    let d = build(spec, None)?;
+    Ok(d.track_bytes().map(|t| (t / block_size).max(1)))
+}
+
+/// Scans a trace for a sweep.
+pub fn scan(
+    trace: &Path,
+    format: Option<nvwc_trace::Format>,
+    backing: &DeviceSpec,
+    base: &SimConfig,
+    dev: Option<u32>,
+    address_map: AddressMode,
+    backing_size: Option<u64>,
+    limit: Option<u64>,
+) -> Result<TracePlan> {
+    let cap = build(backing, None)?.capacity_bytes();
+    let opts = ScanOptions {
+        select: dev.map_or(DevSelect::All, DevSelect::One),
+        mode: address_map,
+        limit,
+        block_size: base.block_size as u64,
+        device_capacity: cap,
+        reserve_bytes: base.reserve_bytes(),
+        backing_size,
+    };
+    TracePlan::scan(trace, format, &opts).with_context(|| format!("scanning {}", trace.display()))
+}
+
+/// Runs jobs with a progress bar; returns results in order.
+pub fn run_jobs(jobs: &[Job], threads: Option<usize>, quiet: bool) -> Vec<Result<RunResult, nvwc_sim::SimError>> {
+    let pb = if quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(jobs.len() as u64)
+    };
+    pb.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} runs {msg}")
+            .expect("template")
+            .progress_chars("=> "),
+    );
+    let out = run_parallel(jobs, threads.unwrap_or_else(default_threads), |_, r| {
+        if let Ok(r) = r {
+            pb.set_message(format!(
+                "{} {} {}",
+                r.write_policy,
+                r.replacement,
+                format_size(r.cache_size_bytes)
+            ));
+        }
+        pb.inc(1);
+    });
+    pb.finish_and_clear();
+    out
+}
+
+fn secs_to_ns(s: f64) -> u64 {
+    (s * 1e9).round() as u64
+}
+
+/// Builds the base configuration (everything but policy, replacement, size).
+pub fn base_config(a: &Args) -> Result<SimConfig> {
+    let mut c = SimConfig::new(WritePolicyKind::WriteBack, ReplacementKind::Lru, 0);
+    let bs = parse_size(&a.block_size).map_err(|e| anyhow::anyhow!(e))?;
+    c.block_size = u32::try_from(bs).context("block size")?;
+    c.backing = parse_device(&a.backing)?;
+    c.cache_device = parse_device(&a.cache_device)?;
+    c.mode = a.mode.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+    c.qd = a.qd;
+    c.client_key = a.client_key.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+    c.speedup = a.speedup;
+    c.interval_ns = a.interval.map(secs_to_ns);
+    c.backing_qd = a.backing_qd.unwrap_or_else(|| default_backing_qd(&c.backing));
+    c.merge_backing = a.merge_backing;
+    c.group_end = a.group_end.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+    if let Some(w) = &a.watermarks {
+        let (h, l) = w.split_once(',').context("--watermarks HIGH,LOW")?;
+        c.tuning.watermarks = Some((h.trim().parse()?, l.trim().parse()?));
+    }
+    c.tuning.txn_max_blocks = a.txn_blocks;
+    c.tuning.txn_max_age_ns = a.txn_age_ms.map(|m| secs_to_ns(m / 1e3));
+    c.tuning.checkpoint_delay_ns = a.checkpoint_delay_ms.map(|m| secs_to_ns(m / 1e3));
+    c.tuning.checkpoint_merge_max = a.checkpoint_merge;
+    c.tuning.read_allocate = a.read_allocate;
+    Ok(c)
+}
+
+/// Prints results as a table.
+pub fn print_table(results: &[RunResult]) {
+    println!(
+        "{:<15} {:<22} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6} {:>8} {:>10} {:>9} {:>9} {:>9}",
+        "policy", "replacement", "cache", "requests", "rd_hits", "wr_hits", "overwr", "bk_wr", "runs", "WA",
+        "queued", "IOPS", "p50_us", "p99_us", "dirty_end"
+    );
+    for r in results {
+        println!(
+            "{:<15} {:<22} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6.3} {:>8} {:>10.1} {:>9.1} {:>9.1} {:>9}",
+            r.write_policy,
+            r.replacement,
+            format_size(r.cache_size_bytes),
+            r.requests,
+            r.read_hits,
+            r.write_hits,
+            r.overwrites,
+            r.backing_writes,
+            r.backing_write_runs,
+            r.write_amplification,
+            r.queued_writes,
+            r.throughput_iops,
+            r.latency_us_p50,
+            r.latency_us_p99,
+            format_size(r.dirty_bytes_end),
+        );
+    }
+}
+
+/// Writes the results as a JSON array.
+pub fn write_json(path: &Path, results: &[RunResult]) -> Result<()> {
+    let f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    serde_json::to_writer_pretty(std::io::BufWriter::new(f), results)?;
+    Ok(())
+}
+
+/// Writes the scalar fields of the results as CSV (columns sorted by name).
+pub fn write_csv(path: &Path, results: &[RunResult]) -> Result<()> {
+    let rows: Vec<serde_json::Map<String, serde_json::Value>> = results
+        .iter()
+        .map(|r| match serde_json::to_value(r) {
+            Ok(serde_json::Value::Object(m)) => m,
+            _ => serde_json::Map::new(),
+        })
+        .collect();
+    let cols: Vec<String> = rows
+        .first()
+        .map(|m| {
+            m.iter()
+                .filter(|(_, v)| !v.is_object() && !v.is_array())
+                .map(|(k, _)| k.clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut out = cols.join(",");
+    out.push('\n');
+    for m in &rows {
+        let line: Vec<String> = cols
+            .iter()
+            .map(|c| match m.get(c) {
+                Some(serde_json::Value::String(s)) => {
+                    if s.contains([',', '"']) {
+                        format!("\"{}\"", s.replace('"', "\"\""))
+                    } else {
+                        s.clone()
+                    }
+                }
+                Some(serde_json::Value::Null) | None => String::new(),
+                Some(v) => v.to_string(),
+            })
+            .collect();
+        out.push_str(&line.join(","));
+        out.push('\n');
+    }
+    std::fs::write(path, out).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Backing writes and throughput vs cache size, one line per policy pair.
+pub fn sweep_charts(results: &[RunResult]) -> Vec<Chart> {
+    let mut keys: Vec<String> = Vec::new();
+    for r in results {
+        let k = format!("{} / {}", r.write_policy, r.replacement);
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    let series = |f: &dyn Fn(&RunResult) -> f64| -> Vec<Series> {
+        keys.iter()
+            .map(|k| {
+                let mut pts: Vec<(f64, f64)> = results
+                    .iter()
+                    .filter(|r| &format!("{} / {}", r.write_policy, r.replacement) == k)
+                    .map(|r| (r.cache_size_bytes as f64, f(r)))
+                    .collect();
+                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                Series {
+                    name: k.clone(),
+                    points: pts,
+                }
+            })
+            .collect()
+    };
+    let trace = results.first().map(|r| r.trace.clone()).unwrap_or_default();
+    vec![
+        Chart::Line(LinePlot {
+            title: format!("Backing writes ({trace})"),
+            x_label: "cache size".into(),
+            y_label: "backing block writes".into(),
+            x_axis: Axis::Log2Bytes,
+            y_axis: Axis::Linear,
+            series: series(&|r| r.backing_writes as f64),
+            vlines: vec![],
+            y_from_zero: true,
+        }),
+        Chart::Line(LinePlot {
+            title: format!("Throughput ({trace})"),
+            x_label: "cache size".into(),
+            y_label: "requests / s".into(),
+            x_axis: Axis::Log2Bytes,
+            y_axis: Axis::Linear,
+            series: series(&|r| r.throughput_iops),
+            vlines: vec![],
+            y_from_zero: true,
+        }),
+    ]
+}
+
+/// `nvwc sim`.
+pub fn run(a: Args) -> Result<ExitCode> {
+    let base = base_config(&a)?;
+    let format = a
+        .format
+        .as_deref()
+        .map(|f| f.parse::<nvwc_trace::Format>())
+        .transpose()?;
+    let policies = parse_policies(&a.write_policy)?;
+    let track = track_blocks_of(&base.backing, base.block_size as u64)?;
+    let repls: Vec<ReplacementKind> = split_replacements(&a.replacement)
+        .iter()
+        .map(|r| parse_replacement(r, track))
+        .collect::<Result<_>>()?;
+    let sizes = parse_sizes(&a.cache_size)?;
+    if policies.is_empty() || repls.is_empty() || sizes.is_empty() {
+        bail!("empty sweep");
+    }
+    let mode: AddressMode = a.address_map.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+    let backing_size = a
+        .backing_size
+        .as_deref()
+        .map(parse_size)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!(e))?;
+    let plan = Arc::new(scan(
+        &a.trace, format, &base.backing, &base, a.dev, mode, backing_size, a.limit,
+    )?);
+    if !a.quiet {
+        eprintln!(
+            "trace {}: {} requests, {}; backing store {}, {} unique blocks written",
+            a.trace.display(),
+            plan.records,
+            plan.mapping,
+            format_size(plan.backing_size),
+            plan.unique_write_blocks
+        );
+    }
+    let mut jobs = Vec::new();
+    for &p in &policies {
+        for &r in &repls {
+            for &s in &sizes {
+                let mut c = base.clone();
+                c.write_policy = p;
+                c.replacement = r;
+                c.cache_bytes = s;
+                jobs.push(Job {
+                    cfg: c,
+                    plan: plan.clone(),
+                    limit: a.limit,
+                });
+            }
+        }
+    }
+    let results = run_jobs(&jobs, a.threads, a.quiet);
+    let mut ok = Vec::new();
+    let mut failed = 0;
+    for (j, r) in jobs.iter().zip(results) {
+        match r {
+            Ok(r) => ok.push(r),
+            Err(e) => {
+                failed += 1;
+                eprintln!(
+                    "nvwc sim: run {} {} {} failed: {e}",
+                    j.cfg.write_policy,
+                    j.cfg.replacement,
+                    format_size(j.cfg.cache_bytes)
+                );
+            }
+        }
+    }
+    if !a.quiet {
+        print_table(&ok);
+    }
+    if let Some(p) = &a.json {
+        write_json(p, &ok)?;
+    }
+    if let Some(p) = &a.csv {
+        write_csv(p, &ok)?;
+    }
+    if let Some(p) = &a.plot {
+        nvwc_sim::plot::render(&sweep_charts(&ok), 2, (640, 440), p)?;
+    }
+    if a.print_peak_rss {
+        eprintln!("peak_rss_kib {}", peak_rss_kib().unwrap_or(0));
+    }
+    Ok(if failed > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replacement_lists_keep_parameters() {
+        assert_eq!(
+            split_replacements("lru,stack:track=9,knee=100,lst,arc"),
+            vec!["lru", "stack:track=9,knee=100", "lst", "arc"]
+        );
+        let k = parse_replacement("lst", Some(9)).unwrap();
+        assert_eq!(k, ReplacementKind::Lst { track_blocks: 9 });
+        let k = parse_replacement("lst:track=4", Some(9)).unwrap();
+        assert_eq!(k, ReplacementKind::Lst { track_blocks: 4 });
+        assert!(parse_replacement("fifo", None).is_err());
+    }
+}

@@ -1,0 +1,205 @@
+//! End-to-end tests of `nvwc sim`, `nvwc mrc` and `nvwc trace` on small generated traces.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn nvwc() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_nvwc"))
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("nvwc-sim-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A Heimdall-format trace (`ts_ms dev offset size op`, op 0 = write, 1 = read)
+/// of `n` requests over `span_blocks` 4 KiB blocks with a hot spot; deterministic.
+fn write_trace(path: &Path, n: u64, span_blocks: u64) {
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut s = String::with_capacity(n as usize * 32);
+    for i in 0..n {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let hot = x % 10 < 7;
+        let block = if hot { (x >> 8) % (span_blocks / 16).max(1) } else { (x >> 8) % span_blocks };
+        let len = 4096 * (1 + (x >> 40) % 4);
+        let op = if (x >> 20) % 10 < 6 { 0 } else { 1 };
+        s.push_str(&format!("{}.{:03} 0 {} {} {}\n", i / 10, i % 10, block * 4096, len, op));
+    }
+    std::fs::write(path, s).unwrap();
+}
+
+const KEYS: &[&str] = &[
+    "trace",
+    "write_policy",
+    "replacement",
+    "cache_size_bytes",
+    "requests",
+    "reads",
+    "writes",
+    "read_hits",
+    "write_hits",
+    "overwrites",
+    "backing_writes",
+    "backing_write_bytes",
+    "stalled_writes",
+    "stall_time_us",
+    "sim_time_us",
+    "throughput_iops",
+    "latency_us_p50",
+    "latency_us_p99",
+    "wall_seconds",
+    "write_amplification",
+    "backing_write_runs",
+    "run_length_histogram",
+    "dirty_bytes_end",
+    "uncheckpointed_txns",
+];
+
+#[test]
+fn sim_sweep_writes_valid_json_csv_and_plot() {
+    let d = tmpdir("sweep");
+    let trace = d.join("t.trace");
+    write_trace(&trace, 3000, 4096);
+    let json = d.join("out.json");
+    let csv = d.join("out.csv");
+    let svg = d.join("out.svg");
+    let out = nvwc()
+        .args(["sim", "--trace"])
+        .arg(&trace)
+        .args([
+            "--format",
+            "heimdall",
+            "--write-policy",
+            "wt,wb,journaled",
+            "--replacement",
+            "lru,stack:knee=64",
+            "--cache-size",
+            "256k,2M",
+            "--backing",
+            "ssd-sata",
+            "--qd",
+            "4",
+            "--threads",
+            "2",
+            "--interval",
+            "0.01",
+            "--json",
+        ])
+        .arg(&json)
+        .arg("--csv")
+        .arg(&csv)
+        .arg("--plot")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let runs = v.as_array().expect("a JSON array");
+    assert_eq!(runs.len(), 3 * 2 * 2);
+    for r in runs {
+        for k in KEYS {
+            assert!(r.get(*k).is_some(), "key {k} missing in {r}");
+        }
+        assert_eq!(r["requests"].as_u64().unwrap(), 3000);
+        assert_eq!(r["errors"].as_u64().unwrap(), 0);
+        assert!(r["throughput_iops"].as_f64().unwrap() > 0.0);
+        assert!(r["latency_us_p99"].as_f64().unwrap() >= r["latency_us_p50"].as_f64().unwrap());
+        assert!(!r["intervals"].as_array().unwrap().is_empty());
+        let journaled = r["write_policy"] == "journaled";
+        assert_eq!(r["uncheckpointed_txns"].is_null(), !journaled);
+    }
+    // Write-through writes every client byte; a 2M write-back cache absorbs overwrites.
+    let find = |p: &str, c: u64| {
+        runs.iter()
+            .find(|r| r["write_policy"] == p && r["cache_size_bytes"] == c && r["replacement"] == "lru")
+            .unwrap()
+    };
+    let wt = find("write-through", 2 << 20);
+    assert_eq!(wt["backing_write_bytes"], wt["client_write_bytes"]);
+    let wb = find("write-back", 2 << 20);
+    assert!(wb["overwrites"].as_u64().unwrap() > 0);
+    assert!(wb["backing_write_bytes"].as_u64().unwrap() < wt["backing_write_bytes"].as_u64().unwrap());
+    let csv = std::fs::read_to_string(&csv).unwrap();
+    assert_eq!(csv.lines().count(), 13);
+    assert!(csv.lines().next().unwrap().contains("throughput_iops"));
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.contains("<svg") && svg.contains("Throughput"));
+}
+
+#[test]
+fn mrc_and_trace_commands() {
+    let d = tmpdir("mrc");
+    let trace = d.join("t.trace");
+    write_trace(&trace, 4000, 2048);
+    let json = d.join("mrc.json");
+    let out = nvwc()
+        .args(["mrc", "--format", "heimdall", "--trace"])
+        .arg(&trace)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(v["method"], "exact");
+    let pts = v["points"].as_array().unwrap();
+    assert!(pts.len() > 10);
+    // The miss ratio never increases with the cache size.
+    let m: Vec<f64> = pts.iter().map(|p| p[1].as_f64().unwrap()).collect();
+    assert!(m.windows(2).all(|w| w[1] <= w[0] + 1e-12));
+    // The hot spot (1/16 of the blocks, 70% of accesses) gives a knee.
+    assert!(!v["knees"].as_array().unwrap().is_empty(), "{v}");
+    let out = nvwc()
+        .args(["mrc", "--format", "heimdall", "--shards", "0.5", "--writes-only", "--trace"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("shards-rate"));
+
+    let compact = d.join("t.nvwc");
+    let out = nvwc()
+        .args(["trace", "convert"])
+        .arg(&trace)
+        .arg(&compact)
+        .args(["--format", "heimdall"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = nvwc().args(["trace", "stats", "--json"]).arg(&compact).output().unwrap();
+    assert!(out.status.success());
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["requests"].as_u64().unwrap(), 4000);
+}
+
+fn peak_rss(trace: &Path) -> u64 {
+    let out = nvwc()
+        .args(["sim", "--format", "heimdall", "--quiet", "--print-peak-rss", "--threads", "1"])
+        .args(["--write-policy", "wb", "--cache-size", "4M", "--backing", "ssd-sata", "--trace"])
+        .arg(trace)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let line = err.lines().find(|l| l.starts_with("peak_rss_kib")).expect("rss line");
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn memory_does_not_grow_with_trace_length() {
+    let d = tmpdir("rss");
+    let short = d.join("short.trace");
+    let long = d.join("long.trace");
+    // Same address space, 10x the records.
+    write_trace(&short, 20_000, 65_536);
+    write_trace(&long, 200_000, 65_536);
+    let a = peak_rss(&short);
+    let b = peak_rss(&long);
+    assert!(a > 0);
+    // 200k records would take >= 6 MB if they were held in memory (32 B each).
+    assert!(b < a + 4096, "peak RSS {a} KiB for 20k requests vs {b} KiB for 200k");
+}
