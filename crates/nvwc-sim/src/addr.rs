@@ -271,11 +271,8 @@ impl TracePlan {
         let compact_span = |region: u64| -> u64 {
             devs.values()
                 .map(|d| {
-                    let n: BTreeSet<u64> = d
-                        .regions
-                        .iter()
-                        .map(|r| r * SCAN_REGION / region)
-                        .collect();
+                    let n: BTreeSet<u64> =
+                        d.regions.iter().map(|r| r * SCAN_REGION / region).collect();
                     (n.len() as u64 * region).next_multiple_of(DEV_ALIGN)
                 })
                 .sum()
@@ -370,7 +367,9 @@ impl TracePlan {
         let mapping = match (o.select, region) {
             (DevSelect::One(d), 0) => format!("device {d} only, identity"),
             (DevSelect::One(d), r) => format!("device {d} only, compacted in {r}-byte regions"),
-            (DevSelect::All, 0) => format!("{} device(s) in disjoint regions, identity", devices.len()),
+            (DevSelect::All, 0) => {
+                format!("{} device(s) in disjoint regions, identity", devices.len())
+            }
             (DevSelect::All, r) => format!(
                 "{} device(s) in disjoint regions, compacted in {r}-byte regions",
                 devices.len()

@@ -204,7 +204,11 @@ pub struct SimConfig {
 impl SimConfig {
     /// Defaults: closed loop, QD 1, `nvdram` cache device, `net` backing
     /// (driver backing queue depth 1), 4 KiB blocks.
-    pub fn new(write_policy: WritePolicyKind, replacement: ReplacementKind, cache_bytes: u64) -> Self {
+    pub fn new(
+        write_policy: WritePolicyKind,
+        replacement: ReplacementKind,
+        cache_bytes: u64,
+    ) -> Self {
         SimConfig {
             write_policy,
             replacement,
@@ -557,7 +561,9 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
                     // Only a stale timeout remains: let a microsecond pass.
                     self.stale_timeout_spins += 1;
                     if self.stale_timeout_spins > 1_000_000 {
-                        return Err(self.stuck("engine keeps asking for a timeout without progress"));
+                        return Err(
+                            self.stuck("engine keeps asking for a timeout without progress")
+                        );
                     }
                     self.now + 1_000
                 } else {
@@ -786,12 +792,17 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
             },
         );
         let is_write = r.op == Op::Write;
-        let before = if is_write { io_count(&self.engine.stats()) } else { 0 };
+        let before = if is_write {
+            io_count(&self.engine.stats())
+        } else {
+            0
+        };
         for op in parts {
             let id = self.next_req;
             self.next_req += 1;
             self.part_of.insert(id, parent);
-            self.engine.handle_request(self.now, Request { id, op, tag });
+            self.engine
+                .handle_request(self.now, Request { id, op, tag });
         }
         if is_write && io_count(&self.engine.stats()) == before {
             self.counts.queued_writes += 1;
@@ -914,7 +925,13 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
                     self.immediate.push_back(cmd.id);
                     return;
                 }
-                self.inflight.insert(id, InFlight::One { io: cmd.id, read_len });
+                self.inflight.insert(
+                    id,
+                    InFlight::One {
+                        io: cmd.id,
+                        read_len,
+                    },
+                );
                 self.cache.submit(now, op);
             }
             Dev::Backing => match cmd.op {
@@ -930,15 +947,25 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
                                 read_len: Some(len),
                             },
                         ),
-                        IoOp::Flush => (DevOp::flush(0), InFlight::One { io: cmd.id, read_len: None }),
+                        IoOp::Flush => (
+                            DevOp::flush(0),
+                            InFlight::One {
+                                io: cmd.id,
+                                read_len: None,
+                            },
+                        ),
                         IoOp::Trim { offset, len } => (
                             DevOp::trim(0, offset, len as u64),
-                            InFlight::One { io: cmd.id, read_len: None },
+                            InFlight::One {
+                                io: cmd.id,
+                                read_len: None,
+                            },
                         ),
                         IoOp::GroupEnd { .. } if self.cfg.group_end == GroupEndCost::WriteFlush => {
                             self.counts.group_writes += 1;
                             let off = self.backing_size + self.group_log_next * 4096;
-                            self.group_log_next = (self.group_log_next + 1) % (GROUP_LOG_BYTES / 4096);
+                            self.group_log_next =
+                                (self.group_log_next + 1) % (GROUP_LOG_BYTES / 4096);
                             (DevOp::write(0, off, 4096), InFlight::GroupWrite(cmd.id))
                         }
                         IoOp::Read { len, .. } => {
@@ -959,7 +986,8 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
 
     fn engine_read_done_later(&mut self, io: IoId) {
         // A zero-length read completes with an empty payload at once.
-        self.engine.handle_completion(self.now, io, Ok(Some(Phantom(0))));
+        self.engine
+            .handle_completion(self.now, io, Ok(Some(Phantom(0))));
     }
 
     /// Queues a backing write, merging it into a queued write it extends
@@ -969,7 +997,12 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
             for q in self.bqueue.iter_mut().rev() {
                 match q {
                     Queued::Other(..) => break,
-                    Queued::Write { off: o, len: l, fua: f, ios } => {
+                    Queued::Write {
+                        off: o,
+                        len: l,
+                        fua: f,
+                        ios,
+                    } => {
                         if *f != fua || *l + len > self.cfg.max_merge_bytes {
                             continue;
                         }
@@ -1005,13 +1038,38 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
             let pick = if self.cfg.read_priority {
                 self.bqueue
                     .iter()
-                    .take_while(|q| matches!(q, Queued::Write { .. } | Queued::Other(DevOp { kind: DevOpKind::Read, .. }, _)))
-                    .position(|q| matches!(q, Queued::Other(DevOp { kind: DevOpKind::Read, .. }, _)))
+                    .take_while(|q| {
+                        matches!(
+                            q,
+                            Queued::Write { .. }
+                                | Queued::Other(
+                                    DevOp {
+                                        kind: DevOpKind::Read,
+                                        ..
+                                    },
+                                    _
+                                )
+                        )
+                    })
+                    .position(|q| {
+                        matches!(
+                            q,
+                            Queued::Other(
+                                DevOp {
+                                    kind: DevOpKind::Read,
+                                    ..
+                                },
+                                _
+                            )
+                        )
+                    })
                     .unwrap_or(0)
             } else {
                 0
             };
-            let Some(q) = self.bqueue.remove(pick) else { break };
+            let Some(q) = self.bqueue.remove(pick) else {
+                break;
+            };
             let id = self.dev_op_id();
             let op = match q {
                 Queued::Write { off, len, fua, ios } => {
@@ -1071,7 +1129,11 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
         if backing {
             self.backing_outstanding -= 1;
         }
-        match self.inflight.remove(&id).expect("completion of an unknown device op") {
+        match self
+            .inflight
+            .remove(&id)
+            .expect("completion of an unknown device op")
+        {
             InFlight::One { io, read_len } => {
                 let res = Ok(read_len.map(|l| Phantom(l as usize)));
                 self.engine.handle_completion(now, io, res);
@@ -1111,7 +1173,10 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
         let (unckpt, committed_unckpt) = if self.cfg.write_policy.is_journaled() {
             let closed = counters.get("journal_txns_closed").copied().unwrap_or(0);
             let committed = counters.get("journal_committed_upto").copied().unwrap_or(0);
-            let ckpt = counters.get("journal_checkpointed_upto").copied().unwrap_or(0);
+            let ckpt = counters
+                .get("journal_checkpointed_upto")
+                .copied()
+                .unwrap_or(0);
             (
                 Some(closed.saturating_sub(ckpt)),
                 Some(committed.saturating_sub(ckpt)),
@@ -1200,7 +1265,11 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
                 0.0
             },
             wall_seconds: wall,
-            replay_rate: if wall > 0.0 { c.requests as f64 / wall } else { 0.0 },
+            replay_rate: if wall > 0.0 {
+                c.requests as f64 / wall
+            } else {
+                0.0
+            },
             intervals: std::mem::take(&mut self.intervals),
         }
     }

@@ -19,7 +19,9 @@ pub mod sweep;
 pub mod tradeoff;
 
 pub use addr::{AddressMode, DevSelect, ScanOptions, TracePlan};
-pub use driver::{default_backing_qd, run_plan, ClientKey, EngineTuning, GroupEndCost, Mode, SimConfig, Simulator};
+pub use driver::{
+    default_backing_qd, run_plan, ClientKey, EngineTuning, GroupEndCost, Mode, SimConfig, Simulator,
+};
 pub use metrics::{IntervalRecord, LatencySummary, RunHistogram, RunResult};
 
 /// Errors of the simulator.
@@ -73,7 +75,12 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 
 /// Formats a byte count with a binary suffix (`64M`, `1.5G`, `4k`).
 pub fn format_size(b: u64) -> String {
-    const U: [(&str, u64); 4] = [("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("k", 1 << 10)];
+    const U: [(&str, u64); 4] = [
+        ("T", 1 << 40),
+        ("G", 1 << 30),
+        ("M", 1 << 20),
+        ("k", 1 << 10),
+    ];
     for (n, m) in U {
         if b >= m {
             let v = b as f64 / m as f64;

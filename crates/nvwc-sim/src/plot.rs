@@ -34,7 +34,11 @@ fn register_font() -> Result<(), SimError> {
     FONT.get_or_init(|| {
         let mut tried = Vec::new();
         let env = std::env::var("NVWC_FONT").ok();
-        for p in env.iter().map(|s| s.as_str()).chain(FONT_PATHS.iter().copied()) {
+        for p in env
+            .iter()
+            .map(|s| s.as_str())
+            .chain(FONT_PATHS.iter().copied())
+        {
             tried.push(p.to_string());
             if let Ok(bytes) = std::fs::read(p) {
                 let leaked: &'static [u8] = Box::leak(bytes.into_boxed_slice());
@@ -175,7 +179,12 @@ const COLORS: [RGBColor; 8] = [
 
 /// Draws `charts` in a grid of `cols` columns, each panel `panel` pixels,
 /// into `path` (`.png` or `.svg`).
-pub fn render(charts: &[Chart], cols: usize, panel: (u32, u32), path: &Path) -> Result<(), SimError> {
+pub fn render(
+    charts: &[Chart],
+    cols: usize,
+    panel: (u32, u32),
+    path: &Path,
+) -> Result<(), SimError> {
     register_font()?;
     let cols = cols.max(1);
     let rows = charts.len().div_ceil(cols).max(1);
@@ -238,7 +247,10 @@ fn range(vals: impl Iterator<Item = f64>, from_zero: bool) -> (f64, f64) {
     (if from_zero && lo >= 0.0 { lo } else { lo - pad }, hi + pad)
 }
 
-fn draw_line<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &LinePlot) -> Result<(), String> {
+fn draw_line<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    p: &LinePlot,
+) -> Result<(), String> {
     let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     let xs = p
         .series
@@ -304,7 +316,9 @@ fn draw_line<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &LinePlot) ->
             .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
             .map_err(e)?
             .label(s.name.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
         chart
             .draw_series(pts.iter().map(|&q| Circle::new(q, 3, color.filled())))
             .map_err(e)?;
@@ -374,13 +388,20 @@ fn draw_bar<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &BarPlot) -> R
         chart
             .draw_series(vals.iter().enumerate().map(|(ci, &v)| {
                 let x = ci as f64 + 0.1 + si as f64 * w;
-                Text::new(num(v), (x, v.max(0.0) + y1 * 0.01), ("sans-serif", 11).into_font())
+                Text::new(
+                    num(v),
+                    (x, v.max(0.0) + y1 * 0.01),
+                    ("sans-serif", 11).into_font(),
+                )
             }))
             .map_err(e)?;
     }
     if let Some(h) = p.hline {
         chart
-            .draw_series(LineSeries::new(vec![(0.0, h), (n, h)], BLACK.mix(0.5).stroke_width(1)))
+            .draw_series(LineSeries::new(
+                vec![(0.0, h), (n, h)],
+                BLACK.mix(0.5).stroke_width(1),
+            ))
             .map_err(e)?;
     }
     chart

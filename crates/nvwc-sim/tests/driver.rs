@@ -42,10 +42,15 @@ fn read_miss_costs_one_backing_read() {
         read_allocate: Some(false),
         ..Default::default()
     };
-    let r = Simulator::new(c, BACKING, recs(vec![TraceRecord::new(0, Op::Read, 1 << 20, 4096, 0)]), "t")
-        .unwrap()
-        .run()
-        .unwrap();
+    let r = Simulator::new(
+        c,
+        BACKING,
+        recs(vec![TraceRecord::new(0, Op::Read, 1 << 20, 4096, 0)]),
+        "t",
+    )
+    .unwrap()
+    .run()
+    .unwrap();
     let expect = alone("ssd-sata", DevOp::read(1, 1 << 20, 4096), BACKING);
     assert_eq!(r.requests, 1);
     assert_eq!(r.read_misses, 1);
@@ -110,10 +115,18 @@ fn closed_loop_qd_scales_throughput_on_a_parallel_device() {
     let run = |qd| {
         let mut c = cfg(WritePolicyKind::WriteBack);
         c.qd = qd;
-        Simulator::new(c, BACKING, recs(reads(400)), "t").unwrap().run().unwrap()
+        Simulator::new(c, BACKING, recs(reads(400)), "t")
+            .unwrap()
+            .run()
+            .unwrap()
     };
     let (a, b) = (run(1), run(8));
-    assert!(b.throughput_iops > 2.0 * a.throughput_iops, "{} vs {}", b.throughput_iops, a.throughput_iops);
+    assert!(
+        b.throughput_iops > 2.0 * a.throughput_iops,
+        "{} vs {}",
+        b.throughput_iops,
+        a.throughput_iops
+    );
 }
 
 #[test]
@@ -132,7 +145,10 @@ fn open_loop_respects_timestamps() {
     let mut seen_times = Vec::new();
     while s.step().unwrap() {
         let now = s.now();
-        let due = ts.iter().filter(|&&t| (t as f64 / speedup) as u64 <= now).count() as u64;
+        let due = ts
+            .iter()
+            .filter(|&&t| (t as f64 / speedup) as u64 <= now)
+            .count() as u64;
         assert_eq!(s.engine().stats().requests, due, "at t={now}");
         seen_times.push(now);
     }
@@ -160,7 +176,11 @@ fn open_loop_respects_timestamps() {
     .run()
     .unwrap();
     // The run ends shortly after the last arrival (40 ms), not at 5 × latency.
-    assert!(r.sim_time_us >= 40_000.0 && r.sim_time_us < 40_100.0, "{}", r.sim_time_us);
+    assert!(
+        r.sim_time_us >= 40_000.0 && r.sim_time_us < 40_100.0,
+        "{}",
+        r.sim_time_us
+    );
 }
 
 #[test]
@@ -199,12 +219,23 @@ fn adjacent_destages_coalesce_into_runs() {
     c.cache_bytes = 64 * 4096;
     c.replacement = "lst:track=16".parse().unwrap();
     c.backing_qd = 1;
-    let r = Simulator::new(c.clone(), BACKING, recs(v.clone()), "t").unwrap().run().unwrap();
+    let r = Simulator::new(c.clone(), BACKING, recs(v.clone()), "t")
+        .unwrap()
+        .run()
+        .unwrap();
     assert!(r.backing_writes > 0);
-    assert!(r.backing_write_runs < r.backing_writes, "{} runs for {} writes", r.backing_write_runs, r.backing_writes);
+    assert!(
+        r.backing_write_runs < r.backing_writes,
+        "{} runs for {} writes",
+        r.backing_write_runs,
+        r.backing_writes
+    );
     assert!(r.run_length_histogram.mean() > 1.5);
     c.merge_backing = false;
-    let r2 = Simulator::new(c, BACKING, recs(v), "t").unwrap().run().unwrap();
+    let r2 = Simulator::new(c, BACKING, recs(v), "t")
+        .unwrap()
+        .run()
+        .unwrap();
     // Without merging every device write is one block; runs are still counted
     // (writes still queued at the end are not dispatched yet).
     assert_eq!(r2.backing_write_ops, r2.run_length_histogram.blocks);
@@ -217,7 +248,10 @@ fn large_writes_are_split_for_small_caches() {
     let v = vec![TraceRecord::new(0, Op::Write, 0, 1 << 20, 0)];
     let mut c = cfg(WritePolicyKind::WriteBack);
     c.cache_bytes = 32 * 4096; // max write = 16 blocks = 64 KiB
-    let r = Simulator::new(c, BACKING, recs(v), "t").unwrap().run().unwrap();
+    let r = Simulator::new(c, BACKING, recs(v), "t")
+        .unwrap()
+        .run()
+        .unwrap();
     assert_eq!(r.requests, 1);
     assert_eq!(r.errors, 0);
     assert_eq!(r.write_hits + r.write_misses, 256);
@@ -227,7 +261,10 @@ fn large_writes_are_split_for_small_caches() {
 fn intervals_partition_the_run() {
     let mut c = cfg(WritePolicyKind::WriteBack);
     c.interval_ns = Some(100_000);
-    let r = Simulator::new(c, BACKING, recs(reads(300)), "t").unwrap().run().unwrap();
+    let r = Simulator::new(c, BACKING, recs(reads(300)), "t")
+        .unwrap()
+        .run()
+        .unwrap();
     assert!(r.intervals.len() >= 2);
     let total: u64 = r.intervals.iter().map(|i| i.requests).sum();
     assert_eq!(total, r.requests);

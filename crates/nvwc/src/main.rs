@@ -22,6 +22,8 @@ struct Cli {
     cmd: Cmd,
 }
 
+/// Parsed once per run, so the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Cmd {
     /// Serve a backing store through a persistent write cache over NBD.

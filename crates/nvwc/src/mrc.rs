@@ -9,7 +9,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{bail, Result};
-use nvwc_mrc::{kneedle, CurveShape, Histogram, Mrc, ShardsFixedRate, ShardsFixedSize, StackDistance};
+use nvwc_mrc::{
+    kneedle, CurveShape, Histogram, Mrc, ShardsFixedRate, ShardsFixedSize, StackDistance,
+};
 use nvwc_sim::plot::{Axis, Chart, LinePlot, Series};
 use nvwc_sim::{format_size, parse_size};
 use nvwc_trace::{open_path, Op, ReaderOptions};
@@ -185,8 +187,16 @@ pub fn compute(a: &Args) -> Result<MrcOut> {
         points,
         knees,
         wall_seconds: secs,
-        accesses_per_sec: if secs > 0.0 { accesses as f64 / secs } else { 0.0 },
-        requests_per_sec: if secs > 0.0 { records as f64 / secs } else { 0.0 },
+        accesses_per_sec: if secs > 0.0 {
+            accesses as f64 / secs
+        } else {
+            0.0
+        },
+        requests_per_sec: if secs > 0.0 {
+            records as f64 / secs
+        } else {
+            0.0
+        },
     })
 }
 
@@ -208,7 +218,11 @@ pub fn chart(o: &MrcOut, title: &str) -> Chart {
         x_axis: Axis::Log2Bytes,
         y_axis: Axis::Linear,
         series: vec![Series {
-            name: format!("{} ({})", if o.writes_only { "writes" } else { "all" }, o.method),
+            name: format!(
+                "{} ({})",
+                if o.writes_only { "writes" } else { "all" },
+                o.method
+            ),
             points: o
                 .points
                 .iter()
@@ -219,7 +233,12 @@ pub fn chart(o: &MrcOut, title: &str) -> Chart {
         vlines: o
             .knees
             .iter()
-            .map(|k| (k.size_bytes as f64, format!("knee {}", format_size(k.size_bytes))))
+            .map(|k| {
+                (
+                    k.size_bytes as f64,
+                    format!("knee {}", format_size(k.size_bytes)),
+                )
+            })
             .collect(),
         y_from_zero: true,
     })
@@ -250,7 +269,12 @@ pub fn run(a: Args) -> Result<ExitCode> {
             continue;
         }
         last = s;
-        println!("{:>12} {:>12} {:>10.4}", format_size(s * o.block_size), s, miss_at(&o, s));
+        println!(
+            "{:>12} {:>12} {:>10.4}",
+            format_size(s * o.block_size),
+            s,
+            miss_at(&o, s)
+        );
     }
     if o.knees.is_empty() {
         println!("no knee found");
@@ -268,8 +292,17 @@ pub fn run(a: Args) -> Result<ExitCode> {
         std::fs::write(p, serde_json::to_string_pretty(&o)?)?;
     }
     if let Some(p) = &a.plot {
-        let name = a.trace.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        nvwc_sim::plot::render(&[chart(&o, &format!("Miss-ratio curve: {name}"))], 1, (800, 500), p)?;
+        let name = a
+            .trace
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        nvwc_sim::plot::render(
+            &[chart(&o, &format!("Miss-ratio curve: {name}"))],
+            1,
+            (800, 500),
+            p,
+        )?;
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -197,6 +197,7 @@ pub fn track_blocks_of(spec: &DeviceSpec, block_size: u64) -> Result<Option<u64>
 }
 
 /// Scans a trace for a sweep.
+#[allow(clippy::too_many_arguments)]
 pub fn scan(
     trace: &Path,
     format: Option<nvwc_trace::Format>,
@@ -221,7 +222,11 @@ pub fn scan(
 }
 
 /// Runs jobs with a progress bar; returns results in order.
-pub fn run_jobs(jobs: &[Job], threads: Option<usize>, quiet: bool) -> Vec<Result<RunResult, nvwc_sim::SimError>> {
+pub fn run_jobs(
+    jobs: &[Job],
+    threads: Option<usize>,
+    quiet: bool,
+) -> Vec<Result<RunResult, nvwc_sim::SimError>> {
     let pb = if quiet {
         ProgressBar::hidden()
     } else {
@@ -260,12 +265,20 @@ pub fn base_config(a: &Args) -> Result<SimConfig> {
     c.cache_device = parse_device(&a.cache_device)?;
     c.mode = a.mode.parse().map_err(|e: String| anyhow::anyhow!(e))?;
     c.qd = a.qd;
-    c.client_key = a.client_key.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+    c.client_key = a
+        .client_key
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!(e))?;
     c.speedup = a.speedup;
     c.interval_ns = a.interval.map(secs_to_ns);
-    c.backing_qd = a.backing_qd.unwrap_or_else(|| default_backing_qd(&c.backing));
+    c.backing_qd = a
+        .backing_qd
+        .unwrap_or_else(|| default_backing_qd(&c.backing));
     c.merge_backing = a.merge_backing;
-    c.group_end = a.group_end.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+    c.group_end = a
+        .group_end
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!(e))?;
     if let Some(w) = &a.watermarks {
         let (h, l) = w.split_once(',').context("--watermarks HIGH,LOW")?;
         c.tuning.watermarks = Some((h.trim().parse()?, l.trim().parse()?));
@@ -423,7 +436,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
     if policies.is_empty() || repls.is_empty() || sizes.is_empty() {
         bail!("empty sweep");
     }
-    let mode: AddressMode = a.address_map.parse().map_err(|e: String| anyhow::anyhow!(e))?;
+    let mode: AddressMode = a
+        .address_map
+        .parse()
+        .map_err(|e: String| anyhow::anyhow!(e))?;
     let backing_size = a
         .backing_size
         .as_deref()
@@ -431,7 +447,14 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .transpose()
         .map_err(|e| anyhow::anyhow!(e))?;
     let plan = Arc::new(scan(
-        &a.trace, format, &base.backing, &base, a.dev, mode, backing_size, a.limit,
+        &a.trace,
+        format,
+        &base.backing,
+        &base,
+        a.dev,
+        mode,
+        backing_size,
+        a.limit,
     )?);
     if !a.quiet {
         eprintln!(

@@ -45,10 +45,16 @@ pub fn run(cmd: Cmd) -> Result<ExitCode> {
             output,
             format,
         } => {
-            let f = std::fs::File::open(&input).with_context(|| format!("opening {}", input.display()))?;
+            let f = std::fs::File::open(&input)
+                .with_context(|| format!("opening {}", input.display()))?;
             let out = std::fs::File::create(&output)
                 .with_context(|| format!("creating {}", output.display()))?;
-            let s = nvwc_trace::convert(f, fmt(&format)?, &input.display().to_string(), BufWriter::new(out))?;
+            let s = nvwc_trace::convert(
+                f,
+                fmt(&format)?,
+                &input.display().to_string(),
+                BufWriter::new(out),
+            )?;
             println!(
                 "{} ({}) -> {}: {} records, {} skipped, {} timestamps clamped",
                 input.display(),

@@ -24,10 +24,21 @@ fn write_trace(path: &Path, n: u64, span_blocks: u64) {
         x ^= x >> 7;
         x ^= x << 17;
         let hot = x % 10 < 7;
-        let block = if hot { (x >> 8) % (span_blocks / 16).max(1) } else { (x >> 8) % span_blocks };
+        let block = if hot {
+            (x >> 8) % (span_blocks / 16).max(1)
+        } else {
+            (x >> 8) % span_blocks
+        };
         let len = 4096 * (1 + (x >> 40) % 4);
         let op = if (x >> 20) % 10 < 6 { 0 } else { 1 };
-        s.push_str(&format!("{}.{:03} 0 {} {} {}\n", i / 10, i % 10, block * 4096, len, op));
+        s.push_str(&format!(
+            "{}.{:03} 0 {} {} {}\n",
+            i / 10,
+            i % 10,
+            block * 4096,
+            len,
+            op
+        ));
     }
     std::fs::write(path, s).unwrap();
 }
@@ -96,7 +107,11 @@ fn sim_sweep_writes_valid_json_csv_and_plot() {
         .arg(&svg)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let runs = v.as_array().expect("a JSON array");
     assert_eq!(runs.len(), 3 * 2 * 2);
@@ -115,14 +130,18 @@ fn sim_sweep_writes_valid_json_csv_and_plot() {
     // Write-through writes every client byte; a 2M write-back cache absorbs overwrites.
     let find = |p: &str, c: u64| {
         runs.iter()
-            .find(|r| r["write_policy"] == p && r["cache_size_bytes"] == c && r["replacement"] == "lru")
+            .find(|r| {
+                r["write_policy"] == p && r["cache_size_bytes"] == c && r["replacement"] == "lru"
+            })
             .unwrap()
     };
     let wt = find("write-through", 2 << 20);
     assert_eq!(wt["backing_write_bytes"], wt["client_write_bytes"]);
     let wb = find("write-back", 2 << 20);
     assert!(wb["overwrites"].as_u64().unwrap() > 0);
-    assert!(wb["backing_write_bytes"].as_u64().unwrap() < wt["backing_write_bytes"].as_u64().unwrap());
+    assert!(
+        wb["backing_write_bytes"].as_u64().unwrap() < wt["backing_write_bytes"].as_u64().unwrap()
+    );
     let csv = std::fs::read_to_string(&csv).unwrap();
     assert_eq!(csv.lines().count(), 13);
     assert!(csv.lines().next().unwrap().contains("throughput_iops"));
@@ -143,7 +162,11 @@ fn mrc_and_trace_commands() {
         .arg(&json)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(v["method"], "exact");
     let pts = v["points"].as_array().unwrap();
@@ -154,7 +177,15 @@ fn mrc_and_trace_commands() {
     // The hot spot (1/16 of the blocks, 70% of accesses) gives a knee.
     assert!(!v["knees"].as_array().unwrap().is_empty(), "{v}");
     let out = nvwc()
-        .args(["mrc", "--format", "heimdall", "--shards", "0.5", "--writes-only", "--trace"])
+        .args([
+            "mrc",
+            "--format",
+            "heimdall",
+            "--shards",
+            "0.5",
+            "--writes-only",
+            "--trace",
+        ])
         .arg(&trace)
         .output()
         .unwrap();
@@ -169,8 +200,16 @@ fn mrc_and_trace_commands() {
         .args(["--format", "heimdall"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let out = nvwc().args(["trace", "stats", "--json"]).arg(&compact).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = nvwc()
+        .args(["trace", "stats", "--json"])
+        .arg(&compact)
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(s["requests"].as_u64().unwrap(), 4000);
@@ -178,14 +217,37 @@ fn mrc_and_trace_commands() {
 
 fn peak_rss(trace: &Path) -> u64 {
     let out = nvwc()
-        .args(["sim", "--format", "heimdall", "--quiet", "--print-peak-rss", "--threads", "1"])
-        .args(["--write-policy", "wb", "--cache-size", "4M", "--backing", "ssd-sata", "--trace"])
+        .args([
+            "sim",
+            "--format",
+            "heimdall",
+            "--quiet",
+            "--print-peak-rss",
+            "--threads",
+            "1",
+        ])
+        .args([
+            "--write-policy",
+            "wb",
+            "--cache-size",
+            "4M",
+            "--backing",
+            "ssd-sata",
+            "--trace",
+        ])
         .arg(trace)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let err = String::from_utf8_lossy(&out.stderr);
-    let line = err.lines().find(|l| l.starts_with("peak_rss_kib")).expect("rss line");
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("peak_rss_kib"))
+        .expect("rss line");
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
@@ -201,5 +263,8 @@ fn memory_does_not_grow_with_trace_length() {
     let b = peak_rss(&long);
     assert!(a > 0);
     // 200k records would take >= 6 MB if they were held in memory (32 B each).
-    assert!(b < a + 4096, "peak RSS {a} KiB for 20k requests vs {b} KiB for 200k");
+    assert!(
+        b < a + 4096,
+        "peak RSS {a} KiB for 20k requests vs {b} KiB for 200k"
+    );
 }
