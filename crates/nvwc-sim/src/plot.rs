@@ -285,8 +285,10 @@ fn draw_line<DB: DrawingBackend>(
         .light_line_style(RGBColor(235, 235, 235))
         .draw()
         .map_err(e)?;
-    for (x, label) in &p.vlines {
+    for (i, (x, label)) in p.vlines.iter().enumerate() {
         let x = xa.fwd(*x);
+        // Stagger labels so that close markers stay readable.
+        let ly = y1 - (y1 - y0) * (0.04 + 0.06 * (i % 4) as f64);
         let gray = RGBColor(110, 110, 110);
         chart
             .draw_series(DashedLineSeries::new(
@@ -299,7 +301,7 @@ fn draw_line<DB: DrawingBackend>(
         chart
             .draw_series(std::iter::once(Text::new(
                 label.clone(),
-                (x, y1 - (y1 - y0) * 0.04),
+                (x, ly),
                 ("sans-serif", 12).into_font().color(&gray),
             )))
             .map_err(e)?;
