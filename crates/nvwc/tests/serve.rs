@@ -36,40 +36,21 @@ impl Drop for Server {
 }
 
 fn start(dir: &Path, policy: &str) -> Server {
-    // A socket left by a killed server must not look like a live one.
-    let _ = std::fs::remove_file(dir.join("nvwc-data/nvwc.sock"));
-    let child = Command::new(env!("CARGO_BIN_EXE_nvwc"))
-        .current_dir(dir)
-        .args([
-            "serve",
+    start_with(
+        dir,
+        &[
             "--size",
             "64M",
             "--cache-size",
             "8M",
-            "--listen",
-            "none",
             "--write-policy",
             policy,
             "--txn-blocks",
             "16",
             "--txn-age-ms",
             "20",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start nvwc serve");
-    let sock = dir.join("nvwc-data/nvwc.sock");
-    let t = Instant::now();
-    while !sock.exists() {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::thread::sleep(Duration::from_millis(100));
-    Server(child)
+        ],
+    )
 }
 
 fn uri(dir: &Path) -> String {
