@@ -114,6 +114,64 @@ impl Default for JournalConfig {
     }
 }
 
+/// How a partial write to a block that is not cached gets the rest of the
+/// block (non-blocking-writes paper §4). See `docs/ARCHITECTURE.md`, "Patches".
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash, Default)]
+pub enum FetchMode {
+    /// Fetch-before-write: the writer waits for the backing read (the baseline).
+    #[default]
+    Blocking,
+    /// The write becomes a patch and is acknowledged; the fetch is issued at once.
+    Async,
+    /// Like `Async`, but fetches are queued to a background worker with a
+    /// bounded number in flight (`Config::fetch_bg_inflight`).
+    AsyncBg,
+    /// The write becomes a patch; a fetch happens only when something needs
+    /// the whole block (a read not covered by patches, a FLUSH, memory pressure).
+    Lazy,
+}
+
+impl FetchMode {
+    /// Every mode, in display order.
+    pub const ALL: [FetchMode; 4] = [
+        FetchMode::Blocking,
+        FetchMode::Async,
+        FetchMode::AsyncBg,
+        FetchMode::Lazy,
+    ];
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            FetchMode::Blocking => "blocking",
+            FetchMode::Async => "async",
+            FetchMode::AsyncBg => "async-bg",
+            FetchMode::Lazy => "lazy",
+        }
+    }
+}
+
+impl fmt::Display for FetchMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Error parsing a fetch mode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown fetch mode {0:?} (expected blocking, async, async-bg or lazy)")]
+pub struct UnknownFetchMode(pub String);
+
+impl FromStr for FetchMode {
+    type Err = UnknownFetchMode;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        FetchMode::ALL
+            .iter()
+            .copied()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| UnknownFetchMode(s.to_string()))
+    }
+}
+
 /// Error in a configuration.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
@@ -129,6 +187,10 @@ pub enum ConfigError {
     TxnSize,
     #[error("destage limit {0} must be between 1 and 65535")]
     DestageLimit(u32),
+    #[error("patch direct destage needs the write-back policy (it bypasses ordering)")]
+    PatchDirect,
+    #[error("background fetch limit must be at least 1")]
+    FetchInflight,
 }
 
 /// Engine configuration.
@@ -160,6 +222,20 @@ pub struct Config {
     pub free_reserve: u32,
     /// Delay before retrying a failed background I/O (ns).
     pub retry_ns: u64,
+    /// Partial writes to uncached blocks: fetch-before-write or patches.
+    pub fetch: FetchMode,
+    /// Upper bound on RAM held by patches (bytes of patch data). At the limit
+    /// new partial writes fall back to fetch-before-write.
+    pub patch_mem_bytes: u64,
+    /// Once patch data exceeds this share of `patch_mem_bytes`, the oldest
+    /// patched blocks are brought up to date in the background.
+    pub patch_clean_at: f64,
+    /// Write-back only: a block that holds only patches is written back by
+    /// writing the patches to the backing store (no fetch), instead of being
+    /// fetched, patched and cached.
+    pub patch_direct: bool,
+    /// `AsyncBg` (and background patch cleaning): fetches in flight at most.
+    pub fetch_bg_inflight: u32,
 }
 
 impl Config {
@@ -186,6 +262,11 @@ impl Config {
             max_destage_inflight: 256,
             free_reserve: 8,
             retry_ns: 10_000_000,
+            fetch: FetchMode::Blocking,
+            patch_mem_bytes: 64 << 20,
+            patch_clean_at: 0.5,
+            patch_direct: false,
+            fetch_bg_inflight: 16,
         }
     }
 
@@ -210,6 +291,15 @@ impl Config {
         }
         if self.max_destage_inflight == 0 || self.max_destage_inflight > u16::MAX as u32 {
             return Err(ConfigError::DestageLimit(self.max_destage_inflight));
+        }
+        if self.patch_direct && self.write_policy != WritePolicyKind::WriteBack {
+            return Err(ConfigError::PatchDirect);
+        }
+        if self.fetch_bg_inflight == 0 {
+            return Err(ConfigError::FetchInflight);
+        }
+        if !(0.0..=1.0).contains(&self.patch_clean_at) {
+            return Err(ConfigError::Watermarks);
         }
         Ok(())
     }

@@ -31,11 +31,11 @@
 //!   [`crate::layout::format_writes`]; [`Engine::recover`] takes the metadata
 //!   regions read back from an existing device.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use nvwc_replacement::{BlockId, Replacement};
 
-use crate::config::{Config, ConfigError, WritePolicyKind};
+use crate::config::{Config, ConfigError, FetchMode, WritePolicyKind};
 use crate::index::{FreeSet, LbnIndex};
 use crate::layout::{self, CommitRecord, Entry, FormatError, Layout, F_DIRTY, F_VALID};
 use crate::payload::Payload;
@@ -43,6 +43,9 @@ use crate::slab::Slab;
 use crate::stats::Stats;
 use crate::types::*;
 use crate::write_policy::{self, Group, Plan, PlanCtx, PolicyEvent, RecoveredVersion, WritePolicy};
+
+mod patch;
+use patch::PatchSet;
 
 const NIL: u32 = u32::MAX;
 /// Group of versions that belong to no policy group (clean versions).
@@ -271,6 +274,25 @@ enum IoCtx {
     ReqBacking {
         req: ReqId,
     },
+    /// Whole-block read of a patched block (see [`patch`]).
+    PatchFetch {
+        block: u32,
+        id: u64,
+        bg: bool,
+    },
+    /// Cache write of a patched block brought up to date.
+    PatchInstall {
+        block: u32,
+        slot: u32,
+        took: bool,
+    },
+    /// Backing write of one patch (`patch_direct`).
+    PatchDirect {
+        block: u32,
+        id: u64,
+        bg: bool,
+        took: bool,
+    },
 }
 
 #[derive(Debug)]
@@ -431,6 +453,20 @@ pub struct Engine<P: Payload> {
     dirty_slots: u64,
     now: u64,
     stats: Stats,
+    /// Patched blocks (see [`patch`]), oldest first in `patch_order` by first sequence number.
+    patches: HashMap<u32, PatchSet<P>>,
+    patch_order: BTreeSet<(u64, u32)>,
+    patch_bytes: u64,
+    next_patch_id: u64,
+    /// Patched blocks queued for background materialisation, and how many run.
+    patch_bg: VecDeque<u32>,
+    patch_bg_inflight: u32,
+    /// Patched blocks whose materialisation failed, retried at `retry_at`.
+    patch_retry: Vec<u32>,
+    /// A commit waits for every patch (ordered): no new patch sets meanwhile.
+    patch_barrier: bool,
+    /// FLUSHes waiting for patch sets older than their sequence number: (id, explicit, seq).
+    patch_flushes: Vec<(ReqId, bool, u64)>,
 }
 
 /// The engine's view offered to write policies while they plan.
@@ -574,6 +610,15 @@ impl<P: Payload> Engine<P> {
             dirty_slots: 0,
             now: 0,
             stats: Stats::default(),
+            patches: HashMap::new(),
+            patch_order: BTreeSet::new(),
+            patch_bytes: 0,
+            next_patch_id: 1,
+            patch_bg: VecDeque::new(),
+            patch_bg_inflight: 0,
+            patch_retry: Vec::new(),
+            patch_barrier: false,
+            patch_flushes: Vec::new(),
             cfg,
         }
     }
@@ -813,6 +858,8 @@ impl<P: Payload> Engine<P> {
         s.dirty_blocks = self.dirty_slots;
         s.cached_blocks = self.cfg.capacity_blocks - self.free_rids.len() as u64;
         s.free_slots = self.free_slots.len() as u64;
+        s.patched_blocks = self.patches.len() as u64;
+        s.patch_bytes = self.patch_bytes;
         s
     }
     /// Policy-specific counters.
@@ -827,9 +874,9 @@ impl<P: Payload> Engine<P> {
     pub fn layout(&self) -> Layout {
         self.layout
     }
-    /// Dirty versions in the cache.
+    /// Dirty versions in the cache, plus patched blocks (dirty data in RAM).
     pub fn dirty_versions(&self) -> u64 {
-        self.dirty_slots
+        self.dirty_slots + self.patches.len() as u64
     }
     /// Highest durable commit.
     pub fn durable_commit(&self) -> u64 {
@@ -842,6 +889,7 @@ impl<P: Payload> Engine<P> {
             && self.ios.is_empty()
             && self.commit.is_none()
             && self.plans.is_empty()
+            && (self.patches.is_empty() || !self.shutting_down)
     }
     /// Largest write (in bytes) the engine accepts: half the cache, so that a
     /// write can always reserve every slot it needs before it joins a
@@ -1003,6 +1051,16 @@ impl<P: Payload> Engine<P> {
             IoCtx::PlanBegin { plan } => self.on_plan_begin(plan, res.is_ok()),
             IoCtx::PlanFinish { plan } => self.on_plan_finish(plan, res.is_ok()),
             IoCtx::Commit => self.on_commit_io(res.is_ok()),
+            IoCtx::PatchFetch { block, id, bg } => self.on_patch_fetch(block, id, bg, res),
+            IoCtx::PatchInstall { block, slot, took } => {
+                self.on_patch_install(block, slot, took, res.is_ok())
+            }
+            IoCtx::PatchDirect {
+                block,
+                id,
+                bg,
+                took,
+            } => self.on_patch_direct(block, id, bg, took, res.is_ok()),
             IoCtx::ReqBacking { req } => {
                 let r: Result<Option<P>, ReqError> = if res.is_ok() {
                     Ok(None)
@@ -1030,6 +1088,7 @@ impl<P: Payload> Engine<P> {
         self.set_now(now);
         self.drain = true;
         self.policy.on_consistency_point(now, true);
+        self.materialize_all();
         self.progress();
     }
 
@@ -1039,6 +1098,7 @@ impl<P: Payload> Engine<P> {
         self.set_now(now);
         self.shutting_down = true;
         self.commit_asap = true;
+        self.materialize_all();
         self.progress();
     }
 
@@ -1169,6 +1229,7 @@ impl<P: Payload> Engine<P> {
             && blk.shadows == 0
             && blk.destaging == 0
             && !self.waiters.contains_key(&b)
+            && !self.patches.contains_key(&b)
         {
             debug_assert_eq!(blk.rid, NIL);
             let lbn = blk.lbn();
@@ -1424,6 +1485,9 @@ impl<P: Payload> Engine<P> {
     }
 
     fn read_piece(&mut self, p: u32, b: u32) {
+        if self.blocks[b as usize].latest == NIL && self.patches.contains_key(&b) {
+            return self.patch_read(p, b);
+        }
         let blk = &self.blocks[b as usize];
         let (start, end, lbn) = {
             let pc = self.pieces.get(p);
@@ -1603,6 +1667,9 @@ impl<P: Payload> Engine<P> {
                 let s = self.alloc_slot().unwrap();
                 self.write_new_version(p, s, data);
             }
+            return;
+        }
+        if latest == NIL && self.patch_write(p, b) {
             return;
         }
         if latest != NIL && self.inplace_ok(latest, group) {
@@ -1786,6 +1853,11 @@ impl<P: Payload> Engine<P> {
                 .push(s);
         } else {
             self.unalloc_slot(s);
+        }
+        if !self.patches.is_empty() {
+            // A full write over a patched block: its patches go once it is installed.
+            let b = self.block_of(lbn);
+            self.patch_superseded(b, ok);
         }
         self.pieces.get_mut(p).slot = NIL;
         self.on_piece_io_done(p, ok);
@@ -1979,7 +2051,21 @@ impl<P: Payload> Engine<P> {
             );
             return;
         }
+        // The consistency point is here, where the FLUSH arrives (it closes a
+        // journaled-hints transaction), even if the reply waits for patches.
         self.policy.on_consistency_point(self.now, explicit);
+        if !self.patches.is_empty() {
+            // Every patch acknowledged before this FLUSH becomes a version
+            // first; then the FLUSH goes on in `flush_after_patches` (see `patch`).
+            self.patch_flushes.push((id, explicit, self.next_seq));
+            self.materialize_all();
+            return;
+        }
+        self.flush_after_patches(id, explicit);
+    }
+
+    /// The rest of a FLUSH, once no patch older than it is left.
+    fn flush_after_patches(&mut self, id: ReqId, _explicit: bool) {
         if self.meta_dirty.is_empty() && self.commit.is_none() {
             // Every acknowledged write is already named by a durable commit.
             return self.reply(id, Ok(None), 0);
@@ -2058,6 +2144,7 @@ impl<P: Payload> Engine<P> {
                 changed = true;
             }
             changed |= self.ensure_free();
+            changed |= self.patch_progress();
             changed |= self.plan();
             changed |= self.maybe_commit();
             if !changed {
@@ -2389,8 +2476,11 @@ impl<P: Payload> Engine<P> {
             || self.meta_dirty.len() >= self.cfg.autocommit_changes as usize;
         let reclaim =
             self.retired_pending > 0 && (self.free_slots.len() as u64) < self.free_wanted();
-        let shutdown =
-            self.shutting_down && self.reqs.is_empty() && self.plans.is_empty() && self.commit_asap;
+        let shutdown = self.shutting_down
+            && self.reqs.is_empty()
+            && self.plans.is_empty()
+            && self.patches.is_empty()
+            && self.commit_asap;
         if !(self.commit_asap
             || !self.commit_waiters.is_empty()
             || self.policy.wants_commit()
@@ -2406,6 +2496,14 @@ impl<P: Payload> Engine<P> {
         {
             return false;
         }
+        if self.policy.commit_needs_patches_done() && !self.patches.is_empty() {
+            if !self.patch_barrier {
+                self.patch_barrier = true;
+                self.materialize_all();
+            }
+            return false;
+        }
+        self.patch_barrier = false;
         if self.inplace_inflight > 0 {
             self.commit_deferred = true;
             return false;

@@ -22,7 +22,8 @@ pub mod types;
 pub mod write_policy;
 
 pub use config::{
-    Config, ConfigError, JournalConfig, KneeSource, ReplacementKind, Watermarks, WritePolicyKind,
+    Config, ConfigError, FetchMode, JournalConfig, KneeSource, ReplacementKind, Watermarks,
+    WritePolicyKind,
 };
 pub use engine::{CacheImage, Engine, Event, RecoverError, RecoveryReport};
 pub use payload::{Payload, Phantom};

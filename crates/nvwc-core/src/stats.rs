@@ -43,7 +43,27 @@ pub struct Stats {
     pub commits: u64,
     pub commit_failures: u64,
     pub io_errors: u64,
+    /// Partial writes buffered as patches (new patched blocks, and merges into existing ones).
+    pub patches_created: u64,
+    pub patch_merges: u64,
+    /// Reads served from patches without a fetch (non-blocking reads).
+    pub patch_reads: u64,
+    /// Patched blocks brought up to date: fetched, patched and written to the cache.
+    pub patch_fetches: u64,
+    /// Patched blocks written back as partial writes without a fetch (`patch_direct`).
+    pub patch_direct_writes: u64,
+    /// Full-block writes that discarded a block's patches (and any fetch result).
+    pub patch_discards: u64,
+    /// Partial writes that fell back to fetch-before-write: patch memory full.
+    pub patch_fallbacks: u64,
+    /// Writes and reads that had to wait for a patched block to be brought up to date.
+    pub patch_waits: u64,
+    /// Failed fetches of patched blocks (reported to the FLUSH that needed them; retried).
+    pub patch_fetch_errors: u64,
     /// Gauges.
+    /// Patched blocks and the bytes of patch data held in RAM.
+    pub patched_blocks: u64,
+    pub patch_bytes: u64,
     pub dirty_blocks: u64,
     pub cached_blocks: u64,
     pub free_slots: u64,

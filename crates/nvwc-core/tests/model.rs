@@ -221,10 +221,13 @@ proptest! {
     fn engine_matches_flat_array(
         wp in 0usize..5, rp in 0usize..4, bs_pow in 0u32..4, cap in 32u64..64,
         ops in proptest::collection::vec(op_strategy(256), 1..120), seed in any::<u64>(),
+        fetch in 0usize..4, direct in any::<bool>(),
     ) {
         let bs = 512u32 << bs_pow;
         let blocks = (256 * 512 / bs as u64).max(1);
-        let cfg = config(WritePolicyKind::ALL[wp], repls()[rp], bs, cap, blocks);
+        let mut cfg = config(WritePolicyKind::ALL[wp], repls()[rp], bs, cap, blocks);
+        cfg.fetch = FetchMode::ALL[fetch];
+        cfg.patch_direct = direct && cfg.write_policy == WritePolicyKind::WriteBack;
         if let Err(e) = run(cfg, &ops, seed) {
             prop_assert!(false, "{e}");
         }
@@ -240,7 +243,12 @@ fn every_policy_combination() {
                 let mut rng = ChaCha8Rng::seed_from_u64(seed);
                 let bs = [512u32, 1024, 4096][seed as usize % 3];
                 let sectors = 384u64;
-                let cfg = config(wp, repl, bs, 32, sectors * 512 / bs as u64);
+                let mut cfg = config(wp, repl, bs, 32, sectors * 512 / bs as u64);
+                // Patches (non-blocking writes) in every fetch mode, with a
+                // small patch memory so fallbacks and cleaning happen too.
+                cfg.fetch = FetchMode::ALL[seed as usize % 4];
+                cfg.patch_mem_bytes = 8192;
+                cfg.patch_direct = wp == WritePolicyKind::WriteBack && seed % 2 == 1;
                 let ops: Vec<Op> = (0..300)
                     .map(|_| {
                         let s = rng.gen_range(0..sectors);
@@ -405,4 +413,120 @@ fn config_validation_rejects_bad_values() {
         low: 0.5,
     };
     assert!(matches!(c.validate(), Err(ConfigError::Watermarks)));
+}
+
+/// Non-blocking writes: a partial write to an uncached block becomes a patch
+/// (no backing read), a read the patch covers is served from RAM, a read it
+/// does not cover fetches once, and a FLUSH makes the patch durable.
+#[test]
+fn patches_avoid_fetch_before_write_and_survive_flush() {
+    for wp in [
+        WritePolicyKind::WriteBack,
+        WritePolicyKind::Ordered,
+        WritePolicyKind::Journaled,
+        WritePolicyKind::JournaledHints,
+    ] {
+        for fetch in FetchMode::ALL {
+            let mut cfg = Config::new(4096, 32, 128 * 4096, wp);
+            cfg.fetch = fetch;
+            let mut h = MemHarness::new(cfg);
+            let mut pick = |n: usize| n - 1;
+            h.submit(
+                1,
+                ReqOp::Write {
+                    offset: 8192 + 1024,
+                    data: Bytes::from(vec![5u8; 2048]),
+                    fua: false,
+                },
+            );
+            h.wait(1, &mut pick).result.unwrap();
+            let st = h.engine.stats();
+            if fetch == FetchMode::Blocking {
+                assert_eq!(st.backing_reads, 1, "{wp}/{fetch}: fetch-before-write");
+                assert_eq!(st.patches_created, 0);
+            } else {
+                assert_eq!(st.patches_created, 1, "{wp}/{fetch}");
+            }
+            if fetch == FetchMode::Lazy {
+                assert_eq!(st.backing_reads, 0, "{wp}/{fetch}: no fetch yet");
+                // Covered by the patch: served from RAM, still no device I/O.
+                h.submit(
+                    2,
+                    ReqOp::Read {
+                        offset: 8192 + 1536,
+                        len: 1024,
+                    },
+                );
+                let d = h.wait(2, &mut pick).result.unwrap().unwrap();
+                assert!(d.iter().all(|&b| b == 5));
+                let st = h.engine.stats();
+                assert_eq!(st.patch_reads, 1);
+                assert_eq!(st.backing_reads + st.cache_reads, 0);
+            }
+            // Not covered: the block is brought up to date (one fetch at most).
+            h.submit(
+                3,
+                ReqOp::Read {
+                    offset: 8192,
+                    len: 4096,
+                },
+            );
+            let d = h.wait(3, &mut pick).result.unwrap().unwrap();
+            assert!(d[..1024].iter().all(|&b| b == 0), "{wp}/{fetch}");
+            assert!(d[1024..3072].iter().all(|&b| b == 5), "{wp}/{fetch}");
+            assert!(d[3072..].iter().all(|&b| b == 0), "{wp}/{fetch}");
+            assert_eq!(h.engine.stats().backing_reads, 1, "{wp}/{fetch}");
+            // A second patch, then FLUSH, then a restart that loses RAM.
+            h.submit(
+                4,
+                ReqOp::Write {
+                    offset: 40960 + 512,
+                    data: Bytes::from(vec![6u8; 512]),
+                    fua: false,
+                },
+            );
+            h.wait(4, &mut pick).result.unwrap();
+            h.submit(5, ReqOp::Flush);
+            h.wait(5, &mut pick).result.unwrap();
+            assert_eq!(h.engine.stats().patched_blocks, 0, "{wp}/{fetch}");
+            h.reopen().unwrap();
+            h.submit(
+                6,
+                ReqOp::Read {
+                    offset: 40960,
+                    len: 4096,
+                },
+            );
+            let d = h.wait(6, &mut pick).result.unwrap().unwrap();
+            assert!(d[512..1024].iter().all(|&b| b == 6), "{wp}/{fetch}");
+            assert!(d[..512].iter().all(|&b| b == 0), "{wp}/{fetch}");
+        }
+    }
+}
+
+/// At the patch-memory limit, new partial writes fall back to fetch-before-write.
+#[test]
+fn patch_memory_limit_falls_back_to_blocking() {
+    let mut cfg = Config::new(4096, 64, 256 * 4096, WritePolicyKind::WriteBack);
+    cfg.fetch = FetchMode::Lazy;
+    cfg.patch_mem_bytes = 4 * 1024;
+    cfg.patch_clean_at = 1.0;
+    let mut h = MemHarness::new(cfg);
+    let mut pick = |n: usize| n - 1;
+    for i in 0..8u64 {
+        h.submit(
+            i + 1,
+            ReqOp::Write {
+                offset: i * 4096,
+                data: Bytes::from(vec![1u8; 1024]),
+                fua: false,
+            },
+        );
+        h.wait(i + 1, &mut pick).result.unwrap();
+    }
+    let st = h.engine.stats();
+    assert_eq!(st.patches_created, 4);
+    assert_eq!(st.patch_fallbacks, 4);
+    assert_eq!(st.patch_bytes, 4096);
+    assert_eq!(st.backing_reads, 4, "the fallbacks fetched before writing");
 }

@@ -46,6 +46,9 @@ pub struct Options {
     pub replacement: Option<ReplacementKind>,
     /// Print a trace of the run.
     pub verbose: bool,
+    /// Fixed fetch mode for partial writes to uncached blocks (patches);
+    /// random per seed (all four modes) when `None`.
+    pub fetch: Option<FetchMode>,
 }
 
 /// The result of one seed.
@@ -59,6 +62,10 @@ pub struct SeedOutcome {
     pub stale_writes: u64,
     pub forced_closes: u64,
     pub config: String,
+    /// Patch activity before the crash: patched blocks made, merges,
+    /// reads served from patches, blocks brought up to date (fetch or direct),
+    /// fallbacks to fetch-before-write.
+    pub patches: [u64; 5],
 }
 
 #[derive(Clone, Debug)]
@@ -267,6 +274,14 @@ fn random_config(rng: &mut ChaCha8Rng, opts: &Options) -> Config {
     c.max_destage_inflight = rng.gen_range(1..32);
     c.free_reserve = rng.gen_range(1..8);
     c.retry_ns = 200_000;
+    // Drawn last, so the fields above keep their values per seed.
+    c.fetch = opts
+        .fetch
+        .unwrap_or_else(|| FetchMode::ALL[rng.gen_range(0..4)]);
+    c.patch_mem_bytes = [512, 4096, 65536][rng.gen_range(0..3)];
+    c.patch_clean_at = [0.0, 0.5, 1.0][rng.gen_range(0..3)];
+    c.patch_direct = opts.policy == WritePolicyKind::WriteBack && rng.gen_bool(0.5);
+    c.fetch_bg_inflight = rng.gen_range(1..4);
     c
 }
 
@@ -553,6 +568,16 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
         }
     }
     out.crashed_at_event = processed;
+    {
+        let st = eng.stats();
+        out.patches = [
+            st.patches_created,
+            st.patch_merges,
+            st.patch_reads,
+            st.patch_fetches + st.patch_direct_writes,
+            st.patch_fallbacks,
+        ];
+    }
     out.ops = issued;
     let _ = in_flush_request;
 
@@ -916,6 +941,24 @@ fn check_recovered(
             return;
         }
     }
+    // Ordered: the recovered state is what the backing store converges to as
+    // the cache drains in dependency order, so it must itself be prefix-closed
+    // (else losing the cache after some of that draining would expose a state
+    // no prefix allows). (Journaled recovery merges the uncommitted
+    // transactions into one open transaction checkpointed later as a whole: a
+    // prefix-closed state, but not on the transaction boundaries this check
+    // knows, so it is not checked here.)
+    if cfg.write_policy == WritePolicyKind::Ordered {
+        let before = o.violations.len();
+        let mut scratch = SeedOutcome::default();
+        check_backing_alone(cfg, &got, false, o, &mut scratch);
+        for v in &mut o.violations[before..] {
+            *v = format!("(b) recovered state is not a consistent point in time: {v}");
+        }
+        if o.violations.len() > before {
+            return;
+        }
+    }
     for w in flushed_writes(o) {
         let r = o.writes[w as usize].clone();
         for s in r.first_sector..r.first_sector + r.sectors {
@@ -1091,6 +1134,8 @@ pub struct PolicySummary {
     pub stale_writes: u64,
     /// Seeds failing each check: (a), (b), (c), and anything else (panic, deadlock).
     pub by_check: [u64; 4],
+    /// Sums of [`SeedOutcome::patches`].
+    pub patches: [u64; 5],
 }
 
 /// Run `seeds` seeds starting at `first` on `threads` threads.
@@ -1106,7 +1151,7 @@ pub fn run_many(
     let next = AtomicU64::new(first);
     let done = AtomicU64::new(0);
     let results: Mutex<BTreeMap<u64, SeedOutcome>> = Mutex::new(BTreeMap::new());
-    let agg = Mutex::new((0u64, 0u64, 0u64, [0u64; 4]));
+    let agg = Mutex::new((0u64, 0u64, 0u64, [0u64; 4], [0u64; 5]));
     std::panic::set_hook(Box::new(|info| {
         let loc = info
             .location()
@@ -1152,6 +1197,9 @@ pub fn run_many(
                         a.1 += 1;
                     }
                     a.2 += r.stale_writes;
+                    for (x, y) in a.4.iter_mut().zip(r.patches) {
+                        *x += y;
+                    }
                 }
                 if !r.violations.is_empty() {
                     let mut m = results.lock().unwrap();
@@ -1175,5 +1223,6 @@ pub fn run_many(
         forced_close_seeds: a.1,
         stale_writes: a.2,
         by_check: a.3,
+        patches: a.4,
     }
 }

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Result;
-use nvwc_core::{ReplacementKind, WritePolicyKind};
+use nvwc_core::{FetchMode, ReplacementKind, WritePolicyKind};
 use nvwc_vopr::{run_many, run_seed, Options};
 
 #[derive(clap::Args)]
@@ -31,6 +31,10 @@ pub struct Args {
     /// Print the run's trace (with --seed).
     #[arg(long)]
     verbose: bool,
+    /// Fetch mode for partial writes to uncached blocks: blocking, async,
+    /// async-bg, lazy (patches), or random (per seed).
+    #[arg(long, default_value = "random")]
+    fetch: String,
 }
 
 fn parse_repl(s: &str) -> Result<ReplacementKind> {
@@ -47,6 +51,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
             .collect::<Result<_, _>>()?
     };
     let replacement = a.replacement.as_deref().map(parse_repl).transpose()?;
+    let fetch: Option<FetchMode> = match a.fetch.as_str() {
+        "random" => None,
+        m => Some(m.parse()?),
+    };
     let threads = a.threads.unwrap_or_else(|| {
         std::thread::available_parallelism()
             .map(|n| n.get())
@@ -58,6 +66,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             policy,
             replacement,
             verbose: a.verbose,
+            fetch,
         };
         if let Some(seed) = a.seed {
             let r = run_seed(seed, &opts);
@@ -100,6 +109,12 @@ pub fn run(a: Args) -> Result<ExitCode> {
             "  failing seeds by check: (a) reads={ca} (b) flush-contract={cb} (c) cache-lost={cc} other={other}; seeds with forced journal closes={}; stale acknowledged writes after cache loss={}",
             s.forced_close_seeds, s.stale_writes
         );
+        let [pc, pm, pr, pf, pb] = s.patches;
+        if pc + pb > 0 {
+            println!(
+                "  patches: created={pc} merged={pm} reads_from_patches={pr} brought_up_to_date={pf} fallbacks={pb}"
+            );
+        }
         if let Some(f) = &s.first_failure {
             let rep = a
                 .replacement

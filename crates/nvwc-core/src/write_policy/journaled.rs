@@ -196,6 +196,17 @@ impl WritePolicy for Journaled {
         assert!(t.inflight > 0);
         t.inflight -= 1;
     }
+    /// A patch counts as a write in flight: its transaction cannot commit
+    /// (and so no later one can) until the patch is a version.
+    fn on_patch_pending(&mut self, group: Group) {
+        let t = self.txn(group).expect("patch of an unknown transaction");
+        t.inflight += 1;
+    }
+    fn on_patch_done(&mut self, group: Group) {
+        let t = self.txn(group).expect("patch of an unknown transaction");
+        assert!(t.inflight > 0);
+        t.inflight -= 1;
+    }
     fn on_version_installed(&mut self, group: Group, slot: u32, lbn: u64, seq: u64) {
         let max = self.max_blocks;
         let hints = self.hints;

@@ -105,6 +105,20 @@ pub trait WritePolicy: Send {
     fn on_write_data_done(&mut self, _now: u64, _group: Group) {}
     /// A client write was acknowledged.
     fn on_write_ack(&mut self, _now: u64, _group: Group) {}
+    /// A write of `group` was acknowledged with some of its data held as a
+    /// *patch* in RAM (not yet a version). Until the matching
+    /// [`WritePolicy::on_patch_done`], nothing of `group` may reach the backing
+    /// store or a journal commit: the patch's version is still to come.
+    fn on_patch_pending(&mut self, _group: Group) {}
+    /// The patch counted by `on_patch_pending` became a version of `group`
+    /// (installed before this call) or was superseded within `group`.
+    fn on_patch_done(&mut self, _group: Group) {}
+    /// Must a metadata commit wait until no patch is held in RAM? True where a
+    /// durable later version without an earlier acknowledged patch would break
+    /// the policy's guarantee and nothing else prevents it (ordered).
+    fn commit_needs_patches_done(&self) -> bool {
+        false
+    }
     /// A version in `slot` was installed for `group`.
     fn on_version_installed(&mut self, _group: Group, _slot: u32, _lbn: u64, _seq: u64) {}
     /// A version left `group` (freed or cleaned).

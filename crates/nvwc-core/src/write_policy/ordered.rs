@@ -63,6 +63,9 @@ struct Node {
     cidx: u64,
     dfloor: u64,
     completed: bool,
+    /// Patches of this node's writes still held in RAM: the node is not
+    /// ready until they are versions.
+    pending: u32,
     destaged: bool,
     dummy: bool,
     live: bool,
@@ -195,7 +198,7 @@ impl Ordered {
             self.nodes[id as usize].preds = preds;
         }
         self.unabsorbed.push(id);
-        if self.nodes[id as usize].preds_left == 0 {
+        if self.nodes[id as usize].preds_left == 0 && self.nodes[id as usize].pending == 0 {
             self.ready.push(id);
         }
         if self.dummy_every > 0 && self.unabsorbed.len() >= self.dummy_every as usize {
@@ -243,7 +246,7 @@ impl Ordered {
                 sn.preds_left -= 1;
                 if sn.preds_left == 0 && sn.dummy && !sn.destaged {
                     work.push(s);
-                } else if sn.preds_left == 0 && sn.completed && !sn.destaged {
+                } else if sn.preds_left == 0 && sn.completed && sn.pending == 0 && !sn.destaged {
                     self.ready.push(s);
                 }
             }
@@ -262,6 +265,7 @@ impl Ordered {
         if n.live
             && n.destaged
             && n.slots.is_empty()
+            && n.pending == 0
             && n.succs.is_empty()
             && (n.completed || n.dummy)
         {
@@ -291,7 +295,7 @@ impl Ordered {
             }
             self.seen.push(x);
             if n.preds_left == 0 {
-                if n.completed && !n.dummy && !out.contains(&x) {
+                if n.completed && n.pending == 0 && !n.dummy && !out.contains(&x) {
                     slots += n.slots.len();
                     out.push(x);
                     if slots >= limit {
@@ -318,6 +322,25 @@ impl WritePolicy for Ordered {
     fn on_write_data_done(&mut self, _now: u64, group: Group) {
         let c = self.next_cidx;
         self.complete(group as u32, c);
+    }
+    fn on_patch_pending(&mut self, group: Group) {
+        let n = &mut self.nodes[group as usize];
+        assert!(n.live && !n.destaged, "patch of a destaged node");
+        n.pending += 1;
+    }
+    fn on_patch_done(&mut self, group: Group) {
+        let n = &mut self.nodes[group as usize];
+        assert!(n.pending > 0);
+        n.pending -= 1;
+        if n.pending == 0 && n.completed && n.preds_left == 0 && !n.destaged {
+            self.ready.push(group as u32);
+        }
+    }
+    /// A commit must not make a later write durable while an earlier,
+    /// acknowledged write is only a patch in RAM: a crash would keep the later
+    /// one and lose the earlier one, which no prefix of the order allows.
+    fn commit_needs_patches_done(&self) -> bool {
+        true
     }
     fn on_version_installed(&mut self, group: Group, slot: u32, _lbn: u64, _seq: u64) {
         let n = &mut self.nodes[group as usize];
@@ -390,7 +413,12 @@ impl WritePolicy for Ordered {
             let nodes = &self.nodes;
             self.ready.retain(|&n| {
                 let nd = &nodes[n as usize];
-                nd.live && nd.completed && !nd.dummy && !nd.destaged && nd.preds_left == 0
+                nd.live
+                    && nd.completed
+                    && nd.pending == 0
+                    && !nd.dummy
+                    && !nd.destaged
+                    && nd.preds_left == 0
             });
             self.ready.sort_unstable();
             self.ready.dedup();
@@ -406,6 +434,7 @@ impl WritePolicy for Ordered {
             let nd = &self.nodes[n as usize];
             if nd.live
                 && nd.completed
+                && nd.pending == 0
                 && !nd.dummy
                 && !nd.destaged
                 && !nd.in_wave
@@ -423,6 +452,7 @@ impl WritePolicy for Ordered {
             for (i, n) in self.nodes.iter().enumerate() {
                 if n.live
                     && n.completed
+                    && n.pending == 0
                     && !n.dummy
                     && !n.destaged
                     && !n.in_wave

@@ -1,0 +1,652 @@
+//! Patches: non-blocking partial writes (non-blocking-writes paper §3–4).
+//!
+//! A partial write to a block that has no cached version would normally read
+//! the whole block from the backing store first (fetch-before-write). With a
+//! [`FetchMode`] other than `Blocking`, the engine instead keeps the written
+//! bytes as a *patch* in RAM and acknowledges the write at once.
+//!
+//! * **Patch sets.** Each patched block has one [`PatchSet`]: its parts are
+//!   kept sorted, disjoint and non-adjacent, because adjacent and overlapping
+//!   patches merge on arrival (newer bytes win). That is the paper's per-page
+//!   FIFO queue after merging: applying the queue in order gives the same
+//!   bytes, and RAM grows with the bytes changed, not the bytes written.
+//! * **Invariant.** A block with a patch set has no cached version
+//!   (`latest == NIL`) and no shadows. The set holds one slot reservation,
+//!   so bringing it up to date can always get a slot.
+//! * **Non-blocking reads (§3.4).** A read that one part covers is answered
+//!   from RAM; any other read waits until the block is brought up to date.
+//! * **Bringing a block up to date** ("materialising"): read the whole block
+//!   from the backing store, apply the parts, write it to a fresh slot and
+//!   install it as a dirty version of the patch set's group. With
+//!   `Config::patch_direct` (write-back only) the parts are written to the
+//!   backing store with FUA instead: no fetch, no slot.
+//! * **When.** `Async`: at once. `AsyncBg`: queued, at most
+//!   `fetch_bg_inflight` in flight. `Lazy`: only when needed. In every mode:
+//!   a read not covered by the patches; a FLUSH or checkpoint (for every set
+//!   that exists when it arrives); a write that cannot merge (a FUA write, a
+//!   write of another policy group, a full write whose policy keeps the older
+//!   data); patch RAM above `patch_clean_at × patch_mem_bytes` or writers
+//!   stalled for space (oldest sets first, in the background); drain and
+//!   shutdown; and, under ordered write-back, every metadata commit.
+//! * **Patch memory limit.** A new patch set that would take patch RAM over
+//!   `patch_mem_bytes` is not created: the write falls back to
+//!   fetch-before-write (`Stats::patch_fallbacks`).
+//!
+//! # Durability (crash story)
+//! A patch lives only in RAM. A non-FUA write MAY be acknowledged while it is
+//! a patch (NBD allows it): `kill -9` or losing the cache device loses it, as
+//! it would lose any write not yet flushed. A FUA write never becomes a patch.
+//! A FLUSH (or checkpoint) first brings every patch set that exists when it
+//! arrives up to date (fetch, apply, write a version), and only then takes the
+//! usual path (a commit that started after those versions were written), so by
+//! its reply every patch acknowledged before it is in a durable commit (or, with
+//! `patch_direct`, on the backing store with FUA). We chose this over a patch
+//! log on the cache device: it keeps one on-disk format and one recovery path,
+//! and costs one backing read per patched block at the FLUSH, in parallel.
+//!
+//! **Consistency.** A patch write takes its policy group at issue like any
+//! write and completes (in the ordered graph's sense) when acknowledged, so
+//! later writes depend on it. Until its patch becomes a version the policy is
+//! told it is pending ([`WritePolicy::on_patch_pending`]): an ordered node is
+//! not destaged, a journal transaction does not commit (so no later one does).
+//! Under ordered write-back a metadata commit also waits until no patch is
+//! left (new patch sets are refused meanwhile, so the wait is bounded): a
+//! durable later version must never outlive an earlier patch lost in a crash.
+//! Patches of one block all belong to one group; a write of another group
+//! waits for the block to be brought up to date.
+//!
+//! # Errors (§5.2)
+//! A failed fetch (or direct write, or cache write) keeps the patches in RAM
+//! and retries after `retry_ns`. Reads waiting for the block fail with EIO.
+//! The error is reported to every FLUSH waiting on that block (EIO); later
+//! FLUSHes retry. Nothing acknowledged is dropped.
+
+use super::*;
+
+/// The patches of one block. See the module docs.
+#[derive(Debug)]
+pub(super) struct PatchSet<P> {
+    /// `(offset in block, data)`: sorted, disjoint, not adjacent.
+    pub parts: Vec<(u32, P)>,
+    pub bytes: u32,
+    pub group: Group,
+    pub first_seq: u64,
+    pub last_seq: u64,
+    /// Identifies this set (a set discarded and made again gets a new id).
+    pub id: u64,
+    /// A fetch, direct write or cache write for it is in flight.
+    pub io: bool,
+    /// Direct writes still in flight, and whether one failed.
+    pub direct_left: u32,
+    pub direct_failed: bool,
+    /// Queued for background materialisation.
+    pub queued: bool,
+    /// A full-block write that replaces the patches is in flight.
+    pub superseding: bool,
+    /// Pieces waiting for the block to be up to date (FIFO; at most one write,
+    /// which holds the block busy).
+    pub waiters: Vec<u32>,
+}
+
+/// Merge `data` at `start` into sorted, disjoint, non-adjacent `parts`.
+/// Returns the change in patch bytes.
+pub(super) fn merge_part<P: Payload>(parts: &mut Vec<(u32, P)>, start: u32, data: P) -> i64 {
+    let end = start + data.len() as u32;
+    // Parts that overlap or touch [start, end).
+    let lo_i = parts.partition_point(|(s, d)| (s + d.len() as u32) < start);
+    let hi_i = parts.partition_point(|(s, _)| *s <= end);
+    if lo_i == hi_i {
+        parts.insert(lo_i, (start, data));
+        return (end - start) as i64;
+    }
+    let (fs, fd) = &parts[lo_i];
+    let (ls, ld) = &parts[hi_i - 1];
+    let lo = start.min(*fs);
+    let hi = end.max(ls + ld.len() as u32);
+    let mut pieces = Vec::with_capacity(3);
+    if *fs < start {
+        pieces.push(fd.slice(0..(start - fs) as usize));
+    }
+    pieces.push(data);
+    if ls + ld.len() as u32 > end {
+        pieces.push(ld.slice((end - ls) as usize..ld.len()));
+    }
+    let old: i64 = parts[lo_i..hi_i].iter().map(|(_, d)| d.len() as i64).sum();
+    let merged = P::concat(&pieces);
+    debug_assert_eq!(merged.len() as u32, hi - lo);
+    parts.splice(lo_i..hi_i, std::iter::once((lo, merged)));
+    (hi - lo) as i64 - old
+}
+
+impl<P: Payload> Engine<P> {
+    /// A write piece on block `b`, which has no cached version. Returns true
+    /// if patching took the piece (made or merged a patch, or parked it);
+    /// false to go on with the normal write path.
+    pub(super) fn patch_write(&mut self, p: u32, b: u32) -> bool {
+        let (start, end, group, fua, seq, reserved) = {
+            let pc = self.pieces.get(p);
+            (pc.start, pc.end, pc.group, pc.fua, pc.seq, pc.reserved)
+        };
+        let full = start == 0 && end as u64 == self.bs;
+        if let Some(ps) = self.patches.get(&b) {
+            let direct = ps.direct_left > 0;
+            if full
+                && !direct
+                && !ps.io
+                && ps.waiters.is_empty()
+                && !self.policy.keep_superseded(ps.group, group)
+            {
+                // The whole block is rewritten: once the new version is
+                // installed the patches are moot (`patch_superseded`); if its
+                // write fails they stay. No materialisation starts meanwhile.
+                self.patches.get_mut(&b).unwrap().superseding = true;
+                return false;
+            }
+            if !full && !fua && !direct && ps.group == group {
+                let data = self.pieces.get_mut(p).data.clone().expect("write data");
+                let ps = self.patches.get_mut(&b).unwrap();
+                let delta = merge_part(&mut ps.parts, start, data);
+                ps.bytes = (ps.bytes as i64 + delta) as u32;
+                ps.last_seq = ps.last_seq.max(seq);
+                self.patch_bytes = (self.patch_bytes as i64 + delta) as u64;
+                self.stats.patch_merges += 1;
+                self.finish_write_piece(p);
+                return true;
+            }
+            self.stats.patch_waits += 1;
+            self.patches.get_mut(&b).unwrap().waiters.push(p);
+            self.materialize(b, true);
+            return true;
+        }
+        let blk = &self.blocks[b as usize];
+        if full
+            || fua
+            || !reserved
+            || self.cfg.fetch == FetchMode::Blocking
+            || self.patch_barrier
+            || blk.shadows > 0
+            || blk.destaging > 0
+        {
+            return false;
+        }
+        let len = (end - start) as u64;
+        if self.patch_bytes + len > self.cfg.patch_mem_bytes {
+            self.stats.patch_fallbacks += 1;
+            return false;
+        }
+        // The set takes over the piece's slot reservation.
+        let data = {
+            let pc = self.pieces.get_mut(p);
+            pc.reserved = false;
+            pc.data.clone().expect("write data")
+        };
+        let id = self.next_patch_id;
+        self.next_patch_id += 1;
+        self.patches.insert(
+            b,
+            PatchSet {
+                parts: vec![(start, data)],
+                bytes: len as u32,
+                group,
+                first_seq: seq,
+                last_seq: seq,
+                id,
+                io: false,
+                direct_left: 0,
+                direct_failed: false,
+                queued: false,
+                superseding: false,
+                waiters: Vec::new(),
+            },
+        );
+        self.patch_order.insert((seq, b));
+        self.patch_bytes += len;
+        self.stats.patches_created += 1;
+        if group != NO_GROUP {
+            self.policy.on_patch_pending(group);
+        }
+        match self.cfg.fetch {
+            FetchMode::Async => self.materialize(b, true),
+            FetchMode::AsyncBg => self.materialize(b, false),
+            FetchMode::Lazy | FetchMode::Blocking => {}
+        }
+        self.finish_write_piece(p);
+        true
+    }
+
+    /// A read piece on block `b`, which has patches and no cached version.
+    pub(super) fn patch_read(&mut self, p: u32, b: u32) {
+        let (start, end) = {
+            let pc = self.pieces.get(p);
+            (pc.start, pc.end)
+        };
+        let ps = self.patches.get_mut(&b).expect("patched block");
+        let i = ps.parts.partition_point(|(s, _)| *s <= start);
+        if i > 0 {
+            let (s, d) = &ps.parts[i - 1];
+            if s + d.len() as u32 >= end {
+                let data = d.slice((start - s) as usize..(end - s) as usize);
+                self.stats.patch_reads += 1;
+                self.stats.read_hits += 1;
+                return self.finish_read_piece(p, Some(data));
+            }
+        }
+        ps.waiters.push(p);
+        self.stats.patch_waits += 1;
+        self.materialize(b, true);
+    }
+
+    /// Bring block `b` up to date: now (`urgent`) or through the background queue.
+    pub(super) fn materialize(&mut self, b: u32, urgent: bool) {
+        let ps = self.patches.get_mut(&b).expect("patched block");
+        if ps.io || ps.superseding {
+            return;
+        }
+        if !urgent {
+            if !ps.queued {
+                ps.queued = true;
+                self.patch_bg.push_back(b);
+            }
+            return;
+        }
+        self.start_materialize(b, false);
+    }
+
+    fn start_materialize(&mut self, b: u32, bg: bool) {
+        let lbn = self.blocks[b as usize].lbn();
+        let reads_wait = {
+            let ps = &self.patches[&b];
+            ps.waiters
+                .iter()
+                .any(|&w| self.pieces.get(w).data.is_none())
+        };
+        if bg {
+            self.patch_bg_inflight += 1;
+        }
+        let bs = self.bs;
+        let ps = self.patches.get_mut(&b).unwrap();
+        ps.io = true;
+        let id = ps.id;
+        if self.cfg.patch_direct && !reads_wait {
+            // Freeze the parts: the block is busy until the writes are done.
+            let took = !self.blocks[b as usize].busy;
+            self.blocks[b as usize].busy = true;
+            let parts = ps.parts.clone();
+            ps.direct_left = parts.len() as u32;
+            ps.direct_failed = false;
+            self.stats.patch_direct_writes += 1;
+            for (s, d) in parts {
+                self.emit(
+                    Dev::Backing,
+                    IoOp::Write {
+                        offset: lbn * bs + s as u64,
+                        data: d,
+                        fua: true,
+                    },
+                    None,
+                    IoCtx::PatchDirect {
+                        block: b,
+                        id,
+                        bg,
+                        took,
+                    },
+                );
+            }
+            return;
+        }
+        self.stats.patch_fetches += 1;
+        self.emit(
+            Dev::Backing,
+            IoOp::Read {
+                offset: lbn * bs,
+                len: bs as u32,
+            },
+            None,
+            IoCtx::PatchFetch { block: b, id, bg },
+        );
+    }
+
+    pub(super) fn on_patch_fetch(&mut self, b: u32, id: u64, bg: bool, res: IoResult<P>) {
+        if bg {
+            self.patch_bg_inflight -= 1;
+        }
+        let bs = self.bs as usize;
+        let Some(ps) = self.patches.get_mut(&b) else {
+            return;
+        };
+        if ps.id != id {
+            return;
+        }
+        let data = match res {
+            Ok(Some(d)) if d.len() == bs => d,
+            _ => {
+                self.stats.patch_fetch_errors += 1;
+                return self.patch_failed(b);
+            }
+        };
+        let Some(s) = self.alloc_slot() else {
+            // Cannot happen while the reservation invariant holds; retry later.
+            return self.patch_failed(b);
+        };
+        let ps = self.patches.get_mut(&b).unwrap();
+        let mut buf = data;
+        for (at, d) in &ps.parts {
+            buf = buf.overlay(*at as usize, d);
+        }
+        let took = !self.blocks[b as usize].busy;
+        self.blocks[b as usize].busy = true;
+        let off = self.layout.slot_offset(s);
+        self.emit(
+            Dev::Cache,
+            IoOp::Write {
+                offset: off,
+                data: buf,
+                fua: false,
+            },
+            None,
+            IoCtx::PatchInstall {
+                block: b,
+                slot: s,
+                took,
+            },
+        );
+    }
+
+    pub(super) fn on_patch_install(&mut self, b: u32, s: u32, took: bool, ok: bool) {
+        if !ok {
+            self.unalloc_slot(s);
+            self.patch_failed(b);
+            if took {
+                self.release_block(b);
+            }
+            return;
+        }
+        let lbn = self.blocks[b as usize].lbn();
+        let (seq, group, range) = {
+            let ps = &self.patches[&b];
+            let (fs, _) = ps.parts[0];
+            let (ls, ld) = ps.parts.last().unwrap();
+            (ps.last_seq, ps.group, (fs, ls + ld.len() as u32))
+        };
+        let waiters = self.remove_patch_set(b, false);
+        self.install(b, s, lbn, seq, group, true, range);
+        if group != NO_GROUP {
+            self.policy.on_patch_done(group);
+        }
+        self.rerun_waiters(b, waiters, took);
+    }
+
+    pub(super) fn on_patch_direct(&mut self, b: u32, id: u64, bg: bool, took: bool, ok: bool) {
+        let ps = self
+            .patches
+            .get_mut(&b)
+            .expect("patched block busy with direct writes");
+        assert_eq!(ps.id, id);
+        ps.direct_left -= 1;
+        ps.direct_failed |= !ok;
+        if ps.direct_left > 0 {
+            return;
+        }
+        if bg {
+            self.patch_bg_inflight -= 1;
+        }
+        if ps.direct_failed {
+            self.patch_failed(b);
+            if took {
+                self.release_block(b);
+            }
+            return;
+        }
+        let group = ps.group;
+        let waiters = self.remove_patch_set(b, false);
+        if group != NO_GROUP {
+            self.policy.on_patch_done(group);
+        }
+        self.rerun_waiters(b, waiters, took);
+    }
+
+    /// Run the pieces that waited for block `b`, then give up the block if the
+    /// materialisation took it.
+    fn rerun_waiters(&mut self, b: u32, waiters: Vec<u32>, took: bool) {
+        for p in waiters {
+            if self.pieces.get(p).data.is_none() {
+                self.read_piece(p, b);
+            } else {
+                // The parked write has held the block busy all along.
+                debug_assert!(!took);
+                self.write_piece(p, b);
+            }
+        }
+        if took {
+            self.release_block(b);
+        } else {
+            self.maybe_drop_block(b);
+        }
+        self.patch_flushes_ready();
+    }
+
+    /// A fetch, direct write or cache write failed: keep the patches, fail the
+    /// reads and FLUSHes that need them, retry later.
+    fn patch_failed(&mut self, b: u32) {
+        let retry = self.now + self.cfg.retry_ns;
+        let ps = self.patches.get_mut(&b).unwrap();
+        ps.io = false;
+        ps.queued = true;
+        let first = ps.first_seq;
+        let mut reads = Vec::new();
+        ps.waiters.retain(|&w| {
+            let is_read = self.pieces.get(w).data.is_none();
+            if is_read {
+                reads.push(w);
+            }
+            !is_read
+        });
+        for w in reads {
+            self.finish_read_piece(w, None);
+        }
+        let mut failed = Vec::new();
+        self.patch_flushes.retain(|f| {
+            if f.2 > first {
+                failed.push(f.0);
+                false
+            } else {
+                true
+            }
+        });
+        for id in failed {
+            self.reply(id, Err(ReqError::Io), 0);
+        }
+        self.patch_retry.push(b);
+        if self.retry_at.is_none() {
+            self.retry_at = Some(retry);
+        }
+        self.out_event.push_back(Event::BackgroundError {
+            what: "patched block fetch",
+        });
+    }
+
+    /// The write piece that superseded block `b`'s patches finished: installed
+    /// (`ok`: the patches go) or failed (they stay, and are brought up to date).
+    pub(super) fn patch_superseded(&mut self, b: u32, ok: bool) {
+        let Some(ps) = self.patches.get_mut(&b) else {
+            return;
+        };
+        if !ps.superseding {
+            return;
+        }
+        ps.superseding = false;
+        if ok {
+            self.stats.patch_discards += 1;
+            self.remove_patch_set(b, true);
+        } else {
+            self.materialize(b, true);
+        }
+    }
+
+    /// Drop block `b`'s patch set; returns its waiting pieces. `superseded`:
+    /// a full write replaced the patches (the policy hears it here).
+    fn remove_patch_set(&mut self, b: u32, superseded: bool) -> Vec<u32> {
+        let ps = self.patches.remove(&b).expect("patched block");
+        self.patch_order.remove(&(ps.first_seq, b));
+        self.patch_bytes -= ps.bytes as u64;
+        assert!(self.reserved > 0, "patch set without its reservation");
+        self.reserved -= 1;
+        if superseded && ps.group != NO_GROUP {
+            self.policy.on_patch_done(ps.group);
+        }
+        assert!(
+            !superseded || ps.waiters.is_empty(),
+            "discarded a patch set with waiters"
+        );
+        ps.waiters
+    }
+
+    /// Background work: patch cleaning, the background queue, retries, and
+    /// FLUSHes whose patches are all up to date.
+    pub(super) fn patch_progress(&mut self) -> bool {
+        self.patch_flushes_ready();
+        if self.patches.is_empty() {
+            return false;
+        }
+        let mut changed = false;
+        if self.retry_at.is_none() && !self.patch_retry.is_empty() {
+            for b in std::mem::take(&mut self.patch_retry) {
+                if let Some(ps) = self.patches.get_mut(&b) {
+                    if !ps.io {
+                        self.patch_bg.push_back(b);
+                    }
+                }
+            }
+        }
+        let limit = self.cfg.fetch_bg_inflight;
+        let over =
+            self.patch_bytes as f64 > self.cfg.patch_clean_at * self.cfg.patch_mem_bytes as f64;
+        if (over || self.space_pressure()) && self.patch_bg.len() < limit as usize {
+            let want = limit as usize - self.patch_bg.len();
+            let mut picked = Vec::new();
+            for &(_, b) in self.patch_order.iter() {
+                let ps = &self.patches[&b];
+                if !ps.io && !ps.queued {
+                    picked.push(b);
+                    if picked.len() >= want {
+                        break;
+                    }
+                }
+            }
+            for b in picked {
+                self.patches.get_mut(&b).unwrap().queued = true;
+                self.patch_bg.push_back(b);
+            }
+        }
+        while self.patch_bg_inflight < limit {
+            let Some(b) = self.patch_bg.pop_front() else {
+                break;
+            };
+            let Some(ps) = self.patches.get_mut(&b) else {
+                continue;
+            };
+            ps.queued = false;
+            if ps.io || ps.superseding {
+                continue;
+            }
+            self.start_materialize(b, true);
+            changed = true;
+        }
+        changed
+    }
+
+    /// Request every patch set now (FLUSH, barrier, drain, shutdown).
+    pub(super) fn materialize_all(&mut self) {
+        let blocks: Vec<u32> = self.patch_order.iter().map(|&(_, b)| b).collect();
+        for b in blocks {
+            self.materialize(b, true);
+        }
+    }
+
+    /// Continue the FLUSHes whose patches are all up to date.
+    pub(super) fn patch_flushes_ready(&mut self) {
+        if self.patch_flushes.is_empty() {
+            return;
+        }
+        let oldest = self.patch_order.first().map_or(u64::MAX, |&(s, _)| s);
+        let ready: Vec<(ReqId, bool, u64)> = self
+            .patch_flushes
+            .iter()
+            .copied()
+            .filter(|f| f.2 <= oldest)
+            .collect();
+        self.patch_flushes.retain(|f| f.2 > oldest);
+        for (id, explicit, _) in ready {
+            self.flush_after_patches(id, explicit);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::merge_part;
+    use bytes::Bytes;
+
+    fn parts_bytes(parts: &[(u32, Bytes)]) -> Vec<(u32, Vec<u8>)> {
+        parts.iter().map(|(s, d)| (*s, d.to_vec())).collect()
+    }
+
+    #[test]
+    fn merge_keeps_parts_sorted_disjoint_and_newest() {
+        let mut parts: Vec<(u32, Bytes)> = Vec::new();
+        assert_eq!(merge_part(&mut parts, 10, Bytes::from(vec![1u8; 5])), 5);
+        assert_eq!(merge_part(&mut parts, 30, Bytes::from(vec![2u8; 5])), 5);
+        // Adjacent on the left of the first part: merges.
+        assert_eq!(merge_part(&mut parts, 5, Bytes::from(vec![3u8; 5])), 5);
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts[0].0, 5);
+        // Overlapping both parts: one part, newer bytes win.
+        let d = merge_part(&mut parts, 12, Bytes::from(vec![4u8; 20]));
+        assert_eq!(parts.len(), 1);
+        let (s, v) = &parts_bytes(&parts)[0];
+        assert_eq!(*s, 5);
+        let mut want = vec![3u8; 5];
+        want.extend([1u8; 2]);
+        want.extend([4u8; 20]);
+        want.extend([2u8; 3]);
+        assert_eq!(v, &want);
+        assert_eq!(d, want.len() as i64 - 15);
+        // Inside an existing part: no growth.
+        assert_eq!(merge_part(&mut parts, 6, Bytes::from(vec![9u8; 2])), 0);
+        assert_eq!(&parts_bytes(&parts)[0].1[1..3], &[9, 9]);
+    }
+
+    #[test]
+    fn merge_matches_a_flat_model() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        for _ in 0..200 {
+            let mut parts: Vec<(u32, Bytes)> = Vec::new();
+            let mut flat: Vec<Option<u8>> = vec![None; 256];
+            let mut bytes = 0i64;
+            for k in 0..12u8 {
+                let s = rng.gen_range(0..250u32);
+                let l = rng.gen_range(1..=(256 - s).min(40));
+                bytes += merge_part(&mut parts, s, Bytes::from(vec![k; l as usize]));
+                for x in &mut flat[s as usize..(s + l) as usize] {
+                    *x = Some(k);
+                }
+                let mut seen: Vec<Option<u8>> = vec![None; 256];
+                let mut total = 0i64;
+                let mut prev_end: Option<u32> = None;
+                for (ps, d) in &parts {
+                    if let Some(e) = prev_end {
+                        assert!(*ps > e, "parts adjacent or overlapping");
+                    }
+                    prev_end = Some(ps + d.len() as u32);
+                    total += d.len() as i64;
+                    for (i, b) in d.iter().enumerate() {
+                        seen[*ps as usize + i] = Some(*b);
+                    }
+                }
+                assert_eq!(seen, flat);
+                assert_eq!(total, bytes);
+            }
+        }
+    }
+}
