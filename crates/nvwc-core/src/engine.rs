@@ -286,6 +286,8 @@ enum IoCtx {
         slot: u32,
         took: bool,
     },
+    /// Backing FLUSH that makes direct patch writes durable.
+    PatchDirectFlush,
     /// Backing write of one patch (`patch_direct`).
     PatchDirect {
         block: u32,
@@ -467,6 +469,10 @@ pub struct Engine<P: Payload> {
     patch_barrier: bool,
     /// FLUSHes waiting for patch sets older than their sequence number: (id, explicit, seq).
     patch_flushes: Vec<(ReqId, bool, u64)>,
+    /// Blocks whose direct patch writes are done, waiting for (or covered by
+    /// the in-flight) backing FLUSH: (block, set id, took the block busy).
+    patch_direct_written: Vec<(u32, u64, bool)>,
+    patch_direct_flushing: Vec<(u32, u64, bool)>,
 }
 
 /// The engine's view offered to write policies while they plan.
@@ -619,6 +625,8 @@ impl<P: Payload> Engine<P> {
             patch_retry: Vec::new(),
             patch_barrier: false,
             patch_flushes: Vec::new(),
+            patch_direct_written: Vec::new(),
+            patch_direct_flushing: Vec::new(),
             cfg,
         }
     }
@@ -1055,6 +1063,7 @@ impl<P: Payload> Engine<P> {
             IoCtx::PatchInstall { block, slot, took } => {
                 self.on_patch_install(block, slot, took, res.is_ok())
             }
+            IoCtx::PatchDirectFlush => self.on_patch_direct_flush(res.is_ok()),
             IoCtx::PatchDirect {
                 block,
                 id,
@@ -1557,7 +1566,12 @@ impl<P: Payload> Engine<P> {
         };
         if let (Some(d), true) = (&data, full) {
             let blk = &self.blocks[b as usize];
-            if part.is_some() && blk.latest == NIL && !blk.busy && !stale {
+            if part.is_some()
+                && blk.latest == NIL
+                && !blk.busy
+                && !stale
+                && !self.patches.contains_key(&b)
+            {
                 self.fill(b, d.clone());
             }
         }

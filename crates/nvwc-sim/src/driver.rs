@@ -57,8 +57,8 @@ use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
 use nvwc_core::{
-    Config, Dev, Engine, IoCmd, IoId, IoOp, Phantom, ReplacementKind, ReqId, ReqOp, Request, Tag,
-    Watermarks, WritePolicyKind,
+    Config, Dev, Engine, FetchMode, IoCmd, IoId, IoOp, Phantom, ReplacementKind, ReqId, ReqOp,
+    Request, Tag, Watermarks, WritePolicyKind,
 };
 use nvwc_mrc::MixBuildHasher;
 use nvwc_trace::{Op, TraceError, TraceRecord};
@@ -152,6 +152,12 @@ pub struct EngineTuning {
     pub read_allocate: Option<bool>,
     /// Destage writes in flight.
     pub max_destage_inflight: Option<u32>,
+    /// Partial writes to uncached blocks: fetch-before-write or patches.
+    pub fetch: Option<FetchMode>,
+    /// Patch RAM limit (bytes).
+    pub patch_mem_bytes: Option<u64>,
+    /// Write-back: write patched blocks back without a fetch.
+    pub patch_direct: Option<bool>,
 }
 
 /// One run's configuration.
@@ -272,6 +278,15 @@ impl SimConfig {
         }
         if let Some(v) = t.max_destage_inflight {
             c.max_destage_inflight = v;
+        }
+        if let Some(v) = t.fetch {
+            c.fetch = v;
+        }
+        if let Some(v) = t.patch_mem_bytes {
+            c.patch_mem_bytes = v;
+        }
+        if let Some(v) = t.patch_direct {
+            c.patch_direct = v;
         }
         c
     }
@@ -1190,6 +1205,11 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
             trace: self.trace_name.clone(),
             write_policy: self.cfg.write_policy.name().to_string(),
             replacement: self.cfg.replacement.to_string(),
+            fetch: self.engine.config().fetch.name().to_string(),
+            patches_created: e.patches_created,
+            patch_fetches: e.patch_fetches,
+            patch_fallbacks: e.patch_fallbacks,
+            patch_reads: e.patch_reads,
             cache_size_bytes: self.engine.config().capacity_blocks * bs,
             block_size: bs,
             cache_blocks: self.engine.config().capacity_blocks,

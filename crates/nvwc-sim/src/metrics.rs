@@ -193,6 +193,14 @@ pub struct RunResult {
     pub write_policy: String,
     /// Replacement policy (text form).
     pub replacement: String,
+    /// Fetch mode for partial writes to uncached blocks (`blocking` or a patch mode).
+    pub fetch: String,
+    /// Patched blocks made, brought up to date by a fetch, partial writes
+    /// that fell back to blocking at the patch-memory limit, reads served from patches.
+    pub patches_created: u64,
+    pub patch_fetches: u64,
+    pub patch_fallbacks: u64,
+    pub patch_reads: u64,
     /// Cache size in bytes (data slots × block size).
     pub cache_size_bytes: u64,
     /// Cache block size in bytes.

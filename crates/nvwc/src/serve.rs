@@ -73,6 +73,18 @@ pub struct Args {
     /// Stop cleaning at this dirty fraction.
     #[arg(long, default_value_t = 0.5)]
     low_watermark: f64,
+    /// Partial writes to uncached blocks: `blocking` (fetch-before-write),
+    /// `async`, `async-bg` or `lazy` (non-blocking writes: the data is kept as
+    /// a patch and the write acknowledged at once; see docs/ARCHITECTURE.md).
+    #[arg(long, default_value = "lazy")]
+    fetch: String,
+    /// RAM for patches; at the limit partial writes fall back to blocking.
+    #[arg(long, default_value = "64M", value_parser = parse_size)]
+    patch_mem: u64,
+    /// Write-back only: write a patched block back as partial writes to the
+    /// backing store, with no fetch.
+    #[arg(long)]
+    patch_direct: bool,
     /// Serve the export read-only.
     #[arg(long)]
     read_only: bool,
@@ -491,7 +503,8 @@ macro_rules! stat_fields {
             overwrites cache_reads cache_read_bytes cache_writes cache_write_bytes cache_flushes backing_reads
             backing_read_bytes backing_writes backing_write_bytes backing_flushes backing_groups fetches populates
             stalled_writes stall_ns evictions destaged_blocks destage_plans destage_failures commits commit_failures
-            io_errors dirty_blocks cached_blocks free_slots)
+            io_errors patches_created patch_merges patch_reads patch_fetches patch_direct_writes patch_discards
+            patch_fallbacks patch_waits patch_fetch_errors patched_blocks patch_bytes dirty_blocks cached_blocks free_slots)
     };
 }
 
@@ -839,6 +852,12 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
         high: a.high_watermark,
         low: a.low_watermark,
     };
+    cfg.fetch = a
+        .fetch
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--fetch: {e}"))?;
+    cfg.patch_mem_bytes = a.patch_mem;
+    cfg.patch_direct = a.patch_direct;
     cfg.validate()?;
     let eng = open_engine(cfg.clone(), &cache, cache_new)?;
     let max_write = eng.max_write_bytes();

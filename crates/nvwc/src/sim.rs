@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use nvwc_core::{ReplacementKind, WritePolicyKind};
+use nvwc_core::{FetchMode, ReplacementKind, WritePolicyKind};
 use nvwc_sim::device::{build, DeviceSpec};
 use nvwc_sim::plot::{Axis, Chart, LinePlot, Series};
 use nvwc_sim::sweep::{default_threads, run_parallel, Job};
@@ -102,6 +102,16 @@ pub struct Args {
     /// Allocate cache blocks on read misses.
     #[arg(long, action = clap::ArgAction::Set)]
     pub read_allocate: Option<bool>,
+    /// Fetch modes for partial writes to uncached blocks, a comma list swept
+    /// like the policies: blocking, async, async-bg, lazy.
+    #[arg(long, default_value = "blocking")]
+    pub fetch: String,
+    /// Patch RAM limit (e.g. 64M).
+    #[arg(long)]
+    pub patch_mem: Option<String>,
+    /// Write-back: write patched blocks back without a fetch.
+    #[arg(long)]
+    pub patch_direct: bool,
     /// Worker threads (default: available cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -288,6 +298,13 @@ pub fn base_config(a: &Args) -> Result<SimConfig> {
     c.tuning.checkpoint_delay_ns = a.checkpoint_delay_ms.map(|m| secs_to_ns(m / 1e3));
     c.tuning.checkpoint_merge_max = a.checkpoint_merge;
     c.tuning.read_allocate = a.read_allocate;
+    c.tuning.patch_mem_bytes = a
+        .patch_mem
+        .as_deref()
+        .map(parse_size)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--patch-mem: {e}"))?;
+    c.tuning.patch_direct = a.patch_direct.then_some(true);
     Ok(c)
 }
 
@@ -433,6 +450,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .map(|r| parse_replacement(r, track))
         .collect::<Result<_>>()?;
     let sizes = parse_sizes(&a.cache_size)?;
+    let fetches: Vec<FetchMode> = a
+        .fetch
+        .split(',')
+        .map(|m| m.trim().parse())
+        .collect::<Result<_, _>>()?;
     if policies.is_empty() || repls.is_empty() || sizes.is_empty() {
         bail!("empty sweep");
     }
@@ -470,15 +492,18 @@ pub fn run(a: Args) -> Result<ExitCode> {
     for &p in &policies {
         for &r in &repls {
             for &s in &sizes {
-                let mut c = base.clone();
-                c.write_policy = p;
-                c.replacement = r;
-                c.cache_bytes = s;
-                jobs.push(Job {
-                    cfg: c,
-                    plan: plan.clone(),
-                    limit: a.limit,
-                });
+                for &f in &fetches {
+                    let mut c = base.clone();
+                    c.write_policy = p;
+                    c.replacement = r;
+                    c.cache_bytes = s;
+                    c.tuning.fetch = Some(f);
+                    jobs.push(Job {
+                        cfg: c,
+                        plan: plan.clone(),
+                        limit: a.limit,
+                    });
+                }
             }
         }
     }

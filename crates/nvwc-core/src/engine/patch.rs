@@ -19,7 +19,8 @@
 //!   from the backing store, apply the parts, write it to a fresh slot and
 //!   install it as a dirty version of the patch set's group. With
 //!   `Config::patch_direct` (write-back only) the parts are written to the
-//!   backing store with FUA instead: no fetch, no slot.
+//!   backing store instead (no fetch, no slot), then one backing FLUSH covers
+//!   every block written so far before the patches are dropped.
 //! * **When.** `Async`: at once. `AsyncBg`: queued, at most
 //!   `fetch_bg_inflight` in flight. `Lazy`: only when needed. In every mode:
 //!   a read not covered by the patches; a FLUSH or checkpoint (for every set
@@ -40,7 +41,7 @@
 //! arrives up to date (fetch, apply, write a version), and only then takes the
 //! usual path (a commit that started after those versions were written), so by
 //! its reply every patch acknowledged before it is in a durable commit (or, with
-//! `patch_direct`, on the backing store with FUA). We chose this over a patch
+//! `patch_direct`, on the backing store and flushed). We chose this over a patch
 //! log on the cache device: it keeps one on-disk format and one recovery path,
 //! and costs one backing read per patched block at the FLUSH, in parallel.
 //!
@@ -76,6 +77,9 @@ pub(super) struct PatchSet<P> {
     pub id: u64,
     /// A fetch, direct write or cache write for it is in flight.
     pub io: bool,
+    /// The parts are being written (to a slot after a fetch, or directly to
+    /// the backing store): a write must not merge now; it waits.
+    pub frozen: bool,
     /// Direct writes still in flight, and whether one failed.
     pub direct_left: u32,
     pub direct_failed: bool,
@@ -129,9 +133,9 @@ impl<P: Payload> Engine<P> {
         };
         let full = start == 0 && end as u64 == self.bs;
         if let Some(ps) = self.patches.get(&b) {
-            let direct = ps.direct_left > 0;
+            let frozen = ps.frozen;
             if full
-                && !direct
+                && !frozen
                 && !ps.io
                 && ps.waiters.is_empty()
                 && !self.policy.keep_superseded(ps.group, group)
@@ -142,7 +146,7 @@ impl<P: Payload> Engine<P> {
                 self.patches.get_mut(&b).unwrap().superseding = true;
                 return false;
             }
-            if !full && !fua && !direct && ps.group == group {
+            if !full && !fua && !frozen && ps.group == group {
                 let data = self.pieces.get_mut(p).data.clone().expect("write data");
                 let ps = self.patches.get_mut(&b).unwrap();
                 let delta = merge_part(&mut ps.parts, start, data);
@@ -192,6 +196,7 @@ impl<P: Payload> Engine<P> {
                 last_seq: seq,
                 id,
                 io: false,
+                frozen: false,
                 direct_left: 0,
                 direct_failed: false,
                 queued: false,
@@ -205,7 +210,11 @@ impl<P: Payload> Engine<P> {
         if group != NO_GROUP {
             self.policy.on_patch_pending(group);
         }
+        // A FLUSH waits for every set older than it (by issue sequence), and
+        // this write may have been issued before a FLUSH that is waiting now.
+        let flush_waits = self.patch_flushes.iter().any(|f| f.2 > seq);
         match self.cfg.fetch {
+            _ if flush_waits || self.patch_barrier => self.materialize(b, true),
             FetchMode::Async => self.materialize(b, true),
             FetchMode::AsyncBg => self.materialize(b, false),
             FetchMode::Lazy | FetchMode::Blocking => {}
@@ -272,6 +281,7 @@ impl<P: Payload> Engine<P> {
             let took = !self.blocks[b as usize].busy;
             self.blocks[b as usize].busy = true;
             let parts = ps.parts.clone();
+            ps.frozen = true;
             ps.direct_left = parts.len() as u32;
             ps.direct_failed = false;
             self.stats.patch_direct_writes += 1;
@@ -281,7 +291,7 @@ impl<P: Payload> Engine<P> {
                     IoOp::Write {
                         offset: lbn * bs + s as u64,
                         data: d,
-                        fua: true,
+                        fua: false,
                     },
                     None,
                     IoCtx::PatchDirect {
@@ -329,6 +339,7 @@ impl<P: Payload> Engine<P> {
             return self.patch_failed(b);
         };
         let ps = self.patches.get_mut(&b).unwrap();
+        ps.frozen = true;
         let mut buf = data;
         for (at, d) in &ps.parts {
             buf = buf.overlay(*at as usize, d);
@@ -397,12 +408,33 @@ impl<P: Payload> Engine<P> {
             }
             return;
         }
-        let group = ps.group;
-        let waiters = self.remove_patch_set(b, false);
-        if group != NO_GROUP {
-            self.policy.on_patch_done(group);
+        // Written, not yet durable: one backing FLUSH covers every block
+        // written so far (`patch_progress`); the block stays busy until then.
+        self.patch_direct_written.push((b, id, took));
+    }
+
+    /// The backing FLUSH after direct patch writes completed.
+    pub(super) fn on_patch_direct_flush(&mut self, ok: bool) {
+        for (b, id, took) in std::mem::take(&mut self.patch_direct_flushing) {
+            let ps = self
+                .patches
+                .get(&b)
+                .expect("patched block busy until its flush");
+            assert_eq!(ps.id, id);
+            if !ok {
+                self.patch_failed(b);
+                if took {
+                    self.release_block(b);
+                }
+                continue;
+            }
+            let group = ps.group;
+            let waiters = self.remove_patch_set(b, false);
+            if group != NO_GROUP {
+                self.policy.on_patch_done(group);
+            }
+            self.rerun_waiters(b, waiters, took);
         }
-        self.rerun_waiters(b, waiters, took);
     }
 
     /// Run the pieces that waited for block `b`, then give up the block if the
@@ -412,8 +444,13 @@ impl<P: Payload> Engine<P> {
             if self.pieces.get(p).data.is_none() {
                 self.read_piece(p, b);
             } else {
-                // The parked write has held the block busy all along.
+                // The parked write has held the block busy all along. Reads
+                // that missed meanwhile must not fill the cache with data
+                // older than it (as in `run_piece`).
                 debug_assert!(!took);
+                if self.blocks[b as usize].readers() > 0 {
+                    self.blocks[b as usize].fill_stale = true;
+                }
                 self.write_piece(p, b);
             }
         }
@@ -431,6 +468,7 @@ impl<P: Payload> Engine<P> {
         let retry = self.now + self.cfg.retry_ns;
         let ps = self.patches.get_mut(&b).unwrap();
         ps.io = false;
+        ps.frozen = false;
         ps.queued = true;
         let first = ps.first_seq;
         let mut reads = Vec::new();
@@ -509,6 +547,11 @@ impl<P: Payload> Engine<P> {
             return false;
         }
         let mut changed = false;
+        if self.patch_direct_flushing.is_empty() && !self.patch_direct_written.is_empty() {
+            self.patch_direct_flushing = std::mem::take(&mut self.patch_direct_written);
+            self.emit(Dev::Backing, IoOp::Flush, None, IoCtx::PatchDirectFlush);
+            changed = true;
+        }
         if self.retry_at.is_none() && !self.patch_retry.is_empty() {
             for b in std::mem::take(&mut self.patch_retry) {
                 if let Some(ps) = self.patches.get_mut(&b) {
