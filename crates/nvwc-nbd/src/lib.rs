@@ -25,4 +25,4 @@ pub use export::{
 };
 pub use memory::{MemoryExport, MemoryStats};
 pub use proto::Extent;
-pub use server::{Server, ServerBuilder, ServerConfig, ServerError};
+pub use server::{EventHook, Server, ServerBuilder, ServerConfig, ServerError, ServerEvent};

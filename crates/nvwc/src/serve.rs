@@ -874,7 +874,9 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
         redo,
     });
     let cache_q = spawn_pool(cache_dev.clone(), tx.clone(), 2);
-    let backing_q = spawn_pool(backing_dev, tx.clone(), 4);
+    // An upstream NBD server serves many requests at once; each pool thread
+    // waits for one, so give it more threads than a local file needs.
+    let backing_q = spawn_pool(backing_dev, tx.clone(), if upstream { 16 } else { 4 });
     let engine_thread =
         std::thread::spawn(move || run_engine(eng, rx, cache_dev, cache_q, backing_q));
 

@@ -26,6 +26,53 @@ use tokio::sync::watch;
 
 use crate::export::Export;
 
+/// What happened on a connection, for the embedding program's logs (see
+/// [`ServerBuilder::on_event`]). Emitted from the connection's task; the
+/// callback MUST be quick and MUST NOT block.
+#[derive(Debug, Clone)]
+pub enum ServerEvent {
+    /// A client connected (`peer`: `ip:port`, or `unix` for a unix socket).
+    Connected {
+        /// Connection id (the `conn_id` of [`crate::RequestCtx`]).
+        conn_id: u64,
+        /// The client's address.
+        peer: String,
+    },
+    /// The handshake selected an export; transmission begins.
+    Ready {
+        /// Connection id.
+        conn_id: u64,
+        /// Canonical name of the export.
+        export: Arc<str>,
+        /// Whether structured replies were negotiated.
+        structured: bool,
+    },
+    /// The connection ended.
+    Disconnected {
+        /// Connection id.
+        conn_id: u64,
+        /// Why: `eof`, `disc`, `shutdown`, `handshake-abort`, `handshake-error: ...`,
+        /// `handshake-timeout`, `protocol-error`, `client-gone`.
+        reason: String,
+        /// Requests dispatched to the export during transmission.
+        requests: u64,
+    },
+    /// A request got an error reply.
+    RequestError {
+        /// Connection id.
+        conn_id: u64,
+        /// The command, e.g. `Write`.
+        command: String,
+        /// The NBD error, e.g. `EIO`.
+        code: String,
+        /// The message sent to the client (structured replies) or logged.
+        message: String,
+    },
+}
+
+/// Callback for [`ServerEvent`]s.
+pub type EventHook = Arc<dyn Fn(ServerEvent) + Send + Sync>;
+
 /// Default address for [`Server::listen_tcp`] callers: loopback, IANA port.
 pub const DEFAULT_TCP_ADDR: &str = "127.0.0.1:10809";
 
@@ -85,6 +132,7 @@ pub struct ServerBuilder {
     config: ServerConfig,
     exports: Vec<Arc<dyn Export>>,
     default_name: Option<String>,
+    hook: Option<EventHook>,
 }
 
 impl Default for ServerBuilder {
@@ -100,7 +148,15 @@ impl ServerBuilder {
             config: ServerConfig::default(),
             exports: Vec::new(),
             default_name: None,
+            hook: None,
         }
+    }
+
+    /// Call `hook` for every connection event (connect, ready, disconnect,
+    /// error replies), e.g. to log them.
+    pub fn on_event(mut self, hook: impl Fn(ServerEvent) + Send + Sync + 'static) -> Self {
+        self.hook = Some(Arc::new(hook));
+        self
     }
 
     /// Replace the config.
@@ -173,6 +229,7 @@ impl ServerBuilder {
                 shutdown: shutdown_tx,
                 active: active_tx,
                 unix_paths: Mutex::new(Vec::new()),
+                hook: self.hook,
             }),
         })
     }
@@ -187,9 +244,16 @@ pub(crate) struct Inner {
     /// Number of live connection tasks plus listener tasks.
     active: watch::Sender<usize>,
     unix_paths: Mutex<Vec<PathBuf>>,
+    hook: Option<EventHook>,
 }
 
 impl Inner {
+    pub(crate) fn emit(&self, ev: impl FnOnce() -> ServerEvent) {
+        if let Some(h) = &self.hook {
+            h(ev());
+        }
+    }
+
     /// Resolve a client-supplied export name to (canonical name, export).
     pub(crate) fn lookup(&self, name: &str) -> Option<(Arc<str>, Arc<dyn Export>)> {
         let key = if name.is_empty() {
@@ -265,9 +329,9 @@ impl Server {
                 tokio::select! {
                     _ = async { let _ = shutdown.wait_for(|s| *s).await; } => break,
                     r = listener.accept() => match r {
-                        Ok((sock, _peer)) => {
+                        Ok((sock, peer)) => {
                             let _ = sock.set_nodelay(true);
-                            server.serve_connection(sock);
+                            server.serve_connection_from(sock, peer.to_string());
                         }
                         Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
                     },
@@ -296,7 +360,7 @@ impl Server {
                     _ = async { let _ = shutdown.wait_for(|s| *s).await; } => break,
                     r = listener.accept() => match r {
                         Ok((sock, _peer)) => {
-                            server.serve_connection(sock);
+                            server.serve_connection_from(sock, "unix".to_string());
                         }
                         Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
                     },
@@ -312,12 +376,22 @@ impl Server {
     where
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
+        self.serve_connection_from(stream, "stream".to_string())
+    }
+
+    /// [`Server::serve_connection`], naming the client's address for
+    /// [`ServerEvent::Connected`].
+    pub fn serve_connection_from<S>(&self, stream: S, peer: String) -> Option<u64>
+    where
+        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
         if self.is_shutting_down() {
             return None;
         }
         let conn_id = self.inner.next_conn_id.fetch_add(1, Ordering::Relaxed);
         let guard = ActiveGuard::new(&self.inner);
         let inner = self.inner.clone();
+        inner.emit(|| ServerEvent::Connected { conn_id, peer });
         tokio::spawn(async move {
             let _guard = guard;
             transmission::run_connection(inner, stream, conn_id).await;
