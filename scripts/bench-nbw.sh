@@ -7,7 +7,7 @@
 # Cache block sizes 4 KiB and 64 KiB; fetch modes blocking (the baseline),
 # async, async-bg, lazy, and lazy with direct patch write-back (no fetch at all).
 # One line per cell; ratio = the mode's IOPS / blocking's IOPS (medians of REPS).
-# Usage: scripts/bench-nbw.sh [RUNTIME_SECONDS=5] [REPS=3]
+# Usage: scripts/bench-nbw.sh [RUNTIME_SECONDS=5] [REPS=3]   (MODES="blocking lazy" to run fewer)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNTIME=${1:-5}
@@ -17,7 +17,9 @@ cargo build --release -q -p nvwc
 NVWC=$(realpath "${CARGO_TARGET_DIR:-target}/release/nvwc")
 W=$(mktemp -d /tmp/nvwc-nbw.XXXXXX)
 PIDS=()
-stop_all() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; PIDS=(); }
+# kill -9: a clean stop would first bring every patch up to date, which only
+# costs time here (the measurement is over).
+stop_all() { for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; PIDS=(); }
 trap 'stop_all; rm -rf "$W"' EXIT
 wait_sock() { for _ in $(seq 200); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no socket $1" >&2; exit 1; }
 
@@ -31,7 +33,7 @@ run_fio() { # uri bs
 declare -A RES
 echo "== non-blocking writes: fio randwrite QD16 over 8 GiB, nvwc write-back, 1 GiB cache, upstream nbdkit delay-read=1ms; ${RUNTIME}s x ${REPS}, medians"
 for block in 4k 64k; do
-  for mode in blocking async async-bg lazy lazy+direct; do
+  for mode in ${MODES:-blocking async async-bg lazy lazy+direct}; do
     fetch=${mode%+direct}
     extra=()
     [ "$mode" = lazy+direct ] && extra=(--patch-direct)

@@ -392,6 +392,8 @@ pub struct Simulator<I: Iterator<Item = Result<TraceRecord, TraceError>>> {
     backing_size: u64,
     source: I,
     source_done: bool,
+    /// Records taken from the trace so far.
+    pulled: u64,
     now: Nanos,
     // Requests.
     next_req: ReqId,
@@ -479,6 +481,7 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
             backing_size,
             source,
             source_done: false,
+            pulled: 0,
             now: 0,
             next_req: 1,
             pending: Map::default(),
@@ -582,6 +585,18 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
                     }
                     self.now + 1_000
                 } else {
+                    // Requests can complete with no device I/O at all (a
+                    // write that becomes a patch): then more can be issued now.
+                    let before = self.pulled;
+                    self.feed()?;
+                    self.pump();
+                    if self.pulled != before
+                        || (self.source_done
+                            && self.pending.is_empty()
+                            && self.open_waiting.is_empty())
+                    {
+                        return Ok(true);
+                    }
                     return Err(self.stuck("no event pending while requests are in flight"));
                 }
             }
@@ -704,6 +719,7 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
                             r.offset, r.len, self.backing_size
                         )));
                     }
+                    self.pulled += 1;
                     return Ok(Some(r));
                 }
             }

@@ -30,7 +30,7 @@ use crate::sim::{parse_replacement, run_jobs, scan, track_blocks_of};
 /// Arguments of `nvwc repro`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Which reproduction: `stack-model` or `write-policies`.
+    /// Which reproduction: `stack-model`, `write-policies` or `non-blocking-writes`.
     pub name: String,
     /// Directory with the traces (see shared/traces/MANIFEST.md).
     #[arg(long, default_value = "/work/shared/traces")]
@@ -53,7 +53,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let md = match a.name.as_str() {
         "stack-model" => stack_model(&a)?,
         "write-policies" => write_policies(&a)?,
-        other => bail!("unknown reproduction {other:?} (stack-model, write-policies)"),
+        "non-blocking-writes" => crate::repro_nbw::non_blocking_writes(&a)?,
+        other => bail!(
+            "unknown reproduction {other:?} (stack-model, write-policies, non-blocking-writes)"
+        ),
     };
     let md = md.replace(
         "@WALL@",
@@ -69,7 +72,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn results(jobs: &[Job], a: &Args) -> Result<Vec<RunResult>> {
+pub(crate) fn results(jobs: &[Job], a: &Args) -> Result<Vec<RunResult>> {
     run_jobs(jobs, a.threads, false)
         .into_iter()
         .zip(jobs)
@@ -142,7 +145,7 @@ fn knee_within(h: &Histogram, max: u64) -> Option<u64> {
     most_prominent(&knees).map(|k| k.x as u64)
 }
 
-fn img(a: &Args, name: &str) -> PathBuf {
+pub(crate) fn img(a: &Args, name: &str) -> PathBuf {
     a.out.join("img").join(name)
 }
 

@@ -268,3 +268,58 @@ fn memory_does_not_grow_with_trace_length() {
         "peak RSS {a} KiB for 20k requests vs {b} KiB for 200k"
     );
 }
+
+/// `nvwc repro non-blocking-writes --quick` on the shared traces: the report
+/// and plots are written, partial writes block in `blocking` mode and become
+/// patches in the others, and the 4 KiB control is the same in every mode.
+#[test]
+fn repro_non_blocking_writes_quick() {
+    let traces = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces");
+    if !traces.join("mobigen.out.facebook").exists() {
+        eprintln!("SKIP: ../shared/traces not present");
+        return;
+    }
+    let out = tmpdir("repro-nbw");
+    let st = nvwc()
+        .args(["repro", "non-blocking-writes", "--quick", "--traces"])
+        .arg(&traces)
+        .arg("--out")
+        .arg(&out)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let md = std::fs::read_to_string(out.join("non-blocking-writes.md")).unwrap();
+    for h in ["## Figure 5", "## Figure 10", "## Figure 11", "Beside the paper"] {
+        assert!(md.contains(h), "report lacks {h}");
+    }
+    for p in ["fig5", "fig10", "fig11"] {
+        let f = out.join(format!("img/non-blocking-writes-{p}.png"));
+        assert!(std::fs::metadata(&f).unwrap().len() > 1000, "{}", f.display());
+    }
+    let j: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.join("non-blocking-writes.json")).unwrap(),
+    )
+    .unwrap();
+    let r10 = j[1].as_array().unwrap();
+    let get = |label: &str| {
+        r10.iter()
+            .find(|r| r["label"] == label)
+            .unwrap_or_else(|| panic!("no run {label}"))
+    };
+    for b in ["hdd", "ssd"] {
+        let blocking = get(&format!("{b} 2048 true blocking"));
+        let lazy = get(&format!("{b} 2048 true lazy"));
+        assert!(blocking["fetches"].as_u64().unwrap() > 0);
+        assert_eq!(blocking["patches_created"].as_u64().unwrap(), 0);
+        assert!(lazy["patches_created"].as_u64().unwrap() > 0);
+        let c0 = get(&format!("{b} 4096 true blocking"))["throughput_iops"]
+            .as_f64()
+            .unwrap();
+        for m in ["async", "async-bg", "lazy", "lazy+direct"] {
+            let c = get(&format!("{b} 4096 true {m}"))["throughput_iops"]
+                .as_f64()
+                .unwrap();
+            assert!((c - c0).abs() <= 1e-6 * c0, "{b} 4k control {m}: {c} vs {c0}");
+        }
+    }
+}
