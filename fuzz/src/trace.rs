@@ -10,8 +10,8 @@
 //! 0 and non-decreasing; every error names the input.
 
 use nvwc_trace::{
-    detect_compression, detect_format, open_reader_with, BlkparseAction, Format, Op,
-    ReaderOptions, StatsCollector, TraceRecord,
+    detect_compression, detect_format, open_reader_with, BlkparseAction, Format, Op, ReaderOptions,
+    StatsCollector, TraceRecord,
 };
 
 /// Records drained per input at most (inputs are small; this only bounds
@@ -41,7 +41,10 @@ pub fn check_trace(data: &[u8], format: Option<Format>) {
     for item in reader.take(MAX_RECORDS) {
         match item {
             Ok(r) => {
-                assert!(r.offset.checked_add(r.len).is_some(), "extent overflows: {r:?}");
+                assert!(
+                    r.offset.checked_add(r.len).is_some(),
+                    "extent overflows: {r:?}"
+                );
                 if r.op == Op::Flush {
                     assert_eq!((r.offset, r.len), (0, 0), "flush with an extent: {r:?}");
                 }
@@ -54,7 +57,10 @@ pub fn check_trace(data: &[u8], format: Option<Format>) {
             }
             Err(e) => {
                 let msg = e.to_string();
-                assert!(msg.contains("fuzz-input"), "error does not name the input: {msg}");
+                assert!(
+                    msg.contains("fuzz-input"),
+                    "error does not name the input: {msg}"
+                );
             }
         }
     }

@@ -4,8 +4,14 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+mod crashtest;
+mod ext4;
+mod fault;
+mod grid;
+mod loadtest;
 mod mrc;
 mod repro;
+mod repro_nbw;
 mod serve;
 mod sim;
 mod trace;
@@ -45,6 +51,12 @@ enum Cmd {
     /// Trace conversion and statistics.
     #[command(subcommand)]
     Trace(trace::Cmd),
+    /// Time-bounded NBD load test with data verification (see `loadtest.rs`).
+    Loadtest(loadtest::Args),
+    /// Crash the live server (kill -9, host crash, failpoints) and check what survives.
+    Crashtest(crashtest::Args),
+    /// Measure the consistency grid (write policies x failure modes; the write-policy paper's Figure 10).
+    Grid(grid::Args),
     /// Reproduce a paper's experiments (writes reports/<name>.md).
     Repro(repro::Args),
 }
@@ -62,6 +74,9 @@ fn main() -> ExitCode {
         Cmd::Mrc(a) => mrc::run(a),
         Cmd::Trace(c) => trace::run(c),
         Cmd::Repro(a) => repro::run(a),
+        Cmd::Loadtest(a) => loadtest::run(a),
+        Cmd::Crashtest(a) => crashtest::run(a),
+        Cmd::Grid(a) => grid::run(a),
     };
     match r {
         Ok(code) => code,

@@ -33,7 +33,8 @@ const MODES: [(&str, FetchMode, bool); 5] = [
 /// fixed-seed splitmix64 makes it the same every run.
 fn synthetic(dir: &Path, size: u64, n: u64, span: u64, flush: bool) -> Result<PathBuf> {
     let path = dir.join(format!("nbw-randwrite-{size}-{flush}.nvwct"));
-    let file = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    let file =
+        std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
     let mut w = CompactWriter::new(std::io::BufWriter::new(file), None)?;
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ size;
     let slots = span / size;
@@ -130,10 +131,21 @@ pub fn non_blocking_writes(a: &Args) -> Result<String> {
         j.limit = plans.iter().find(|p| p.0 == j.cfg.label).and_then(|p| p.2);
     }
     let r5 = results(&jobs, a)?;
-    writeln!(md, "## Figure 5: writes that would block, against cache size\n")?;
+    writeln!(
+        md,
+        "## Figure 5: writes that would block, against cache size\n"
+    )?;
     writeln!(md, "The paper counts, with an LRU stack simulation of file-system traces, the writes that partially overwrite a page not in the page cache. We replay each trace through the engine in `blocking` mode and count the fetch-before-write reads the engine issues (`fetches`) per write request: exactly the writes a patch makes non-blocking. Cache sizes are fractions of each trace's working set (distinct 4 KiB blocks). The MobiBench traces are file-level system-call traces; `nvwc-trace` maps each file onto its own region of a virtual block device (see `crates/nvwc-trace/src/formats/mobigen.rs`).\n")?;
     writeln!(md, "![Figure 5](img/non-blocking-writes-fig5.png)\n")?;
-    writeln!(md, "| trace | requests | writes | working set | {} |", fracs.iter().map(|f| format!("cache = {f}× ws")).collect::<Vec<_>>().join(" | "))?;
+    writeln!(
+        md,
+        "| trace | requests | writes | working set | {} |",
+        fracs
+            .iter()
+            .map(|f| format!("cache = {f}× ws"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    )?;
     writeln!(md, "|---|---:|---:|---:|{}", "---:|".repeat(fracs.len()))?;
     let mut series5 = Vec::new();
     for (l, plan, _) in &plans {
@@ -198,7 +210,10 @@ pub fn non_blocking_writes(a: &Args) -> Result<String> {
             synth.push((s, flush, synthetic(&dir, s, n, span, flush)?));
         }
     }
-    writeln!(md, "\n## Figure 10: throughput by fetch mode against write size\n")?;
+    writeln!(
+        md,
+        "\n## Figure 10: throughput by fetch mode against write size\n"
+    )?;
     writeln!(md, "The paper runs Filebench personalities (random-write among them) for 60 s on a 5 GB file with 4 GB of RAM and 64 MB of patch memory, on a disk and on an SSD, and reports operations per second. We replay a synthetic random-write stream: {n} writes of one size at size-aligned random offsets in {}, closed loop with 16 outstanding writes (Filebench's threads), through a {} cache that can hold every block the stream writes (as the paper's 4 GB page cache holds what a 60 s run writes: no destage pressure), over the `hdd` (7200 rpm) and `ssd` backing models; nearly every write meets a cold block. **Scaling rule:** patch memory is 1/64 of the cache ({}), as 64 MB is of 4 GB in the paper, and the stream writes over 5× that much even at 512 B, so every non-blocking run reaches the limit. The simulator charges no CPU time per request, so a stream that never blocks would take no time at all; reaching the limit is what makes the acked rate finite. 4 KiB writes are the control: nothing is partial. `lazy+direct` is `lazy` with `--patch-direct`: patched blocks are written back as partial writes, with no fetch at all (a block cache can do this; a page cache cannot).\n", format_size(span), format_size(cache), format_size(patch_mem))?;
     writeln!(md, "Each cell is measured twice. **acked**: IOPS until the last write is acknowledged, what the writer sees (the paper's metric: its runs stop at 60 s whatever is still in memory). **durable**: the same stream followed by one FLUSH, timed until the FLUSH completes, so every patch has been fetched (or written back) and made durable.\n")?;
     writeln!(md, "![Figure 10](img/non-blocking-writes-fig10.png)\n")?;
@@ -233,7 +248,11 @@ pub fn non_blocking_writes(a: &Args) -> Result<String> {
         for flush in [false, true] {
             let what = if flush { "durable" } else { "acked" };
             writeln!(md, "**{b} backing, {what}** (IOPS, and × blocking):\n")?;
-            writeln!(md, "| write size | {} | lazy fallbacks |", MODES.map(|m| m.0).join(" | "))?;
+            writeln!(
+                md,
+                "| write size | {} | lazy fallbacks |",
+                MODES.map(|m| m.0).join(" | ")
+            )?;
             writeln!(md, "|---:|{}---:|", "---:|".repeat(MODES.len()))?;
             let mut series: Vec<Series> = MODES
                 .iter()
@@ -250,7 +269,9 @@ pub fn non_blocking_writes(a: &Args) -> Result<String> {
                 let b0 = rs[0].throughput_iops.max(1e-9);
                 let mut cells = Vec::new();
                 for (i, r) in rs.iter().enumerate() {
-                    series[i].points.push((s as f64, r.throughput_iops.max(1.0)));
+                    series[i]
+                        .points
+                        .push((s as f64, r.throughput_iops.max(1.0)));
                     cells.push(if i == 0 {
                         format!("{:.0}", r.throughput_iops)
                     } else {
@@ -278,7 +299,12 @@ pub fn non_blocking_writes(a: &Args) -> Result<String> {
             }));
         }
     }
-    render(&charts, 2, (640, 440), &img(a, "non-blocking-writes-fig10.png"))?;
+    render(
+        &charts,
+        2,
+        (640, 440),
+        &img(a, "non-blocking-writes-fig10.png"),
+    )?;
 
     // --------------------------------------------------------------- Figure 11
     // Up to a third of what the 2 KiB stream writes, so the limit is reached.
@@ -306,7 +332,10 @@ pub fn non_blocking_writes(a: &Args) -> Result<String> {
     writeln!(md, "## Figure 11: patch-memory sensitivity\n")?;
     writeln!(md, "2 KiB random writes on the `hdd` backing (acked, as the paper measures), as in the paper (which varies the RAM given to the OS, with 64 MB of patch memory); we vary the patch memory itself, with a cache of at least twice it.\n")?;
     writeln!(md, "![Figure 11](img/non-blocking-writes-fig11.png)\n")?;
-    writeln!(md, "| patch memory | blocking IOPS | async | async-bg | lazy | lazy+direct | lazy fallbacks |")?;
+    writeln!(
+        md,
+        "| patch memory | blocking IOPS | async | async-bg | lazy | lazy+direct | lazy fallbacks |"
+    )?;
     writeln!(md, "|---:|---:|---:|---:|---:|---:|---:|")?;
     let mut series: Vec<Series> = MODES
         .iter()
@@ -322,7 +351,9 @@ pub fn non_blocking_writes(a: &Args) -> Result<String> {
             .collect();
         let b0 = rs[0].throughput_iops.max(1e-9);
         for (i, r) in rs.iter().enumerate() {
-            series[i].points.push((mem as f64, r.throughput_iops.max(1.0)));
+            series[i]
+                .points
+                .push((mem as f64, r.throughput_iops.max(1.0)));
         }
         writeln!(
             md,

@@ -1,11 +1,14 @@
 //! `nvwc serve`: an NBD server that caches writes on a persistent cache file.
 //!
-//! One thread owns the engine (`nvwc_core::Engine`); NBD requests reach it
-//! over a channel and wait on a oneshot for their reply. Device commands run on
-//! small worker pools, one per device, with positional file I/O; completions go
-//! back to the engine thread with the time from a monotonic clock. Every
-//! connection and every export shares the one engine, so a FLUSH or FUA on one
-//! connection covers writes acknowledged on all of them: multi-conn is true.
+//! Every export (the default one from `--backing`/`--cache`, and each
+//! `--export`) has its own engine (`nvwc_core::Engine`), run by a
+//! [`host::Host`]: the engine sits in a mutex and is pumped by whichever
+//! thread has work for it. A connection's task runs its request and the
+//! inline cache I/O itself (a cache hit never leaves that thread); syncs, FUA
+//! writes and backing-store commands run on small worker pools, one per
+//! device, whose threads complete them under the same lock. Every connection
+//! of an export shares its engine, so a FLUSH or FUA on one connection covers
+//! writes acknowledged on all of them: multi-conn is true.
 //!
 //! Crash story (see `docs/ON-DISK-FORMAT.md`): the engine acknowledges a plain
 //! write once it is in the cache file, and a FLUSH or FUA write only after a
@@ -13,16 +16,17 @@
 //! record written and synced). After `kill -9` the next start recovers the last
 //! commit: every write acknowledged before a completed FLUSH, and every FUA
 //! write, is there. Journaled checkpoints reach the backing file through the
-//! redo log in `<backing>.nvwc-redo` (`docs/BACKING-FORMAT.md`), replayed on
-//! start and by `nvwc recover`, so the backing file alone is always at a
-//! checkpoint boundary.
+//! redo log in `<backing>.nvwc-redo`, or an upstream NBD export through the
+//! redo region at its end (`docs/BACKING-FORMAT.md`), replayed on start and by
+//! `nvwc recover`, so the backing store alone is always at a checkpoint
+//! boundary.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -32,6 +36,11 @@ use nvwc_core::layout::{self, Layout};
 use nvwc_core::*;
 use nvwc_nbd::export::{BoxFuture, Export, ExportInfo, NbdResult, RequestCtx, WriteZeroesFlags};
 use nvwc_nbd::NbdError;
+
+mod host;
+pub(crate) mod log;
+mod upstream;
+use log::log;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -94,6 +103,38 @@ pub struct Args {
     /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9180).
     #[arg(long)]
     metrics: Option<String>,
+    /// Another export, repeatable: `NAME=BACKING[,cache=PATH][,cache-size=SIZE]`
+    /// `[,size=SIZE][,policy=P][,replacement=R][,read-only]`. Each export has
+    /// its own engine, cache and backing; unset keys come from the flags above,
+    /// and the cache defaults to `cache-NAME.img` beside `--cache`. The export
+    /// built from `--backing`/`--cache` answers to the empty name.
+    #[arg(long = "export", value_name = "NAME=BACKING[,key=value...]")]
+    export: Vec<String>,
+    /// Serve only the `--export`s, and let this one answer to the empty name
+    /// (no export is built from `--backing`/`--cache`).
+    #[arg(long, value_name = "NAME")]
+    default_export: Option<String>,
+    /// Log format: `text` (key=value) or `json`; default from `NVWC_LOG`, else text.
+    #[arg(long)]
+    log_format: Option<String>,
+    /// Log level: error, warn, info or debug; default from `NVWC_LOG`, else info.
+    #[arg(long)]
+    log_level: Option<String>,
+    /// Journaled over an upstream NBD server: bytes reserved at the end of the
+    /// upstream export for the redo log (default: what the configuration
+    /// needs, at least 16M). Used only when the region is created.
+    #[arg(long, value_parser = parse_size)]
+    redo_size: Option<u64>,
+    /// Commit cache metadata (and sync the cache device) at least this often
+    /// while anything changed, even without a client FLUSH: this bounds what
+    /// `kill -9` can take of writes no FLUSH covered.
+    #[arg(long, default_value_t = 1000)]
+    commit_interval_ms: u64,
+    /// Also commit once this many cache entries changed (default: a quarter
+    /// of the cache's blocks, at least 4096). FLUSH, FUA and reclaiming space
+    /// commit whenever they need to.
+    #[arg(long)]
+    commit_changes: Option<u32>,
 }
 
 /// Parse sizes like `4096`, `4K`, `64M`, `8G`, `1T`.
@@ -153,7 +194,10 @@ impl Redo {
             .open(&self.path)?;
         f.write_all(&buf)?;
         f.sync_data()?;
-        for (off, d) in writes {
+        for (i, (off, d)) in writes.iter().enumerate() {
+            if i == writes.len() / 2 {
+                crate::fault::failpoint("redo-apply");
+            }
             backing.write_all_at(d, *off)?;
         }
         backing.sync_data()?;
@@ -195,17 +239,25 @@ impl Redo {
 enum Backend {
     File(File),
     /// An upstream NBD export, driven from the worker threads through the runtime.
-    Nbd(Arc<nvwc_nbd::Client>, tokio::runtime::Handle),
+    /// Journaled groups go through the redo region at the end of the upstream.
+    Nbd(Arc<upstream::Upstream>, tokio::runtime::Handle),
 }
 
 struct Device {
     backend: Backend,
     groups: Mutex<HashMap<u64, Vec<(u64, Bytes)>>>,
     redo: Option<Redo>,
+    /// Fault injection, host-crash overlay, failpoints and the failed flag (`fault.rs`).
+    fault: crate::fault::Layer,
 }
 
 impl Device {
     fn execute(&self, op: &IoOp<Bytes>, group: Option<u64>) -> IoResult<Bytes> {
+        self.fault
+            .run(op, group, |op, group| self.execute_raw(op, group))
+    }
+
+    fn execute_raw(&self, op: &IoOp<Bytes>, group: Option<u64>) -> IoResult<Bytes> {
         let io = |r: std::io::Result<()>| {
             r.map_err(|e| match e.raw_os_error() {
                 Some(28) => IoError::NoSpace,
@@ -217,6 +269,13 @@ impl Device {
             Backend::Nbd(c, rt) => {
                 let e = |_| IoError::Eio;
                 return match op {
+                    // A group's writes wait for its end (below).
+                    IoOp::Write { offset, data, .. } if group.is_some() => {
+                        let g = group.expect("checked");
+                        let mut groups = self.groups.lock().unwrap();
+                        groups.entry(g).or_default().push((*offset, data.clone()));
+                        Ok(None)
+                    }
                     IoOp::Read { offset, len } => {
                         rt.block_on(c.read(*offset, *len)).map(Some).map_err(e)
                     }
@@ -226,8 +285,20 @@ impl Device {
                         .map_err(e),
                     IoOp::Flush => rt.block_on(c.flush()).map(|_| None).map_err(e),
                     IoOp::Trim { .. } => Ok(None),
-                    // Journaled policies are refused over an upstream (no redo region yet).
-                    IoOp::GroupBegin { .. } | IoOp::GroupEnd { .. } => Err(IoError::Eio),
+                    IoOp::GroupBegin { group } => {
+                        self.groups.lock().unwrap().insert(*group, Vec::new());
+                        Ok(None)
+                    }
+                    IoOp::GroupEnd { group } => {
+                        let writes = self.groups.lock().unwrap().remove(group);
+                        let writes = writes.unwrap_or_default();
+                        rt.block_on(c.commit_and_apply(&writes))
+                            .map(|_| None)
+                            .map_err(|err| {
+                                log!(error, "redo_commit_failed", error = format!("{err:#}"));
+                                IoError::Eio
+                            })
+                    }
                 };
             }
         };
@@ -273,143 +344,11 @@ impl Device {
     }
 }
 
-// ------------------------------------------------------------------ engine thread
-
-enum Msg {
-    Req(ReqOp<Bytes>, tokio::sync::oneshot::Sender<Reply<Bytes>>),
-    Io(IoId, IoResult<Bytes>),
-    Shutdown(mpsc::Sender<Stats>),
-    /// Counters and policy counters, for `nvwc status` and metrics.
-    Status(tokio::sync::oneshot::Sender<(Stats, Vec<(&'static str, u64)>)>),
-    /// Write back everything dirty; answer when nothing is dirty.
-    Drain(tokio::sync::oneshot::Sender<Stats>),
-}
-
-fn spawn_pool(
-    dev: Arc<Device>,
-    done: mpsc::Sender<Msg>,
-    threads: usize,
-) -> mpsc::Sender<IoCmd<Bytes>> {
-    let (tx, rx) = mpsc::channel::<IoCmd<Bytes>>();
-    let rx = Arc::new(Mutex::new(rx));
-    for _ in 0..threads {
-        let (rx, dev, done) = (rx.clone(), dev.clone(), done.clone());
-        std::thread::spawn(move || loop {
-            let cmd = match rx.lock().unwrap().recv() {
-                Ok(c) => c,
-                Err(_) => return,
-            };
-            let res = dev.execute(&cmd.op, cmd.group);
-            if done.send(Msg::Io(cmd.id, res)).is_err() {
-                return;
-            }
-        });
-    }
-    tx
-}
-
-fn run_engine(
-    mut eng: Engine<Bytes>,
-    rx: mpsc::Receiver<Msg>,
-    cache_dev: Arc<Device>,
-    cache: mpsc::Sender<IoCmd<Bytes>>,
-    backing: mpsc::Sender<IoCmd<Bytes>>,
-) {
-    let t0 = Instant::now();
-    let now = || t0.elapsed().as_nanos() as u64;
-    let mut next_id: ReqId = 1;
-    let mut waiting: HashMap<ReqId, tokio::sync::oneshot::Sender<Reply<Bytes>>> = HashMap::new();
-    let mut shutdown: Option<mpsc::Sender<Stats>> = None;
-    let mut drains: Vec<tokio::sync::oneshot::Sender<Stats>> = Vec::new();
-    eng.handle_timeout(now());
-    loop {
-        while let Some(cmd) = eng.poll_io() {
-            // Cache-device reads and plain writes go to the page cache and are
-            // done here, inline: no thread hop on the hot path. Syncs, FUA
-            // writes and everything for the backing store run on the pools.
-            let inline = cmd.dev == Dev::Cache
-                && cmd.group.is_none()
-                && matches!(cmd.op, IoOp::Read { .. } | IoOp::Write { fua: false, .. });
-            if inline {
-                let res = cache_dev.execute(&cmd.op, None);
-                eng.handle_completion(now(), cmd.id, res);
-                continue;
-            }
-            let q = if cmd.dev == Dev::Cache {
-                &cache
-            } else {
-                &backing
-            };
-            let _ = q.send(cmd);
-        }
-        while let Some(r) = eng.poll_reply() {
-            if let Some(w) = waiting.remove(&r.id) {
-                let _ = w.send(r);
-            }
-        }
-        while let Some(ev) = eng.poll_event() {
-            if let Event::BackgroundError { what } = ev {
-                eprintln!("nvwc: level=warn event=background_error what={what}");
-            }
-        }
-        if !drains.is_empty() && eng.dirty_versions() == 0 && eng.is_idle() {
-            for d in drains.drain(..) {
-                let _ = d.send(eng.stats());
-            }
-        }
-        if shutdown.is_some() && eng.is_idle() {
-            let _ = shutdown.take().unwrap().send(eng.stats());
-            return;
-        }
-        let wait = match eng.poll_timeout() {
-            Some(t) => Duration::from_nanos(t.saturating_sub(now())),
-            None => Duration::from_secs(1),
-        };
-        let msg = match rx.recv_timeout(wait) {
-            Ok(m) => m,
-            Err(mpsc::RecvTimeoutError::Timeout) => {
-                eng.handle_timeout(now());
-                continue;
-            }
-            Err(mpsc::RecvTimeoutError::Disconnected) => return,
-        };
-        match msg {
-            Msg::Req(op, reply) => {
-                let id = next_id;
-                next_id += 1;
-                waiting.insert(id, reply);
-                eng.handle_request(
-                    now(),
-                    Request {
-                        id,
-                        op,
-                        tag: Tag::default(),
-                    },
-                );
-            }
-            Msg::Io(id, res) => eng.handle_completion(now(), id, res),
-            Msg::Shutdown(ack) => {
-                eng.start_shutdown(now());
-                shutdown = Some(ack);
-            }
-            Msg::Status(ack) => {
-                let _ = ack.send((eng.stats(), eng.policy_counters()));
-            }
-            Msg::Drain(ack) => {
-                eng.start_drain(now());
-                drains.push(ack);
-            }
-        }
-        if eng.poll_timeout().is_some_and(|t| t <= now()) {
-            eng.handle_timeout(now());
-        }
-    }
-}
-
 // ------------------------------------------------------------------ NBD export
 
+/// One export: its engine host, as the NBD server sees it.
 struct NvwcExport {
-    tx: Mutex<mpsc::Sender<Msg>>,
+    host: Arc<host::Host>,
     info: ExportInfo,
     lat: Latency,
 }
@@ -423,8 +362,8 @@ const OPS: [&str; 5] = ["read", "write", "flush", "trim", "write_zeroes"];
 /// Per-operation latency histograms (Prometheus style: cumulative at export).
 #[derive(Default)]
 struct Latency {
-    counts: Mutex<[[u64; 13]; 5]>,
-    sums_us: Mutex<[u64; 5]>,
+    counts: [[AtomicU64; 13]; 5],
+    sums_us: [AtomicU64; 5],
 }
 
 impl Latency {
@@ -433,8 +372,8 @@ impl Latency {
             .iter()
             .position(|&x| us <= x)
             .unwrap_or(LAT_BOUNDS_US.len());
-        self.counts.lock().unwrap()[op][b] += 1;
-        self.sums_us.lock().unwrap()[op] += us;
+        self.counts[op][b].fetch_add(1, Ordering::Relaxed);
+        self.sums_us[op].fetch_add(us, Ordering::Relaxed);
     }
 }
 
@@ -458,42 +397,23 @@ impl NvwcExport {
             ReqOp::WriteZeroes { .. } => 4,
         };
         let t = Instant::now();
-        let r = self.call_engine(op).await;
+        let r = match self.host.call(op).await {
+            Ok(reply) => reply.result.map_err(nbd_err),
+            Err(e) => Err(nbd_err(e)),
+        };
         self.lat.record(kind, t.elapsed().as_micros() as u64);
         r
     }
 
-    async fn call_engine(&self, op: ReqOp<Bytes>) -> NbdResult<Option<Bytes>> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.tx
-            .lock()
-            .unwrap()
-            .send(Msg::Req(op, tx))
-            .map_err(|_| NbdError::new(nvwc_nbd::ErrorCode::Shutdown, "engine stopped"))?;
-        let r = rx
-            .await
-            .map_err(|_| NbdError::io("engine dropped the request"))?;
-        r.result.map_err(nbd_err)
-    }
-}
-
-impl NvwcExport {
-    fn send(&self, m: Msg) -> Result<()> {
-        self.tx
-            .lock()
-            .unwrap()
-            .send(m)
-            .map_err(|_| anyhow::anyhow!("engine stopped"))
-    }
-    async fn status(&self) -> Result<(Stats, Vec<(&'static str, u64)>)> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.send(Msg::Status(tx))?;
-        Ok(rx.await?)
-    }
-    async fn drain(&self) -> Result<Stats> {
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        self.send(Msg::Drain(tx))?;
-        Ok(rx.await?)
+    /// Split a trim or zero range into pieces of at most `max_block` bytes,
+    /// so that no engine write (and no checkpoint group) grows past what the
+    /// export advertises. NBD gives neither command any atomicity.
+    fn pieces(&self, offset: u64, len: u32) -> impl Iterator<Item = (u64, u32)> {
+        let step = u64::from(self.info.max_block);
+        let end = offset + u64::from(len);
+        (offset..end)
+            .step_by(step as usize)
+            .map(move |o| (o, (end - o).min(step) as u32))
     }
 }
 
@@ -515,64 +435,97 @@ fn stats_pairs(st: &Stats) -> Vec<(&'static str, u64)> {
     stat_fields!(pairs)
 }
 
-fn status_json(info: &ExportInfo, st: &Stats, pc: &[(&'static str, u64)]) -> String {
-    let mut out = format!(
-        "{{\"export_size\":{},\"description\":\"{}\",\"stats\":{{",
-        info.size,
-        info.description.replace('"', "'")
-    );
-    let kv: Vec<String> = stats_pairs(st)
-        .iter()
-        .map(|(k, v)| format!("\"{k}\":{v}"))
-        .collect();
-    out += &kv.join(",");
-    out += "},\"policy\":{";
-    let kv: Vec<String> = pc.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
-    out += &kv.join(",");
-    out += "}}";
-    out
+fn json_string(s: &str) -> String {
+    serde_json::Value::String(s.to_string()).to_string()
 }
 
-fn metrics_text(st: &Stats, pc: &[(&'static str, u64)], lat: &Latency) -> String {
+/// `nvwc status`: `{"exports":[{"name":...,"export_size":...,"description":...,"stats":{...},"policy":{...}},...]}`.
+fn status_json(exports: &[Arc<NvwcExport>]) -> String {
+    let items: Vec<String> = exports
+        .iter()
+        .map(|e| {
+            let (st, pc) = e.host.status();
+            let kv = |v: &[(&str, u64)]| {
+                v.iter()
+                    .map(|(k, v)| format!("\"{k}\":{v}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            };
+            format!(
+                "{{\"name\":{},\"export_size\":{},\"description\":{},\"stats\":{{{}}},\"policy\":{{{}}}}}",
+                json_string(&e.info.name),
+                e.info.size,
+                json_string(&e.info.description),
+                kv(&stats_pairs(&st)),
+                kv(&pc)
+            )
+        })
+        .collect();
+    format!("{{\"exports\":[{}]}}", items.join(","))
+}
+
+/// Prometheus text format; every series has an `export` label.
+fn metrics_text(exports: &[Arc<NvwcExport>]) -> String {
+    let snaps: Vec<_> = exports.iter().map(|e| (e, e.host.status())).collect();
     let mut o = String::new();
-    for (k, v) in stats_pairs(st) {
-        let kind = if matches!(k, "dirty_blocks" | "cached_blocks" | "free_slots") {
-            "gauge"
-        } else {
-            "counter"
-        };
-        o += &format!("# TYPE nvwc_{k} {kind}\nnvwc_{k} {v}\n");
-    }
-    for (k, v) in pc {
-        o += &format!("# TYPE nvwc_{k} gauge\nnvwc_{k} {v}\n");
-    }
-    let counts = *lat.counts.lock().unwrap();
-    let sums = *lat.sums_us.lock().unwrap();
-    o += "# TYPE nvwc_request_latency_seconds histogram\n";
-    for (i, op) in OPS.iter().enumerate() {
-        let mut cum = 0;
-        for (b, bound) in LAT_BOUNDS_US.iter().enumerate() {
-            cum += counts[i][b];
-            o += &format!(
-                "nvwc_request_latency_seconds_bucket{{op=\"{op}\",le=\"{}\"}} {cum}\n",
-                *bound as f64 / 1e6
-            );
+    let label = |e: &NvwcExport| format!("export={}", json_string(&e.info.name));
+    if let Some((_, (st, pc))) = snaps.first() {
+        for (k, _) in stats_pairs(st) {
+            let kind = if matches!(
+                k,
+                "dirty_blocks" | "cached_blocks" | "free_slots" | "patched_blocks" | "patch_bytes"
+            ) {
+                "gauge"
+            } else {
+                "counter"
+            };
+            o += &format!("# TYPE nvwc_{k} {kind}\n");
+            for (e, (st, _)) in &snaps {
+                let v = stats_pairs(st)
+                    .into_iter()
+                    .find(|(n, _)| *n == k)
+                    .map_or(0, |p| p.1);
+                o += &format!("nvwc_{k}{{{}}} {v}\n", label(e));
+            }
         }
-        cum += counts[i][LAT_BOUNDS_US.len()];
-        o += &format!("nvwc_request_latency_seconds_bucket{{op=\"{op}\",le=\"+Inf\"}} {cum}\n");
-        o += &format!(
-            "nvwc_request_latency_seconds_sum{{op=\"{op}\"}} {}\n",
-            sums[i] as f64 / 1e6
-        );
-        o += &format!("nvwc_request_latency_seconds_count{{op=\"{op}\"}} {cum}\n");
+        let _ = pc;
+    }
+    for (e, (_, pc)) in &snaps {
+        for (k, v) in pc {
+            o += &format!("# TYPE nvwc_{k} gauge\nnvwc_{k}{{{}}} {v}\n", label(e));
+        }
+    }
+    o += "# TYPE nvwc_request_latency_seconds histogram\n";
+    for (e, _) in &snaps {
+        let l = label(e);
+        for (i, op) in OPS.iter().enumerate() {
+            let mut cum = 0;
+            for (b, bound) in LAT_BOUNDS_US.iter().enumerate() {
+                cum += e.lat.counts[i][b].load(Ordering::Relaxed);
+                o += &format!(
+                    "nvwc_request_latency_seconds_bucket{{{l},op=\"{op}\",le=\"{}\"}} {cum}\n",
+                    *bound as f64 / 1e6
+                );
+            }
+            cum += e.lat.counts[i][LAT_BOUNDS_US.len()].load(Ordering::Relaxed);
+            o += &format!(
+                "nvwc_request_latency_seconds_bucket{{{l},op=\"{op}\",le=\"+Inf\"}} {cum}\n"
+            );
+            o += &format!(
+                "nvwc_request_latency_seconds_sum{{{l},op=\"{op}\"}} {}\n",
+                e.lat.sums_us[i].load(Ordering::Relaxed) as f64 / 1e6
+            );
+            o += &format!("nvwc_request_latency_seconds_count{{{l},op=\"{op}\"}} {cum}\n");
+        }
     }
     o
 }
 
-/// Serve the control socket: one command per line (`status`, `flush`, `detach`), one JSON line back.
+/// Serve the control socket: one command per line (`status`, `flush`,
+/// `detach`), one JSON line back. `flush` and `detach` cover every export.
 async fn control_loop(
     path: PathBuf,
-    export: Arc<NvwcExport>,
+    exports: Arc<Vec<Arc<NvwcExport>>>,
     stop: Arc<tokio::sync::Notify>,
 ) -> Result<()> {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -581,7 +534,7 @@ async fn control_loop(
         .with_context(|| format!("control socket {}", path.display()))?;
     loop {
         let (conn, _) = l.accept().await?;
-        let (export, stop) = (export.clone(), stop.clone());
+        let (exports, stop) = (exports.clone(), stop.clone());
         tokio::spawn(async move {
             let (r, mut w) = conn.into_split();
             let mut line = String::new();
@@ -589,19 +542,28 @@ async fn control_loop(
                 return;
             }
             let reply = match line.trim() {
-                "status" => match export.status().await {
-                    Ok((st, pc)) => status_json(&export.info, &st, &pc),
-                    Err(e) => format!("{{\"error\":\"{e}\"}}"),
-                },
-                cmd @ ("flush" | "detach") => match export.drain().await {
-                    Ok(st) => {
+                "status" => status_json(&exports),
+                cmd @ ("flush" | "detach") => {
+                    log!(info, "control", command = cmd);
+                    let (mut dirty, mut destaged, mut err) = (0, 0, false);
+                    for e in exports.iter() {
+                        match e.host.drain().await {
+                            Some(st) => {
+                                dirty += st.dirty_blocks;
+                                destaged += st.destaged_blocks;
+                            }
+                            None => err = true,
+                        }
+                    }
+                    if err {
+                        "{\"error\":\"engine stopped\"}".to_string()
+                    } else {
                         if cmd == "detach" {
                             stop.notify_one();
                         }
-                        format!("{{\"ok\":true,\"command\":\"{cmd}\",\"dirty_blocks\":{},\"destaged_blocks\":{}}}", st.dirty_blocks, st.destaged_blocks)
+                        format!("{{\"ok\":true,\"command\":\"{cmd}\",\"dirty_blocks\":{dirty},\"destaged_blocks\":{destaged}}}")
                     }
-                    Err(e) => format!("{{\"error\":\"{e}\"}}"),
-                },
+                }
                 other => {
                     format!("{{\"error\":\"unknown command {other:?} (status, flush, detach)\"}}")
                 }
@@ -612,21 +574,18 @@ async fn control_loop(
 }
 
 /// Serve Prometheus text metrics over plain HTTP/1.1.
-async fn metrics_loop(addr: String, export: Arc<NvwcExport>) -> Result<()> {
+async fn metrics_loop(addr: String, exports: Arc<Vec<Arc<NvwcExport>>>) -> Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let l = tokio::net::TcpListener::bind(&addr)
         .await
         .with_context(|| format!("metrics address {addr}"))?;
     loop {
         let (mut conn, _) = l.accept().await?;
-        let export = export.clone();
+        let exports = exports.clone();
         tokio::spawn(async move {
             let mut buf = [0u8; 2048];
             let _ = conn.read(&mut buf).await;
-            let body = match export.status().await {
-                Ok((st, pc)) => metrics_text(&st, &pc, &export.lat),
-                Err(_) => String::new(),
-            };
+            let body = metrics_text(&exports);
             let resp = format!("HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
             let _ = conn.write_all(resp.as_bytes()).await;
         });
@@ -696,7 +655,9 @@ impl Export for NvwcExport {
         fua: bool,
     ) -> BoxFuture<'_, NbdResult<()>> {
         Box::pin(async move {
-            self.call(ReqOp::Trim { offset, len }).await?;
+            for (offset, len) in self.pieces(offset, len) {
+                self.call(ReqOp::Trim { offset, len }).await?;
+            }
             if fua {
                 self.call(ReqOp::Flush).await?;
             }
@@ -715,18 +676,25 @@ impl Export for NvwcExport {
                 // Zeroes are written like data: not faster than a write.
                 return Err(NbdError::new(nvwc_nbd::ErrorCode::NotSup, "no fast zero"));
             }
-            self.call(ReqOp::WriteZeroes {
-                offset,
-                len,
-                fua: flags.fua,
-            })
-            .await
-            .map(|_| ())
+            for (offset, len) in self.pieces(offset, len) {
+                self.call(ReqOp::WriteZeroes {
+                    offset,
+                    len,
+                    fua: flags.fua,
+                })
+                .await?;
+            }
+            Ok(())
         })
     }
     fn cache(&self, _ctx: RequestCtx, offset: u64, len: u32) -> BoxFuture<'_, NbdResult<()>> {
         // A read fills the cache (read-allocate).
-        Box::pin(async move { self.call(ReqOp::Read { offset, len }).await.map(|_| ()) })
+        Box::pin(async move {
+            for (offset, len) in self.pieces(offset, len) {
+                self.call(ReqOp::Read { offset, len }).await?;
+            }
+            Ok(())
+        })
     }
 }
 
@@ -764,7 +732,7 @@ fn read_at(f: &File, off: u64, len: u64) -> Result<Vec<u8>> {
 }
 
 /// Open (recover or format) the engine for these files.
-fn open_engine(cfg: Config, cache: &File, fresh: bool) -> Result<Engine<Bytes>> {
+fn open_engine(cfg: Config, cache: &File, fresh: bool, name: &str) -> Result<Engine<Bytes>> {
     let l = Layout::new(&cfg);
     let sb = read_at(cache, 0, 512)?;
     if !fresh && layout::Superblock::decode(&sb).is_ok() {
@@ -775,9 +743,15 @@ fn open_engine(cfg: Config, cache: &File, fresh: bool) -> Result<Engine<Bytes>> 
             table: read_at(cache, layout::TABLE_OFFSET, l.table_bytes)?,
         };
         let (e, rep) = Engine::recover(cfg, &image).context("recovering the cache device")?;
-        eprintln!(
-            "nvwc: level=info event=recovered commit={} clean_shutdown={} dirty={} clean={} discarded={}",
-            rep.commit, rep.clean_shutdown, rep.dirty_versions, rep.clean_versions, rep.discarded
+        log!(
+            info,
+            "recovered",
+            export = name,
+            commit = rep.commit,
+            clean_shutdown = rep.clean_shutdown,
+            dirty = rep.dirty_versions,
+            clean = rep.clean_versions,
+            discarded = rep.discarded
         );
         return Ok(e);
     }
@@ -789,60 +763,184 @@ fn open_engine(cfg: Config, cache: &File, fresh: bool) -> Result<Engine<Bytes>> 
         cache.write_all_at(&b, off)?;
     }
     cache.sync_data()?;
-    eprintln!(
-        "nvwc: level=info event=formatted capacity_blocks={} block_size={}",
-        cfg.capacity_blocks, cfg.block_size
+    log!(
+        info,
+        "formatted",
+        export = name,
+        capacity_blocks = cfg.capacity_blocks,
+        block_size = cfg.block_size
     );
     Ok(Engine::new(cfg)?)
 }
 
-pub fn run(a: Args) -> Result<std::process::ExitCode> {
-    let bs = a.block_size;
-    if !(512..=1 << 20).contains(&bs) || !bs.is_power_of_two() {
-        bail!("--block-size must be a power of two between 512 and 1M");
+/// One export to serve, from the default flags or an `--export` value.
+#[derive(Clone, Debug, PartialEq)]
+struct ExportSpec {
+    name: String,
+    backing: String,
+    cache: PathBuf,
+    size: u64,
+    cache_size: u64,
+    write_policy: String,
+    replacement: String,
+    read_only: bool,
+}
+
+/// Parse `NAME=BACKING[,cache=PATH][,cache-size=S][,size=S][,policy=P][,replacement=R][,read-only]`.
+/// Unset keys come from the global flags; the cache defaults to
+/// `cache-NAME.img` beside `--cache`.
+fn parse_export(s: &str, a: &Args) -> Result<ExportSpec, String> {
+    let (name, rest) = s
+        .split_once('=')
+        .ok_or_else(|| format!("--export {s:?}: expected NAME=BACKING[,key=value...]"))?;
+    if name.is_empty() || name.len() > 4096 || name.contains(['\0', '/', ',']) {
+        return Err(format!(
+            "--export {s:?}: the name must be non-empty, without '/', ',' or NUL"
+        ));
     }
-    let wp: WritePolicyKind = a.write_policy.parse()?;
-    let repl: ReplacementKind = a
+    let mut parts = rest.split(',');
+    let backing = parts.next().unwrap_or_default().to_string();
+    if backing.is_empty() {
+        return Err(format!("--export {s:?}: no backing store"));
+    }
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let mut e = ExportSpec {
+        name: name.to_string(),
+        backing,
+        cache: a.cache.with_file_name(format!("cache-{safe}.img")),
+        size: a.size,
+        cache_size: a.cache_size,
+        write_policy: a.write_policy.clone(),
+        replacement: a.replacement.clone(),
+        read_only: a.read_only,
+    };
+    for kv in parts {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        match k {
+            "cache" => e.cache = PathBuf::from(v),
+            "cache-size" => e.cache_size = parse_size(v)?,
+            "size" => e.size = parse_size(v)?,
+            "policy" | "write-policy" => e.write_policy = v.to_string(),
+            "replacement" => e.replacement = v.to_string(),
+            "read-only" if v.is_empty() || v == "true" => e.read_only = true,
+            _ => {
+                return Err(format!(
+                    "--export {s:?}: unknown key {k:?} (cache, cache-size, size, policy, replacement, read-only)"
+                ))
+            }
+        }
+    }
+    Ok(e)
+}
+
+fn is_upstream(spec: &str) -> bool {
+    spec.starts_with("nbd://") || spec.starts_with("nbd+unix://")
+}
+
+/// Open the backing store, cache and engine of one export and start its host.
+fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result<Arc<NvwcExport>> {
+    let bs = a.block_size;
+    let wp: WritePolicyKind = e.write_policy.parse()?;
+    let repl: ReplacementKind = e
         .replacement
         .parse()
-        .map_err(|e| anyhow::anyhow!("--replacement: {e}"))?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let spec = a.backing.to_string_lossy().to_string();
-    let upstream = spec.starts_with("nbd://") || spec.starts_with("nbd+unix://");
-    let (backend, backing_len, redo) = if upstream {
-        if wp.is_journaled() {
-            bail!("--write-policy {wp} needs a file backing store for atomic checkpoints (the redo log); over an upstream NBD server use write-through, write-back or ordered");
+        .map_err(|err| anyhow::anyhow!("replacement policy: {err}"))?;
+    let (mut cache, cache_new) = open_or_create(Path::new(&e.cache), e.cache_size)?;
+    let capacity = Layout::capacity_for(file_len(&mut cache)?, bs as u32);
+    // Largest request the engine sees: the NBD max block (trim and zeroes
+    // are split to it). It bounds a checkpoint group.
+    let max_req = ((capacity / 2).max(1) * bs)
+        .min(u64::from(nvwc_nbd::export::MAX_BLOCK_LIMIT))
+        .max(bs);
+    let upstream = is_upstream(&e.backing);
+    let (backend, usable_raw, redo) = if upstream {
+        // A journaled checkpoint group holds at most `merge` transactions of
+        // at most `txn_blocks` blocks plus the write that closed each one,
+        // and never more blocks than the cache has.
+        let max_req = if wp.is_journaled() {
+            max_req.min(8 << 20)
+        } else {
+            max_req
+        };
+        let txn = u64::from(a.txn_blocks).min((capacity / 4).max(1));
+        let merge = u64::from(
+            Config::new(bs as u32, capacity, bs, wp)
+                .journal
+                .checkpoint_merge_max,
+        );
+        let group_blocks = (merge * (txn + max_req / bs + 1)).min(capacity);
+        let needed = upstream::log_bytes_needed(group_blocks * bs, group_blocks);
+        let want = match a.redo_size {
+            Some(r) if r < needed => bail!(
+                "--redo-size {r} is below the {needed} bytes a checkpoint group of this configuration may need"
+            ),
+            Some(r) => r,
+            None => needed.max(16 << 20),
+        };
+        let (up, replayed) = rt.block_on(upstream::Upstream::open(
+            &e.backing,
+            wp.is_journaled().then_some(want),
+        ))?;
+        if replayed > 0 {
+            log!(
+                info,
+                "redo_replayed",
+                export = &e.name,
+                backing = &e.backing,
+                writes = replayed
+            );
         }
-        let client = rt
-            .block_on(nvwc_nbd::Client::connect(&spec))
-            .with_context(|| format!("connecting to {spec}"))?;
-        let len = client.size();
+        if let Some(r) = up.region() {
+            if wp.is_journaled() && r.log_len < needed {
+                bail!(
+                    "the redo region on {} has {} bytes of log; this configuration may need {needed} (lower --txn-blocks)",
+                    e.backing,
+                    r.log_len
+                );
+            }
+            log!(
+                info,
+                "redo_region",
+                export = &e.name,
+                start = r.start,
+                log_bytes = r.log_len
+            );
+        }
+        let usable = up.usable();
         (
-            Backend::Nbd(Arc::new(client), rt.handle().clone()),
-            len,
+            Backend::Nbd(Arc::new(up), rt.handle().clone()),
+            usable,
             None,
         )
     } else {
-        let (mut backing, _) = open_or_create(&a.backing, a.size)?;
-        let redo_path = PathBuf::from(format!("{}.nvwc-redo", a.backing.display()));
+        let path = PathBuf::from(&e.backing);
+        let (mut backing, _) = open_or_create(&path, e.size)?;
+        let redo_path = PathBuf::from(format!("{}.nvwc-redo", path.display()));
         let replayed = Redo::replay(&redo_path, &backing)?;
         if replayed > 0 {
-            eprintln!("nvwc: level=info event=redo_replayed writes={replayed}");
+            log!(
+                info,
+                "redo_replayed",
+                export = &e.name,
+                backing = &e.backing,
+                writes = replayed
+            );
         }
         let len = file_len(&mut backing)?;
         (Backend::File(backing), len, Some(Redo { path: redo_path }))
     };
-    let (mut cache, cache_new) = open_or_create(&a.cache, a.cache_size)?;
-    let usable = backing_len / bs * bs;
-    let capacity = Layout::capacity_for(file_len(&mut cache)?, bs as u32);
+    let usable = usable_raw / bs * bs;
     if usable == 0 {
-        bail!(
-            "backing store {} is smaller than one block",
-            a.backing.display()
-        );
+        bail!("backing store {} is smaller than one block", e.backing);
     }
     let mut cfg = Config::new(bs as u32, capacity, usable, wp);
     cfg.replacement = repl;
@@ -855,54 +953,142 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
     cfg.fetch = a
         .fetch
         .parse()
-        .map_err(|e| anyhow::anyhow!("--fetch: {e}"))?;
+        .map_err(|err| anyhow::anyhow!("--fetch: {err}"))?;
     cfg.patch_mem_bytes = a.patch_mem;
     cfg.patch_direct = a.patch_direct;
+    cfg.autocommit_ns = a.commit_interval_ms.max(1) * 1_000_000;
+    cfg.autocommit_changes = a
+        .commit_changes
+        .unwrap_or((capacity / 4).clamp(4096, u64::from(u32::MAX)) as u32)
+        .max(1);
     cfg.validate()?;
-    let eng = open_engine(cfg.clone(), &cache, cache_new)?;
+    let eng = open_engine(cfg.clone(), &cache, cache_new, &e.name)?;
     let max_write = eng.max_write_bytes();
 
-    let (tx, rx) = mpsc::channel::<Msg>();
     let cache_dev = Arc::new(Device {
         backend: Backend::File(cache),
         groups: Mutex::default(),
         redo: None,
+        fault: crate::fault::Layer::from_env(crate::fault::Role::Cache, &e.name)?,
     });
     let backing_dev = Arc::new(Device {
         backend,
         groups: Mutex::default(),
         redo,
+        fault: crate::fault::Layer::from_env(crate::fault::Role::Backing, &e.name)?,
     });
-    let cache_q = spawn_pool(cache_dev.clone(), tx.clone(), 2);
     // An upstream NBD server serves many requests at once; each pool thread
     // waits for one, so give it more threads than a local file needs.
-    let backing_q = spawn_pool(backing_dev, tx.clone(), if upstream { 16 } else { 4 });
-    let engine_thread =
-        std::thread::spawn(move || run_engine(eng, rx, cache_dev, cache_q, backing_q));
-
-    let mut info = ExportInfo::new("", usable).with_all_features();
-    info.description = format!("nvwc {wp} cache over {}", a.backing.display());
-    info.read_only = a.read_only;
+    let host = host::Host::start(
+        eng,
+        cache_dev,
+        backing_dev,
+        2,
+        if upstream { 16 } else { 4 },
+        &e.name,
+    );
+    let mut info = ExportInfo::new(e.name.clone(), usable).with_all_features();
+    info.description = format!("nvwc {wp} cache over {}", e.backing);
+    info.read_only = e.read_only;
     info.can_fast_zero = false;
     info.min_block = 1;
     info.pref_block = bs as u32;
-    info.max_block =
-        (max_write.min(nvwc_nbd::export::MAX_BLOCK_LIMIT as u64) as u32).max(bs as u32);
-    let export = Arc::new(NvwcExport {
-        tx: Mutex::new(tx.clone()),
+    let cap = if upstream && wp.is_journaled() {
+        8 << 20
+    } else {
+        nvwc_nbd::export::MAX_BLOCK_LIMIT as u64
+    };
+    info.max_block = (max_write.min(cap) as u32).max(bs as u32);
+    log!(
+        info,
+        "export",
+        export = &e.name,
+        backing = &e.backing,
+        cache = e.cache.display().to_string(),
+        size = usable,
+        cache_blocks = cfg.capacity_blocks,
+        block_size = bs,
+        write_policy = wp.to_string(),
+        replacement = &e.replacement,
+        read_only = e.read_only,
+    );
+    Ok(Arc::new(NvwcExport {
+        host,
         info,
         lat: Latency::default(),
-    });
-    let ctl_export = export.clone();
+    }))
+}
+
+pub fn run(a: Args) -> Result<std::process::ExitCode> {
+    log::init(a.log_format.as_deref(), a.log_level.as_deref()).map_err(anyhow::Error::msg)?;
+    let bs = a.block_size;
+    if !(512..=1 << 20).contains(&bs) || !bs.is_power_of_two() {
+        bail!("--block-size must be a power of two between 512 and 1M");
+    }
+    let mut specs = Vec::new();
+    if a.default_export.is_none() {
+        specs.push(ExportSpec {
+            name: String::new(),
+            backing: a.backing.to_string_lossy().to_string(),
+            cache: a.cache.clone(),
+            size: a.size,
+            cache_size: a.cache_size,
+            write_policy: a.write_policy.clone(),
+            replacement: a.replacement.clone(),
+            read_only: a.read_only,
+        });
+    }
+    for s in &a.export {
+        let e = parse_export(s, &a).map_err(anyhow::Error::msg)?;
+        if specs.iter().any(|x: &ExportSpec| x.name == e.name) {
+            bail!("--export {:?}: duplicate export name", e.name);
+        }
+        if let Some(x) = specs
+            .iter()
+            .find(|x| x.cache == e.cache || (x.backing == e.backing && !is_upstream(&e.backing)))
+        {
+            bail!(
+                "--export {:?} shares its cache or backing file with export {:?}",
+                e.name,
+                x.name
+            );
+        }
+        specs.push(e);
+    }
+    if let Some(d) = &a.default_export {
+        if !specs.iter().any(|x| &x.name == d) {
+            bail!("--default-export {d:?}: no --export of that name");
+        }
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let mut exports = Vec::new();
+    for e in &specs {
+        exports.push(
+            open_export(e, &a, &rt)
+                .with_context(|| format!("export {:?} ({})", e.name, e.backing))?,
+        );
+    }
+    let exports = Arc::new(exports);
     let ctl_path = a.control.clone();
     let metrics_addr = a.metrics.clone();
 
+    let ex = exports.clone();
     let code = rt.block_on(async move {
-        let server = nvwc_nbd::Server::builder().export(export).build()?;
+        let mut b = nvwc_nbd::Server::builder().on_event(log_server_event);
+        for e in ex.iter() {
+            b = b.export(e.clone());
+        }
+        if let Some(d) = &a.default_export {
+            b = b.default_export(d.clone());
+        }
+        let server = b.build()?;
         let stop = Arc::new(tokio::sync::Notify::new());
-        let ctl = tokio::spawn(control_loop(ctl_path, ctl_export.clone(), stop.clone()));
+        let ctl = tokio::spawn(control_loop(ctl_path, ex.clone(), stop.clone()));
         if let Some(m) = metrics_addr {
-            tokio::spawn(metrics_loop(m, ctl_export.clone()));
+            tokio::spawn(metrics_loop(m, ex.clone()));
         }
         let _ = std::fs::remove_file(&a.unix);
         if let Some(d) = a.unix.parent() {
@@ -917,67 +1103,146 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
         }
         let sock = std::fs::canonicalize(&a.unix).unwrap_or(a.unix.clone());
         let uri = format!("nbd+unix:///?socket={}", sock.display());
-        println!("nvwc: serving {} ({} bytes) through {} ({} blocks of {bs} bytes), write policy {wp}", a.backing.display(), usable, a.cache.display(), cfg.capacity_blocks);
+        for e in ex.iter() {
+            let shown = if e.info.name.is_empty() { "(default)" } else { &e.info.name };
+            println!("nvwc: export {shown}: {} ({} bytes)", e.info.description, e.info.size);
+        }
+        log!(info, "listening", unix = sock.display().to_string(), tcp = tcp.map(|t| t.to_string()).unwrap_or_else(|| "none".into()), exports = ex.len());
         println!("  unix socket: {}", sock.display());
         if let Some(addr) = tcp {
             println!("  tcp:         nbd://{addr}/");
         }
         println!("connect with:");
-        println!("  nbdinfo '{uri}'");
+        println!("  nbdinfo '{uri}'            # nbdinfo --list '{uri}' lists every export");
         println!("  qemu-io -f raw -c 'write -P 0xab 0 64k' -c 'read -P 0xab 0 64k' '{uri}'");
         println!("  mkdir -p /tmp/nvwc-fuse && nbdfuse /tmp/nvwc-fuse/disk '{uri}' &   # then: losetup -f --show /tmp/nvwc-fuse/disk");
+        println!("  (a named export: nbd+unix:///NAME?socket={})", sock.display());
         println!("stop with Ctrl-C or SIGTERM (in-flight requests finish, metadata is committed)");
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {},
-            _ = term.recv() => {},
-            _ = stop.notified() => eprintln!("nvwc: level=info event=detached dirty_blocks=0"),
+            _ = tokio::signal::ctrl_c() => log!(info, "signal", signal = "SIGINT"),
+            _ = term.recv() => log!(info, "signal", signal = "SIGTERM"),
+            _ = stop.notified() => log!(info, "detached", dirty_blocks = 0u64),
         }
-        eprintln!("nvwc: level=info event=stopping");
+        log!(info, "stopping");
         ctl.abort();
         server.shutdown().await;
         anyhow::Ok(())
     });
     code?;
-    let (ack, done) = mpsc::channel();
-    let _ = tx.send(Msg::Shutdown(ack));
-    if let Ok(stats) = done.recv_timeout(Duration::from_secs(60)) {
-        eprintln!(
-            "nvwc: level=info event=stopped dirty_blocks={} writes={} reads={} read_hits={} commits={}",
-            stats.dirty_blocks, stats.writes, stats.reads, stats.read_hits, stats.commits
-        );
+    for e in exports.iter() {
+        match e.host.shutdown(Duration::from_secs(60)) {
+            Some(st) => log!(
+                info,
+                "stopped",
+                export = &e.info.name,
+                dirty_blocks = st.dirty_blocks,
+                writes = st.writes,
+                reads = st.reads,
+                read_hits = st.read_hits,
+                commits = st.commits
+            ),
+            None => log!(error, "stop_timeout", export = &e.info.name),
+        }
     }
-    drop(engine_thread);
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Log the NBD server's connection events.
+fn log_server_event(ev: nvwc_nbd::ServerEvent) {
+    use nvwc_nbd::ServerEvent as E;
+    match ev {
+        E::Connected { conn_id, peer } => log!(info, "connect", conn = conn_id, client = peer),
+        E::Ready {
+            conn_id,
+            export,
+            structured,
+        } => log!(
+            debug,
+            "ready",
+            conn = conn_id,
+            export = &*export,
+            structured = structured
+        ),
+        E::Disconnected {
+            conn_id,
+            reason,
+            requests,
+        } => log!(
+            info,
+            "disconnect",
+            conn = conn_id,
+            reason = reason,
+            requests = requests
+        ),
+        E::RequestError {
+            conn_id,
+            command,
+            code,
+            message,
+        } => {
+            // Device errors are the operator's business; bad requests are the client's.
+            if code == "Io" || code == "NoSpc" {
+                log!(
+                    warn,
+                    "request_error",
+                    conn = conn_id,
+                    command = command,
+                    code = code,
+                    message = message
+                );
+            } else {
+                log!(
+                    debug,
+                    "request_error",
+                    conn = conn_id,
+                    command = command,
+                    code = code,
+                    message = message
+                );
+            }
+        }
+    }
 }
 
 /// `nvwc recover`: make a backing store consistent on its own (after losing
 /// the cache device) by finishing a journaled checkpoint its redo log holds.
 #[derive(clap::Args, Debug)]
 pub struct RecoverArgs {
-    /// The backing store file.
+    /// The backing store: a file (its redo log is `FILE.nvwc-redo`) or an
+    /// upstream NBD server (its redo region is at the end of the export).
     #[arg(long)]
     backing: PathBuf,
 }
 
 pub fn recover(a: RecoverArgs) -> Result<std::process::ExitCode> {
-    let backing = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&a.backing)
-        .with_context(|| format!("opening {}", a.backing.display()))?;
-    let redo = PathBuf::from(format!("{}.nvwc-redo", a.backing.display()));
-    let n = Redo::replay(&redo, &backing)?;
+    let spec = a.backing.to_string_lossy().to_string();
+    let n = if is_upstream(&spec) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (up, n) = rt.block_on(upstream::Upstream::open(&spec, None))?;
+        if up.region().is_none() {
+            println!(
+                "nvwc recover: {spec} has no redo region (never served journaled); nothing to do"
+            );
+        }
+        n
+    } else {
+        let backing = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&a.backing)
+            .with_context(|| format!("opening {}", a.backing.display()))?;
+        let redo = PathBuf::from(format!("{}.nvwc-redo", a.backing.display()));
+        Redo::replay(&redo, &backing)?
+    };
     if n > 0 {
         println!(
-            "nvwc recover: finished an interrupted checkpoint ({n} writes); {} is consistent",
-            a.backing.display()
+            "nvwc recover: finished an interrupted checkpoint ({n} writes); {spec} is consistent"
         );
     } else {
-        println!(
-            "nvwc recover: no interrupted checkpoint; {} is consistent as it is",
-            a.backing.display()
-        );
+        println!("nvwc recover: no interrupted checkpoint; {spec} is consistent as it is");
     }
     Ok(std::process::ExitCode::SUCCESS)
 }

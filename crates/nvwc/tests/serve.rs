@@ -311,10 +311,23 @@ fn nbdcopy_and_fio_verify() {
         return;
     }
     let dir = tempdir("copy");
-    let s = start(&dir, "write-back");
+    // 256 MiB (the issue's acceptance size) through a 64 MiB cache: the copy
+    // in destages and evicts all along, the copy out reads mostly misses.
+    let s = start_with(
+        &dir,
+        &[
+            "--size",
+            "512M",
+            "--cache-size",
+            "64M",
+            "--write-policy",
+            "write-back",
+        ],
+    );
     let src = dir.join("src.bin");
     let back = dir.join("back.bin");
-    must(&format!("head -c 48M /dev/urandom > {}", src.display()));
+    let t0 = Instant::now();
+    must(&format!("head -c 256M /dev/urandom > {}", src.display()));
     must(&format!(
         "nbdcopy --connections=4 {} '{}'",
         src.display(),
@@ -325,17 +338,18 @@ fn nbdcopy_and_fio_verify() {
         uri(&dir),
         back.display()
     ));
-    let a = must(&format!("head -c 48M {} | md5sum", back.display()));
+    let a = must(&format!("head -c 256M {} | md5sum", back.display()));
     let b = must(&format!("md5sum < {}", src.display()));
     assert_eq!(
         a.split_whitespace().next(),
         b.split_whitespace().next(),
         "nbdcopy round trip differs"
     );
+    eprintln!("nbdcopy 256 MiB in and out: {:?}", t0.elapsed());
     let sock = dir.join("nvwc-data/nvwc.sock");
     for (rw, bs) in [("randwrite", "4k"), ("randrw", "64k")] {
         let out = must(&format!(
-            "fio --name=v --ioengine=nbd --uri='nbd+unix:///?socket={}' --rw={rw} --bs={bs} --size=16M --iodepth=16 --verify=crc32c --do_verify=1 --verify_fatal=1 --offset=16M 2>&1",
+            "fio --name=v --ioengine=nbd --uri='nbd+unix:///?socket={}' --rw={rw} --bs={bs} --size=16M --iodepth=16 --verify=crc32c --verify_state_save=0 --do_verify=1 --verify_fatal=1 --offset=16M 2>&1",
             sock.display()
         ));
         assert!(
@@ -347,13 +361,23 @@ fn nbdcopy_and_fio_verify() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Upstream mode: the backing store is an nbdkit `file` export on a unix socket.
+/// Upstream mode: the backing store is an nbdkit `file` export on a unix
+/// socket, for every write policy. Journaled ones keep their redo region at
+/// the end of the upstream: after `kill -9`, `nvwc recover --backing nbd://…`
+/// and a restart, everything flushed reads back; after `nvwc detach` the
+/// upstream file alone holds the data.
 #[test]
 fn upstream_nbdkit_backing() {
     if !tool("nbdkit") || !tool("qemu-io") || !tool("fio") {
         return;
     }
-    for policy in ["write-through", "write-back", "ordered"] {
+    for policy in [
+        "write-through",
+        "write-back",
+        "ordered",
+        "journaled",
+        "journaled-hints",
+    ] {
         let dir = tempdir(&format!("up-{policy}"));
         must(&format!("truncate -s 64M {}/up.img", dir.display()));
         let up_sock = dir.join("up.sock");
@@ -387,6 +411,10 @@ fn upstream_nbdkit_backing() {
                 "none",
                 "--write-policy",
                 policy,
+                "--txn-blocks",
+                "16",
+                "--txn-age-ms",
+                "20",
             ])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -414,26 +442,80 @@ fn upstream_nbdkit_backing() {
             ],
         );
         let out = must(&format!(
-            "fio --name=v --ioengine=nbd --uri='nbd+unix:///?socket={}' --rw=randwrite --bs=4k --size=8M --offset=32M --iodepth=16 --verify=crc32c --verify_fatal=1 2>&1",
+            "fio --name=v --ioengine=nbd --uri='nbd+unix:///?socket={}' --rw=randwrite --bs=4k --size=8M --offset=32M --iodepth=16 --verify=crc32c --verify_state_save=0 --verify_fatal=1 2>&1",
             sock.display()
         ));
         assert!(out.contains("err= 0"), "{policy}: fio: {out}");
-        stop(s);
-        // After a clean stop the dirty data is in the cache; the upstream holds
-        // at least what was destaged. Read the flushed range back through nvwc.
-        let s = start_with(
-            &dir,
-            &[
-                "--backing",
-                &backing,
-                "--cache-size",
-                "8M",
-                "--write-policy",
-                policy,
-            ],
-        );
+        let journaled = policy.starts_with("journaled");
+        if journaled {
+            qemu_io(&dir, &["write -P 0x33 13M 1M", "flush"]);
+            // Crash, finish any interrupted checkpoint on the upstream alone.
+            drop(s);
+            let out = Command::new(env!("CARGO_BIN_EXE_nvwc"))
+                .args(["recover", "--backing", &backing])
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            assert!(
+                out.status.success() && text.contains("consistent"),
+                "{policy}: recover: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        } else {
+            stop(s);
+        }
+        // The dirty data is in the cache; the upstream holds at least what
+        // was destaged. Read the flushed range back through nvwc.
+        let args = [
+            "--backing",
+            &backing,
+            "--cache-size",
+            "8M",
+            "--write-policy",
+            policy,
+        ];
+        let s = start_with(&dir, &args);
         qemu_io(&dir, &["read -P 0x31 0 12M", "read -P 0x32 12M 64k"]);
-        drop(s);
+        if journaled {
+            qemu_io(&dir, &["read -P 0x33 13M 1M"]);
+            // The export ends where the redo region begins.
+            let size = must(&format!("nbdinfo --size '{}'", uri(&dir)));
+            let size: u64 = size.trim().parse().unwrap();
+            assert!(
+                (32 << 20..64 << 20).contains(&size),
+                "{policy}: size {size}"
+            );
+            // Detach: the upstream file alone holds every write.
+            let out = Command::new(env!("CARGO_BIN_EXE_nvwc"))
+                .current_dir(&dir)
+                .arg("detach")
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "{policy}: detach");
+            let mut s = s;
+            let t = Instant::now();
+            while s.0.try_wait().unwrap().is_none() {
+                assert!(
+                    t.elapsed() < Duration::from_secs(20),
+                    "no exit after detach"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let out = Command::new("qemu-io")
+                .args(["-f", "raw", "-r"])
+                .args(["-c", "read -P 0x31 0 12M", "-c", "read -P 0x32 12M 64k"])
+                .args(["-c", "read -P 0x33 13M 1M"])
+                .arg(dir.join("up.img"))
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            assert!(
+                out.status.success() && !text.contains("failed"),
+                "{policy}: upstream after detach: {text}"
+            );
+        } else {
+            drop(s);
+        }
         let _ = nbdkit.kill();
         let _ = nbdkit.wait();
         let _ = std::fs::remove_dir_all(&dir);
@@ -566,7 +648,7 @@ fn partial_writes_every_fetch_mode() {
         let s = start_with(&dir, &args);
         let sock = dir.join("nvwc-data/nvwc.sock");
         let out = must(&format!(
-            "fio --name=v --ioengine=nbd --uri='nbd+unix:///?socket={}' --rw=randwrite --bs=2k --size=16M --iodepth=16 --fsync=64 --verify=crc32c --do_verify=1 --verify_fatal=1 2>&1",
+            "fio --name=v --ioengine=nbd --uri='nbd+unix:///?socket={}' --rw=randwrite --bs=2k --size=16M --iodepth=16 --fsync=64 --verify=crc32c --verify_state_save=0 --do_verify=1 --verify_fatal=1 2>&1",
             sock.display()
         ));
         assert!(
@@ -614,4 +696,136 @@ fn partial_writes_every_fetch_mode() {
         drop(s);
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// Several exports on one server, each with its own engine, cache and
+/// backing: `nbdinfo --list` shows them, qemu-io writes a different pattern
+/// to each at the same offsets, and each reads back only its own, also after
+/// `kill -9` and a restart. The JSON logs name each connection's client and
+/// its disconnect.
+#[test]
+fn several_exports_and_json_logs() {
+    if !tool("qemu-io") || !tool("nbdinfo") {
+        return;
+    }
+    let dir = tempdir("multi");
+    let spawn = |dir: &Path| {
+        let _ = std::fs::remove_file(dir.join("nvwc-data/nvwc.sock"));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("log.json"))
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_nvwc"))
+            .current_dir(dir)
+            .args([
+                "serve",
+                "--listen",
+                "none",
+                "--size",
+                "32M",
+                "--cache-size",
+                "4M",
+            ])
+            .args(["--log-format", "json", "--txn-blocks", "16"])
+            .args(["--export", "db=db.img,size=16M,policy=journaled"])
+            .args([
+                "--export",
+                "logs=logs.img,size=8M,cache-size=2M,policy=ordered,replacement=arc",
+            ])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while !dir.join("nvwc-data/nvwc.sock").exists() {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        Server(child)
+    };
+    let sock = dir.join("nvwc-data/nvwc.sock");
+    let named = |name: &str| format!("nbd+unix:///{name}?socket={}", sock.display());
+    let io = |u: &str, cmds: &[String]| {
+        let mut c = Command::new("qemu-io");
+        c.args(["-f", "raw"]);
+        for x in cmds {
+            c.arg("-c").arg(x);
+        }
+        let out = c.arg(u).output().unwrap();
+        let t = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && !t.contains("failed"), "{u}: {t}");
+    };
+    let s = spawn(&dir);
+    let list = must(&format!("nbdinfo --list '{}'", uri(&dir)));
+    for (name, size) in [
+        ("\"\"", "33554432"),
+        ("\"db\"", "16777216"),
+        ("\"logs\"", "8388608"),
+    ] {
+        assert!(
+            list.contains(&format!("export={name}")),
+            "nbdinfo --list: {list}"
+        );
+        assert!(list.contains(size), "nbdinfo --list: {list}");
+    }
+    let exports = [
+        (String::new(), 0x41),
+        ("db".to_string(), 0x42),
+        ("logs".to_string(), 0x43),
+    ];
+    for (name, p) in &exports {
+        io(
+            &named(name),
+            &[
+                format!("write -P {p} 0 3M"),
+                format!("write -P {p} 5M 100k"),
+                "flush".into(),
+            ],
+        );
+    }
+    for (name, p) in &exports {
+        io(
+            &named(name),
+            &[format!("read -P {p} 0 3M"), format!("read -P {p} 5M 100k")],
+        );
+    }
+    // A name nobody serves is refused.
+    let bad = Command::new("nbdinfo").arg(named("nope")).output().unwrap();
+    assert!(!bad.status.success(), "unknown export accepted");
+    drop(s); // kill -9
+    let s = spawn(&dir);
+    for (name, p) in &exports {
+        io(
+            &named(name),
+            &[format!("read -P {p} 0 3M"), format!("read -P {p} 5M 100k")],
+        );
+    }
+    stop(s);
+    let log = std::fs::read_to_string(dir.join("log.json")).unwrap();
+    let mut events = std::collections::HashMap::<String, usize>::new();
+    for line in log.lines() {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"));
+        assert!(v["ts"].is_string() && v["level"].is_string(), "{line}");
+        let ev = v["event"].as_str().unwrap().to_string();
+        if ev == "connect" {
+            assert_eq!(v["client"], "unix", "{line}");
+            assert!(v["conn"].as_u64().unwrap() > 0, "{line}");
+        }
+        if ev == "disconnect" {
+            assert!(v["reason"].is_string(), "{line}");
+        }
+        *events.entry(ev).or_default() += 1;
+    }
+    assert!(events.get("connect") >= Some(&8), "{events:?}");
+    assert!(events.get("disconnect") >= Some(&8), "{events:?}");
+    assert_eq!(events.get("export"), Some(&6), "two starts: {events:?}");
+    assert_eq!(events.get("stopped"), Some(&3), "{events:?}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -289,12 +289,21 @@ fn repro_non_blocking_writes_quick() {
         .unwrap();
     assert!(st.success());
     let md = std::fs::read_to_string(out.join("non-blocking-writes.md")).unwrap();
-    for h in ["## Figure 5", "## Figure 10", "## Figure 11", "Beside the paper"] {
+    for h in [
+        "## Figure 5",
+        "## Figure 10",
+        "## Figure 11",
+        "Beside the paper",
+    ] {
         assert!(md.contains(h), "report lacks {h}");
     }
     for p in ["fig5", "fig10", "fig11"] {
         let f = out.join(format!("img/non-blocking-writes-{p}.png"));
-        assert!(std::fs::metadata(&f).unwrap().len() > 1000, "{}", f.display());
+        assert!(
+            std::fs::metadata(&f).unwrap().len() > 1000,
+            "{}",
+            f.display()
+        );
     }
     let j: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(out.join("non-blocking-writes.json")).unwrap(),
@@ -319,7 +328,10 @@ fn repro_non_blocking_writes_quick() {
             let c = get(&format!("{b} 4096 true {m}"))["throughput_iops"]
                 .as_f64()
                 .unwrap();
-            assert!((c - c0).abs() <= 1e-6 * c0, "{b} 4k control {m}: {c} vs {c0}");
+            assert!(
+                (c - c0).abs() <= 1e-6 * c0,
+                "{b} 4k control {m}: {c} vs {c0}"
+            );
         }
     }
 }

@@ -14,7 +14,7 @@ use tokio::io::{
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use super::handshake::{handshake, Negotiated, BASE_ALLOCATION_ID};
-use super::Inner;
+use super::{EventHook, Inner, ServerEvent};
 use crate::error::{ErrorCode, NbdError};
 use crate::export::{Export, ExportInfo, NbdResult, RequestCtx, WriteZeroesFlags};
 use crate::proto::{
@@ -61,13 +61,28 @@ struct Conn {
     info: ExportInfo,
     structured: bool,
     base_allocation: bool,
+    hook: Option<EventHook>,
 }
 
+impl Conn {
+    fn error_event(&self, hdr: &RequestHeader, e: &NbdError) {
+        if let Some(h) = &self.hook {
+            h(ServerEvent::RequestError {
+                conn_id: self.conn_id,
+                command: format!("{:?}", hdr.command),
+                code: format!("{:?}", e.code),
+                message: e.message.to_string(),
+            });
+        }
+    }
+}
+
+/// Why the transmission phase ended (the reason names the cause for logs).
 enum End {
     /// `NBD_CMD_DISC`, EOF, or shutdown drained: finish in-flight work, flush, close.
-    Graceful,
+    Graceful(&'static str),
     /// Protocol violation or broken stream: close immediately.
-    Hard,
+    Hard(&'static str),
 }
 
 pub(crate) async fn run_connection<S>(inner: Arc<Inner>, stream: S, conn_id: u64)
@@ -78,11 +93,18 @@ where
     let mut rd = BufReader::with_capacity(IO_BUF, rd);
     let mut wr = BufWriter::with_capacity(IO_BUF, wr);
 
+    let gone = |reason: String| {
+        inner.emit(|| ServerEvent::Disconnected {
+            conn_id,
+            reason,
+            requests: 0,
+        })
+    };
     let hs = handshake(&inner, &mut rd, &mut wr);
     let nego = match inner.config.handshake_timeout {
         Some(t) => match tokio::time::timeout(t, hs).await {
             Ok(r) => r,
-            Err(_) => return,
+            Err(_) => return gone("handshake-timeout".into()),
         },
         None => hs.await,
     };
@@ -90,9 +112,10 @@ where
         Ok(Some(n)) => n,
         Ok(None) => {
             let _ = wr.shutdown().await;
-            return;
+            return gone("handshake-abort".into());
         }
-        Err(_) => return, // hard disconnect: drop both halves
+        // Hard disconnect: drop both halves.
+        Err(e) => return gone(format!("handshake-error: {e}")),
     };
     let Negotiated {
         name,
@@ -102,6 +125,11 @@ where
         base_allocation,
     } = nego;
     export.on_connect(conn_id);
+    inner.emit(|| ServerEvent::Ready {
+        conn_id,
+        export: name.clone(),
+        structured,
+    });
     let conn = Arc::new(Conn {
         conn_id,
         name,
@@ -109,9 +137,15 @@ where
         info,
         structured,
         base_allocation,
+        hook: inner.hook.clone(),
     });
-    transmission(&inner, conn, rd, wr).await;
+    let (reason, requests) = transmission(&inner, conn, rd, wr).await;
     export.on_disconnect(conn_id);
+    inner.emit(|| ServerEvent::Disconnected {
+        conn_id,
+        reason: reason.to_string(),
+        requests,
+    });
 }
 
 async fn transmission<S>(
@@ -119,7 +153,8 @@ async fn transmission<S>(
     conn: Arc<Conn>,
     mut rd: BufReader<ReadHalf<S>>,
     wr: BufWriter<WriteHalf<S>>,
-) where
+) -> (&'static str, u64)
+where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     let max = inner.config.max_in_flight;
@@ -135,6 +170,10 @@ async fn transmission<S>(
     let (tx, rx) = mpsc::channel::<Queued>(max + 16);
     let writer = tokio::spawn(writer_task(wr, rx));
     let mut shutdown = inner.shutdown.subscribe();
+    let mut requests = 0u64;
+    // Requests run inline on the reader task first: one that completes at
+    // once (a cache hit) costs no task spawn; one that must wait is spawned.
+    let noop = std::task::Waker::from(Arc::new(NoopWake));
 
     let end = loop {
         let mut hb = [0u8; RequestHeader::LEN];
@@ -142,20 +181,20 @@ async fn transmission<S>(
             biased;
             r = rd.read_exact(&mut hb) => r,
             // The writer died (client gone): stop.
-            _ = tx.closed() => break End::Hard,
+            _ = tx.closed() => break End::Hard("client-gone"),
             // Shutting down and nothing in flight: close.
             _ = async {
                 let _ = shutdown.wait_for(|s| *s).await;
                 sem.acquire_many(max as u32).await
-            } => break End::Graceful,
+            } => break End::Graceful("shutdown"),
         };
         if read.is_err() {
             // EOF (possibly mid-header) or I/O error: the client is gone.
-            break End::Graceful;
+            break End::Graceful("eof");
         }
         let Ok(hdr) = RequestHeader::decode(&hb) else {
             // Bad request magic: hard disconnect this client only.
-            break End::Hard;
+            break End::Hard("bad-request-magic");
         };
 
         // Consume the WRITE payload first so the stream stays in sync even
@@ -166,22 +205,22 @@ async fn transmission<S>(
             let len = hdr.length;
             if len > conn.info.max_block && len > SAFE_PAYLOAD_LEN {
                 // Larger than both our limit and what the spec calls safe: DoS.
-                break End::Hard;
+                break End::Hard("oversized-write");
             }
             let Ok(p) = budget.clone().acquire_many_owned(units_for(len)).await else {
-                break End::Hard;
+                break End::Hard("internal");
             };
             bytes_permit = Some(p);
             let mut buf = BytesMut::zeroed(len as usize);
             if rd.read_exact(&mut buf).await.is_err() {
                 // Disconnected mid-request: just end this connection.
-                break End::Graceful;
+                break End::Graceful("eof-mid-request");
             }
             payload = Some(buf.freeze());
         }
 
         if hdr.command == Command::Disc {
-            break End::Graceful;
+            break End::Graceful("disc");
         }
 
         if inner.is_shutting_down() {
@@ -191,18 +230,19 @@ async fn transmission<S>(
                 Err(NbdError::shutdown("server is shutting down")),
             );
             if tx.send((msg, None)).await.is_err() {
-                break End::Hard;
+                break End::Hard("client-gone");
             }
             continue;
         }
 
         if let Err(e) = validate(&conn, &hdr) {
+            conn.error_event(&hdr, &e);
             if tx
                 .send((reply_for(&conn, &hdr, Err(e)), None))
                 .await
                 .is_err()
             {
-                break End::Hard;
+                break End::Hard("client-gone");
             }
             continue;
         }
@@ -214,14 +254,15 @@ async fn transmission<S>(
                 .acquire_many_owned(units_for(hdr.length))
                 .await
             else {
-                break End::Hard;
+                break End::Hard("internal");
             };
             bytes_permit = Some(p);
         }
         let Ok(permit) = sem.clone().acquire_owned().await else {
-            break End::Hard;
+            break End::Hard("internal");
         };
-        tokio::spawn(handle_request(
+        requests += 1;
+        let mut fut = Box::pin(handle_request(
             conn.clone(),
             hdr,
             payload,
@@ -229,10 +270,23 @@ async fn transmission<S>(
             permit,
             bytes_permit,
         ));
+        // A future polled once with a no-op waker and then handed to a task
+        // is polled again by that task with the task's waker before it
+        // waits, so no wake-up is lost.
+        if fut
+            .as_mut()
+            .poll(&mut Context::from_waker(&noop))
+            .is_pending()
+        {
+            tokio::spawn(fut);
+        }
     };
 
+    let reason = match end {
+        End::Graceful(r) | End::Hard(r) => r,
+    };
     match end {
-        End::Graceful => {
+        End::Graceful(_) => {
             drop(rd);
             // Wait for every in-flight request to queue its reply.
             let _all = sem.acquire_many(max as u32).await;
@@ -241,7 +295,7 @@ async fn transmission<S>(
                 let _ = w.shutdown().await;
             }
         }
-        End::Hard => {
+        End::Hard(_) => {
             writer.abort();
             drop(rd);
             drop(tx);
@@ -251,6 +305,13 @@ async fn transmission<S>(
             let _all = sem.acquire_many(max as u32).await;
         }
     }
+    (reason, requests)
+}
+
+struct NoopWake;
+
+impl std::task::Wake for NoopWake {
+    fn wake(self: Arc<Self>) {}
 }
 
 /// Writes replies in the order they are queued (= completion order),
@@ -416,6 +477,9 @@ async fn handle_request(
         Ok(r) => r,
         Err(_) => Err(NbdError::io("internal error: export operation panicked")),
     };
+    if let Err(e) = &out {
+        conn.error_event(&hdr, e);
+    }
     let msg = reply_for(&conn, &hdr, out);
     // The WRITE payload was consumed by the export; a READ's data lives on in
     // the reply until written.

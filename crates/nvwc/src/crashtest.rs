@@ -1,0 +1,1249 @@
+//! `nvwc crashtest`: crash the live server and check what survives.
+//!
+//! Each trial starts `nvwc serve` (this same binary) on fresh files, runs a
+//! workload client over NBD that writes 4 KiB blocks whose contents encode
+//! (sequence number, block) and logs every request's issue and
+//! acknowledgement times with its FUA/FLUSH status, then crashes the server:
+//!
+//! - `server-crash`: `kill -9` at a random time;
+//! - `host-crash`: the same, with both devices behind the volatile overlay of
+//!   `fault.rs` (un-synced writes are lost with the process, LazyFS-style);
+//! - `failpoint`: a random failpoint (`NVWC_FAILPOINTS`) aborts the server in
+//!   the commit window, a checkpoint, a redo apply or a write-back.
+//!
+//! Then two checks:
+//!
+//! 1. **Cache intact.** Restart on the same files and read every block back:
+//!    every write acknowledged before a completed FLUSH, and every
+//!    acknowledged FUA write, must be there (or a newer write of the block),
+//!    and no block may hold bytes no write produced.
+//! 2. **Cache lost.** On a copy of the backing file taken right after the
+//!    crash, run `nvwc recover`, then check the backing alone against the
+//!    policy's promise: `write-through` holds everything acknowledged;
+//!    `ordered` and `journaled` are a point-in-time state (some prefix of the
+//!    write sequence; the one write at the cut may be partly there, as NBD
+//!    gives multi-block writes no atomicity); `journaled-hints` is exactly the
+//!    state at a FLUSH; `write-back` promises nothing and is checked against
+//!    point-in-time to show what it does. Staleness (acknowledged writes
+//!    after the cut, and how long before the crash the first was
+//!    acknowledged) is reported.
+//!
+//! The client keeps one request in flight, so the server's sequence order is
+//! the client's issue order and the prefix search is exact.
+
+use std::collections::HashMap;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use nvwc_nbd::Client;
+
+/// Block size of the workload (and of the server's cache).
+pub const BS: u64 = 4096;
+const MAGIC: &[u8; 8] = b"NVWCCRSH";
+
+pub const POLICIES: [&str; 5] = [
+    "write-through",
+    "write-back",
+    "ordered",
+    "journaled",
+    "journaled-hints",
+];
+
+/// Failpoints a `failpoint` trial picks from (see `fault.rs`).
+pub const FAILPOINTS: [&str; 6] = [
+    "cache-flush",
+    "commit-record",
+    "writeback",
+    "backing-flush",
+    "checkpoint",
+    "redo-apply",
+];
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// Write policies, comma-separated.
+    #[arg(
+        long,
+        default_value = "write-through,write-back,ordered,journaled,journaled-hints"
+    )]
+    pub policies: String,
+    /// Crash modes, comma-separated: server-crash, host-crash, failpoint.
+    #[arg(long, default_value = "server-crash,host-crash,failpoint")]
+    pub modes: String,
+    /// Trials per policy and mode.
+    #[arg(long, default_value_t = 5)]
+    pub trials: u32,
+    /// Longest workload run before the crash (each trial picks at random up to this).
+    #[arg(long, default_value_t = 800)]
+    pub max_run_ms: u64,
+    /// Shortest workload run before the crash.
+    #[arg(long, default_value_t = 30)]
+    pub min_run_ms: u64,
+    /// Seed (default: from the clock); printed so a run can be repeated.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Working directory (default: a new one under the system temp dir).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Keep the files of failed trials.
+    #[arg(long)]
+    pub keep: bool,
+    /// Fault spec for the cache device during the workload (`fault.rs` syntax).
+    #[arg(long)]
+    pub fault_cache: Option<String>,
+    /// Fault spec for the backing device during the workload.
+    #[arg(long)]
+    pub fault_backing: Option<String>,
+    /// Upstream NBD backing store (e.g. nbdkit with the `error` and `delay` filters).
+    #[arg(long)]
+    pub backing_uri: Option<String>,
+    /// Created while each workload runs, removed at the crash (nbdkit `error-file=`).
+    #[arg(long)]
+    pub error_file: Option<PathBuf>,
+    /// Print one JSON object per trial, and a summary object.
+    #[arg(long)]
+    pub json: bool,
+    /// Run the ext4 check instead (see `ext4.rs`): mkfs, file workload, kill, drop the cache, e2fsck.
+    #[arg(long)]
+    pub ext4: bool,
+}
+
+/// Small deterministic generator (xorshift64*).
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+// ------------------------------------------------------------------ server process
+
+/// Geometry and files of one trial's server.
+#[derive(Clone, Debug)]
+pub struct ServerCfg {
+    pub dir: PathBuf,
+    pub policy: String,
+    pub backing_size: u64,
+    pub cache_size: u64,
+    /// Extra environment (faults, failpoints).
+    pub env: Vec<(String, String)>,
+    pub extra_args: Vec<String>,
+    /// An upstream NBD backing store instead of `backing.img`.
+    pub backing_uri: Option<String>,
+}
+
+impl ServerCfg {
+    /// What `--backing` gets.
+    pub fn backing_spec(&self) -> String {
+        match &self.backing_uri {
+            Some(u) => u.clone(),
+            None => self.backing().display().to_string(),
+        }
+    }
+    pub fn backing(&self) -> PathBuf {
+        self.dir.join("backing.img")
+    }
+    pub fn cache(&self) -> PathBuf {
+        self.dir.join("cache.img")
+    }
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("nbd.sock")
+    }
+    pub fn uri(&self) -> String {
+        format!("nbd+unix:///?socket={}", self.socket().display())
+    }
+}
+
+/// A running `nvwc serve`.
+pub struct Server {
+    pub child: Child,
+}
+
+impl Server {
+    /// Start the server and wait until it accepts connections.
+    pub fn start(cfg: &ServerCfg, log_name: &str) -> Result<Server> {
+        let exe = std::env::current_exe().context("finding the nvwc binary")?;
+        let log = std::fs::File::create(cfg.dir.join(log_name))?;
+        let _ = std::fs::remove_file(cfg.socket());
+        let mut cmd = Command::new(exe);
+        cmd.arg("serve")
+            .arg("--backing")
+            .arg(cfg.backing_spec())
+            .arg("--cache")
+            .arg(cfg.cache())
+            .arg("--size")
+            .arg(cfg.backing_size.to_string())
+            .arg("--cache-size")
+            .arg(cfg.cache_size.to_string())
+            .arg("--unix")
+            .arg(cfg.socket())
+            .arg("--listen")
+            .arg("none")
+            .arg("--control")
+            .arg(cfg.dir.join("nvwc.ctl"))
+            .arg("--write-policy")
+            .arg(&cfg.policy)
+            .args(["--txn-blocks", "64", "--txn-age-ms", "100"])
+            .args(["--commit-interval-ms", "100", "--log-level", "warn"])
+            .args(&cfg.extra_args)
+            .env_remove("NVWC_FAILPOINTS")
+            .env_remove("NVWC_FAULT_CACHE")
+            .env_remove("NVWC_FAULT_BACKING")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        for (k, v) in &cfg.env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().context("spawning nvwc serve")?;
+        let t = Instant::now();
+        while !cfg.socket().exists() {
+            if let Some(st) = child.try_wait()? {
+                bail!(
+                    "nvwc serve exited at start ({st}): {}",
+                    std::fs::read_to_string(cfg.dir.join(log_name)).unwrap_or_default()
+                );
+            }
+            if t.elapsed() > Duration::from_secs(30) {
+                let _ = child.kill();
+                bail!("nvwc serve did not start in 30 s");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(Server { child })
+    }
+
+    /// `kill -9`, and wait. Returns the signal the process died of (if any).
+    pub fn kill9(mut self) -> Option<i32> {
+        let _ = self.child.kill();
+        self.child.wait().ok().and_then(|s| s.signal())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Connect, retrying while the server finishes starting.
+pub async fn connect(uri: &str) -> Result<Client> {
+    let t = Instant::now();
+    loop {
+        match Client::connect(uri).await {
+            Ok(c) => return Ok(c),
+            Err(e) if t.elapsed() > Duration::from_secs(30) => {
+                return Err(e).context("connecting to nvwc serve")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+}
+
+// ------------------------------------------------------------------ workload
+
+/// One logged request (times in µs since the trial's start).
+#[derive(Clone, Debug, serde::Serialize)]
+pub enum Op {
+    Write {
+        seq: u64,
+        block: u64,
+        n: u64,
+        fua: bool,
+        issue_us: u64,
+        ack_us: Option<u64>,
+        ok: bool,
+    },
+    /// A FLUSH issued after write `after_seq` (and before the next write).
+    Flush {
+        after_seq: u64,
+        issue_us: u64,
+        ack_us: Option<u64>,
+        ok: bool,
+    },
+}
+
+/// The contents of block `block` as written by write `seq` of run `nonce`.
+pub fn block_bytes(nonce: u64, seq: u64, block: u64) -> Vec<u8> {
+    let mut b = vec![0u8; BS as usize];
+    b[..8].copy_from_slice(MAGIC);
+    b[8..16].copy_from_slice(&seq.to_le_bytes());
+    b[16..24].copy_from_slice(&block.to_le_bytes());
+    b[24..32].copy_from_slice(&nonce.to_le_bytes());
+    let mut x = seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ block ^ nonce;
+    for c in b[32..].chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
+    }
+    b
+}
+
+/// What a block holds.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Seen {
+    Zero,
+    Seq(u64),
+    /// Bytes no write of this run produced (torn, stale garbage, wrong block).
+    Garbage,
+}
+
+pub fn decode(nonce: u64, block: u64, b: &[u8]) -> Seen {
+    if b.iter().all(|&x| x == 0) {
+        return Seen::Zero;
+    }
+    if &b[..8] != MAGIC {
+        return Seen::Garbage;
+    }
+    let seq = u64::from_le_bytes(b[8..16].try_into().unwrap());
+    if b == block_bytes(nonce, seq, block).as_slice() {
+        Seen::Seq(seq)
+    } else {
+        Seen::Garbage
+    }
+}
+
+/// Run the workload until the connection breaks or `limit` passes.
+/// One request in flight; writes of 1 to 4 blocks, some FUA, a FLUSH every
+/// 1 to 24 writes.
+pub async fn workload(
+    uri: &str,
+    nonce: u64,
+    blocks: u64,
+    rng: &mut Rng,
+    t0: Instant,
+    limit: Duration,
+) -> Result<Vec<Op>> {
+    let c = connect(uri).await?;
+    let us = || t0.elapsed().as_micros() as u64;
+    let mut ops = Vec::new();
+    let mut seq = 0u64;
+    let mut until_flush = 1 + rng.below(24);
+    while t0.elapsed() < limit {
+        if until_flush == 0 {
+            until_flush = 1 + rng.below(24);
+            let issue_us = us();
+            let r = c.flush().await;
+            ops.push(Op::Flush {
+                after_seq: seq,
+                issue_us,
+                ack_us: r.is_ok().then(us),
+                ok: r.is_ok(),
+            });
+            if r.is_err() && c.is_closed() {
+                break;
+            }
+            continue;
+        }
+        until_flush -= 1;
+        seq += 1;
+        let n = [1, 1, 1, 2, 3, 4][rng.below(6) as usize];
+        let block = rng.below(blocks - n + 1);
+        let fua = rng.below(10) == 0;
+        let mut data = Vec::with_capacity((n * BS) as usize);
+        for b in block..block + n {
+            data.extend_from_slice(&block_bytes(nonce, seq, b));
+        }
+        let issue_us = us();
+        let r = c.write(block * BS, Bytes::from(data), fua).await;
+        ops.push(Op::Write {
+            seq,
+            block,
+            n,
+            fua,
+            issue_us,
+            ack_us: r.is_ok().then(us),
+            ok: r.is_ok(),
+        });
+        if r.is_err() && c.is_closed() {
+            break;
+        }
+    }
+    Ok(ops)
+}
+
+/// Read blocks `0..blocks` through NBD.
+pub async fn read_blocks_nbd(uri: &str, nonce: u64, blocks: u64) -> Result<Vec<Seen>> {
+    let c = connect(uri).await?;
+    let mut out = Vec::with_capacity(blocks as usize);
+    let chunk = 64u64;
+    let mut b = 0;
+    while b < blocks {
+        let n = chunk.min(blocks - b);
+        let d = c
+            .read(b * BS, (n * BS) as u32)
+            .await
+            .context("reading back")?;
+        for i in 0..n {
+            let s = (i * BS) as usize;
+            out.push(decode(nonce, b + i, &d[s..s + BS as usize]));
+        }
+        b += n;
+    }
+    let _ = c.disconnect().await;
+    Ok(out)
+}
+
+pub fn read_blocks_file(path: &Path, nonce: u64, blocks: u64) -> Result<Vec<Seen>> {
+    let d = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok((0..blocks)
+        .map(|b| {
+            let s = (b * BS) as usize;
+            match d.get(s..s + BS as usize) {
+                Some(x) => decode(nonce, b, x),
+                None => Seen::Zero,
+            }
+        })
+        .collect())
+}
+
+// ------------------------------------------------------------------ checks
+
+/// The log, indexed for the checks.
+pub struct History {
+    /// Per block: (seq, acked ok, fua) of every write touching it, ascending.
+    per_block: Vec<Vec<(u64, bool, bool)>>,
+    /// seq -> ack time (µs) of acknowledged writes.
+    ack: HashMap<u64, u64>,
+    /// Writes with seq <= this were acknowledged before a completed FLUSH.
+    durable_upto: u64,
+    /// Every FLUSH issued: the write seq it follows.
+    flush_points: Vec<u64>,
+    pub writes: u64,
+    pub acked: u64,
+    pub flushes_acked: u64,
+    pub fua_acked: u64,
+    pub failed_requests: u64,
+}
+
+impl History {
+    pub fn new(ops: &[Op], blocks: u64) -> History {
+        let mut h = History {
+            per_block: vec![Vec::new(); blocks as usize],
+            ack: HashMap::new(),
+            durable_upto: 0,
+            flush_points: vec![0],
+            writes: 0,
+            acked: 0,
+            flushes_acked: 0,
+            fua_acked: 0,
+            failed_requests: 0,
+        };
+        for op in ops {
+            match *op {
+                Op::Write {
+                    seq,
+                    block,
+                    n,
+                    fua,
+                    ack_us,
+                    ok,
+                    ..
+                } => {
+                    h.writes += 1;
+                    for b in block..block + n {
+                        h.per_block[b as usize].push((seq, ok, fua));
+                    }
+                    if let (true, Some(t)) = (ok, ack_us) {
+                        h.acked += 1;
+                        h.ack.insert(seq, t);
+                        if fua {
+                            h.fua_acked += 1;
+                        }
+                    } else if ack_us.is_none() && !ok {
+                        // In flight at the crash, or failed.
+                    }
+                    if !ok {
+                        h.failed_requests += 1;
+                    }
+                }
+                Op::Flush { after_seq, ok, .. } => {
+                    h.flush_points.push(after_seq);
+                    if ok {
+                        h.flushes_acked += 1;
+                        h.durable_upto = h.durable_upto.max(after_seq);
+                    } else {
+                        h.failed_requests += 1;
+                    }
+                }
+            }
+        }
+        // The last request may have been in flight at the crash; it is neither acked nor failed.
+        if let Some(Op::Write { ack_us: None, .. } | Op::Flush { ack_us: None, .. }) = ops.last() {
+            h.failed_requests -= 1;
+        }
+        h
+    }
+
+    /// Newest write to `b` with seq <= `upto` (0: none).
+    fn last_write(&self, b: usize, upto: u64) -> u64 {
+        self.per_block[b]
+            .iter()
+            .rev()
+            .find(|w| w.0 <= upto)
+            .map_or(0, |w| w.0)
+    }
+
+    fn wrote(&self, b: usize, seq: u64) -> bool {
+        self.per_block[b].iter().any(|w| w.0 == seq)
+    }
+}
+
+/// Outcome of one check.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Check {
+    pub ok: bool,
+    /// Blocks that break the promise.
+    pub bad_blocks: u64,
+    /// Blocks holding bytes no write produced.
+    pub garbage_blocks: u64,
+    /// Acknowledged writes the state does not show (staleness, in writes).
+    pub stale_writes: u64,
+    /// How long before the crash the oldest missing acknowledged write was acknowledged (ms).
+    pub stale_ms: f64,
+    /// The cut (last write of the matching prefix), for point-in-time checks.
+    pub cut: Option<u64>,
+    pub detail: String,
+}
+
+/// Staleness: acknowledged writes whose data is not visible (per block,
+/// counting a write missing when any block of it shows an older write).
+fn staleness(h: &History, seen: &[Seen], crash_us: u64) -> (u64, f64) {
+    let mut missing = std::collections::HashSet::new();
+    for (b, s) in seen.iter().enumerate() {
+        let have = match s {
+            Seen::Seq(x) => *x,
+            _ => 0,
+        };
+        for w in &h.per_block[b] {
+            if w.1 && w.0 > have {
+                missing.insert(w.0);
+            }
+        }
+    }
+    let oldest = missing.iter().filter_map(|s| h.ack.get(s)).min().copied();
+    (
+        missing.len() as u64,
+        oldest.map_or(0.0, |t| crash_us.saturating_sub(t) as f64 / 1000.0),
+    )
+}
+
+/// Cache intact: the flush contract.
+pub fn check_flush_contract(h: &History, seen: &[Seen], crash_us: u64) -> Check {
+    let mut c = Check::default();
+    for (b, s) in seen.iter().enumerate() {
+        let mut floor = 0;
+        for &(seq, ok, fua) in &h.per_block[b] {
+            if ok && (seq <= h.durable_upto || fua) {
+                floor = floor.max(seq);
+            }
+        }
+        let bad = match *s {
+            Seen::Garbage => {
+                c.garbage_blocks += 1;
+                true
+            }
+            Seen::Zero => floor > 0,
+            Seen::Seq(x) => x < floor || !h.wrote(b, x),
+        };
+        if bad {
+            if c.bad_blocks < 3 {
+                c.detail += &format!("block {b}: {s:?}, durable floor {floor}; ");
+            }
+            c.bad_blocks += 1;
+        }
+    }
+    (c.stale_writes, c.stale_ms) = staleness(h, seen, crash_us);
+    c.ok = c.bad_blocks == 0;
+    c
+}
+
+/// Cache lost, `write-through`: everything acknowledged is on the backing store.
+pub fn check_all_acked(h: &History, seen: &[Seen], crash_us: u64) -> Check {
+    let mut c = Check::default();
+    for (b, s) in seen.iter().enumerate() {
+        let floor = h.per_block[b]
+            .iter()
+            .filter(|w| w.1)
+            .map(|w| w.0)
+            .max()
+            .unwrap_or(0);
+        let bad = match *s {
+            Seen::Garbage => {
+                c.garbage_blocks += 1;
+                true
+            }
+            Seen::Zero => floor > 0,
+            Seen::Seq(x) => x < floor || !h.wrote(b, x),
+        };
+        if bad {
+            if c.bad_blocks < 3 {
+                c.detail += &format!("block {b}: {s:?}, last acked {floor}; ");
+            }
+            c.bad_blocks += 1;
+        }
+    }
+    (c.stale_writes, c.stale_ms) = staleness(h, seen, crash_us);
+    c.ok = c.bad_blocks == 0;
+    c
+}
+
+/// Cache lost: is the state a prefix of the write sequence? With
+/// `flush_aligned`, the prefix must end exactly at a FLUSH and be complete.
+pub fn check_point_in_time(
+    h: &History,
+    seen: &[Seen],
+    crash_us: u64,
+    flush_aligned: bool,
+) -> Check {
+    let mut c = Check::default();
+    let mut newest = 0;
+    for s in seen {
+        match s {
+            Seen::Garbage => c.garbage_blocks += 1,
+            Seen::Seq(x) => newest = newest.max(*x),
+            Seen::Zero => {}
+        }
+    }
+    let cut = if flush_aligned {
+        match h
+            .flush_points
+            .iter()
+            .copied()
+            .filter(|&p| p >= newest)
+            .min()
+        {
+            Some(p) => p,
+            None => {
+                c.detail = format!("newest visible write {newest} is after the last FLUSH");
+                c.bad_blocks = 1;
+                (c.stale_writes, c.stale_ms) = staleness(h, seen, crash_us);
+                return c;
+            }
+        }
+    } else {
+        newest
+    };
+    c.cut = Some(cut);
+    for (b, s) in seen.iter().enumerate() {
+        let have = match s {
+            Seen::Seq(x) => *x,
+            Seen::Zero => 0,
+            Seen::Garbage => u64::MAX,
+        };
+        let want = h.last_write(b, cut);
+        // The write at the cut may be partly there (no multi-block atomicity in NBD),
+        // unless the state must be flush-aligned.
+        let partial_ok = !flush_aligned && want == cut && have == h.last_write(b, cut - 1);
+        if have != want && !partial_ok {
+            if c.bad_blocks < 3 {
+                c.detail += &format!("block {b}: {s:?}, prefix {cut} wants {want}; ");
+            }
+            c.bad_blocks += 1;
+        }
+    }
+    (c.stale_writes, c.stale_ms) = staleness(h, seen, crash_us);
+    c.ok = c.bad_blocks == 0 && c.garbage_blocks == 0;
+    c
+}
+
+/// The cache-lost promise of a policy (`write-back` has none; it is held to
+/// point-in-time to show that). After a host crash, write-through promises
+/// only what a FLUSH or FUA covered: the backing store lost its page cache too.
+/// `journaled-hints` is flush-aligned unless it reported forced closes
+/// (transactions closed for space, not at a FLUSH; see `journaled.rs`), and
+/// point-in-time always. An unknown count (no status) is held to flush-aligned.
+pub fn check_cache_lost(
+    policy: &str,
+    host_crash: bool,
+    forced_closes: Option<u64>,
+    h: &History,
+    seen: &[Seen],
+    crash_us: u64,
+) -> Check {
+    match policy {
+        "write-through" if host_crash => check_flush_contract(h, seen, crash_us),
+        "write-through" => check_all_acked(h, seen, crash_us),
+        "journaled-hints" if forced_closes.unwrap_or(0) == 0 => {
+            check_point_in_time(h, seen, crash_us, true)
+        }
+        _ => check_point_in_time(h, seen, crash_us, false),
+    }
+}
+
+// ------------------------------------------------------------------ trials
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TrialResult {
+    pub policy: String,
+    pub mode: String,
+    pub failpoint: Option<String>,
+    pub trial: u32,
+    pub seed: u64,
+    /// The signal the server died of (9: kill -9; 6: a failpoint's abort).
+    pub signal: Option<i32>,
+    pub run_ms: u64,
+    pub writes: u64,
+    pub acked: u64,
+    pub flushes_acked: u64,
+    pub fua_acked: u64,
+    pub failed_requests: u64,
+    pub cache_intact: Check,
+    pub cache_lost: Check,
+    /// Degraded flag reported by `nvwc status` just before the crash.
+    pub degraded: Option<bool>,
+    /// Journaled: transactions closed early for space (not at a FLUSH), per `nvwc status` just before the crash.
+    pub forced_closes: Option<u64>,
+}
+
+/// One trial's plan.
+#[derive(Clone, Debug)]
+pub struct Trial {
+    pub policy: String,
+    pub mode: String,
+    pub trial: u32,
+    pub seed: u64,
+    pub min_run_ms: u64,
+    pub max_run_ms: u64,
+    pub fault_cache: Option<String>,
+    pub fault_backing: Option<String>,
+    /// Upstream NBD backing store (shared by the trials; the region is zeroed first).
+    pub backing_uri: Option<String>,
+    /// Created when the workload starts and removed at the crash (for nbdkit's `error-file=`).
+    pub error_file: Option<PathBuf>,
+}
+
+/// Workload region and device sizes: the cache holds about half the region,
+/// so write-back, cleaning and checkpoints all happen within a second.
+const REGION_BLOCKS: u64 = 3072;
+const BACKING_SIZE: u64 = 16 << 20;
+const CACHE_SIZE: u64 = 6 << 20;
+
+pub fn run_trial(t: &Trial, root: &Path, keep: bool) -> Result<TrialResult> {
+    let dir = root.join(format!("{}-{}-{}", t.policy, t.mode, t.trial));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let mut rng = Rng::new(t.seed);
+    let nonce = rng.next();
+    let mut env = Vec::new();
+    let mut failpoint = None;
+    match t.mode.as_str() {
+        "server-crash" => {}
+        "host-crash" => {
+            env.push(("NVWC_FAULT_CACHE".to_string(), "volatile".to_string()));
+            env.push(("NVWC_FAULT_BACKING".to_string(), "volatile".to_string()));
+        }
+        "failpoint" => {
+            // The redo log exists only under the journaled policies.
+            let n_fp = if t.policy.starts_with("journaled") {
+                6
+            } else {
+                4
+            };
+            let fp = FAILPOINTS[rng.below(n_fp) as usize];
+            let n = 1 + rng.below(if fp.contains("flush") || fp == "commit-record" {
+                8
+            } else {
+                40
+            });
+            env.push(("NVWC_FAILPOINTS".to_string(), format!("{fp}:{n}")));
+            failpoint = Some(format!("{fp}:{n}"));
+        }
+        m => bail!("unknown crash mode {m:?} (server-crash, host-crash, failpoint)"),
+    }
+    if let Some(f) = &t.fault_cache {
+        env.push(("NVWC_FAULT_CACHE".to_string(), f.clone()));
+    }
+    if let Some(f) = &t.fault_backing {
+        env.push(("NVWC_FAULT_BACKING".to_string(), f.clone()));
+    }
+    let mut cfg = ServerCfg {
+        dir: dir.clone(),
+        policy: t.policy.clone(),
+        backing_size: BACKING_SIZE,
+        cache_size: CACHE_SIZE,
+        env,
+        extra_args: Vec::new(),
+        backing_uri: t.backing_uri.clone(),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    if let Some(u) = &t.backing_uri {
+        // A previous trial's server may have left a logged group in the redo
+        // region: finish it before zeroing, or the new server would replay it.
+        let out = Command::new(std::env::current_exe()?)
+            .arg("recover")
+            .arg("--backing")
+            .arg(u)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "nvwc recover failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        rt.block_on(zero_region(u))?;
+    }
+    let server = Server::start(&cfg, "serve-1.log")?;
+    if let Some(f) = &t.error_file {
+        std::fs::write(f, b"")?;
+    }
+    let pid = server.child.id();
+    let run_ms = t.min_run_ms + rng.below(t.max_run_ms.saturating_sub(t.min_run_ms).max(1));
+    let t0 = Instant::now();
+    // The killer: kill -9 at a random time, while requests are in flight.
+    let ctl = dir.join("nvwc.ctl");
+    let want_status = true;
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(run_ms));
+        let status = want_status.then(|| status_line(&ctl)).flatten();
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        (t0.elapsed().as_micros() as u64, status)
+    });
+    let ops = rt.block_on(workload(
+        &cfg.uri(),
+        nonce,
+        REGION_BLOCKS,
+        &mut rng,
+        t0,
+        Duration::from_millis(run_ms + 10_000),
+    ))?;
+    let (crash_us, status) = killer.join().expect("killer thread");
+    let signal = server.kill9();
+    if let Some(f) = &t.error_file {
+        std::fs::remove_file(f)?;
+    }
+    let h = History::new(&ops, REGION_BLOCKS);
+    let forced_closes = status
+        .as_deref()
+        .and_then(|s| counter(s, "journal_forced_closes"));
+    let exe = std::env::current_exe()?;
+    let recover = |spec: &str| -> Result<()> {
+        let out = Command::new(&exe)
+            .arg("recover")
+            .arg("--backing")
+            .arg(spec)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "nvwc recover failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    };
+    let host_crash = t.mode == "host-crash";
+
+    if let Some(u) = &t.backing_uri {
+        // Upstream: check the backing alone first (the restart below may write it back).
+        recover(u)?;
+        let seen_lost = rt.block_on(read_blocks_nbd(u, nonce, REGION_BLOCKS))?;
+        let cache_lost = check_cache_lost(
+            &t.policy,
+            host_crash,
+            forced_closes,
+            &h,
+            &seen_lost,
+            crash_us,
+        );
+        cfg.env.clear();
+        let server = Server::start(&cfg, "serve-2.log")?;
+        let seen = rt.block_on(read_blocks_nbd(&cfg.uri(), nonce, REGION_BLOCKS))?;
+        server.kill9();
+        let cache_intact = check_flush_contract(&h, &seen, crash_us);
+        let _ = std::fs::remove_dir_all(&dir);
+        return Ok(TrialResult {
+            policy: t.policy.clone(),
+            mode: t.mode.clone(),
+            failpoint,
+            trial: t.trial,
+            seed: t.seed,
+            signal,
+            run_ms,
+            writes: h.writes,
+            acked: h.acked,
+            flushes_acked: h.flushes_acked,
+            fua_acked: h.fua_acked,
+            failed_requests: h.failed_requests,
+            cache_intact,
+            cache_lost,
+            degraded: status.map(|s| s.contains("\"cache_degraded\":1")),
+            forced_closes,
+        });
+    }
+
+    // Cache lost: copy the backing store as the crash left it.
+    let lost = dir.join("lost");
+    std::fs::create_dir_all(&lost)?;
+    let lost_backing = lost.join("backing.img");
+    std::fs::copy(cfg.backing(), &lost_backing)?;
+    let redo = PathBuf::from(format!("{}.nvwc-redo", cfg.backing().display()));
+    if redo.exists() {
+        std::fs::copy(&redo, lost.join("backing.img.nvwc-redo"))?;
+    }
+
+    // Cache intact: restart (no faults) and read everything back.
+    cfg.env.clear();
+    let server = Server::start(&cfg, "serve-2.log")?;
+    let seen = rt.block_on(read_blocks_nbd(&cfg.uri(), nonce, REGION_BLOCKS))?;
+    server.kill9();
+    let cache_intact = check_flush_contract(&h, &seen, crash_us);
+
+    recover(&lost_backing.display().to_string())?;
+    let seen_lost = read_blocks_file(&lost_backing, nonce, REGION_BLOCKS)?;
+    let cache_lost = check_cache_lost(
+        &t.policy,
+        host_crash,
+        forced_closes,
+        &h,
+        &seen_lost,
+        crash_us,
+    );
+
+    let degraded = status.map(|s| s.contains("\"cache_degraded\":1"));
+    let r = TrialResult {
+        policy: t.policy.clone(),
+        mode: t.mode.clone(),
+        failpoint,
+        trial: t.trial,
+        seed: t.seed,
+        signal,
+        run_ms,
+        writes: h.writes,
+        acked: h.acked,
+        flushes_acked: h.flushes_acked,
+        fua_acked: h.fua_acked,
+        failed_requests: h.failed_requests,
+        cache_intact,
+        cache_lost,
+        degraded,
+        forced_closes,
+    };
+    let failed = !r.cache_intact.ok || (!r.cache_lost.ok && t.policy != "write-back");
+    if !(keep && failed) {
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        std::fs::write(
+            dir.join("ops.log"),
+            ops.iter()
+                .map(|o| serde_json::to_string(o).unwrap_or_default() + "\n")
+                .collect::<String>(),
+        )?;
+    }
+    Ok(r)
+}
+
+/// Zero the workload region of an upstream backing store (the trials share it).
+async fn zero_region(uri: &str) -> Result<()> {
+    let c = connect(uri).await?;
+    let chunk = 256 * BS;
+    let mut off = 0;
+    while off < REGION_BLOCKS * BS {
+        c.write(off, Bytes::from(vec![0u8; chunk as usize]), false)
+            .await?;
+        off += chunk;
+    }
+    c.flush().await?;
+    let _ = c.disconnect().await;
+    Ok(())
+}
+
+/// A counter from a `nvwc status` line.
+fn counter(status: &str, name: &str) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_str(status).ok()?;
+    v["exports"][0]["policy"][name].as_u64()
+}
+
+fn status_line(ctl: &Path) -> Option<String> {
+    use std::io::{BufRead, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(ctl).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"status\n").ok()?;
+    let mut line = String::new();
+    std::io::BufReader::new(s).read_line(&mut line).ok()?;
+    Some(line)
+}
+
+pub fn default_dir(what: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("nvwc-{what}-{}", std::process::id()))
+}
+
+pub fn seed_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1)
+}
+
+pub fn run(a: Args) -> Result<std::process::ExitCode> {
+    if a.ext4 {
+        return crate::ext4::run(&a);
+    }
+    let seed = a.seed.unwrap_or_else(seed_now);
+    let root = a.dir.clone().unwrap_or_else(|| default_dir("crashtest"));
+    std::fs::create_dir_all(&root)?;
+    eprintln!(
+        "nvwc crashtest: seed {seed}, files under {}",
+        root.display()
+    );
+    let policies: Vec<&str> = a.policies.split(',').map(str::trim).collect();
+    let modes: Vec<&str> = a.modes.split(',').map(str::trim).collect();
+    let mut all = Vec::new();
+    let mut n = 0u64;
+    for p in &policies {
+        for m in &modes {
+            for i in 0..a.trials {
+                n += 1;
+                let t = Trial {
+                    policy: p.to_string(),
+                    mode: m.to_string(),
+                    trial: i,
+                    seed: seed.wrapping_add(n.wrapping_mul(0x1000_0001)),
+                    min_run_ms: a.min_run_ms,
+                    max_run_ms: a.max_run_ms,
+                    fault_cache: a.fault_cache.clone(),
+                    fault_backing: a.fault_backing.clone(),
+                    backing_uri: a.backing_uri.clone(),
+                    error_file: a.error_file.clone(),
+                };
+                let r = run_trial(&t, &root, a.keep)
+                    .with_context(|| format!("trial {p} {m} {i} (seed {})", t.seed))?;
+                if a.json {
+                    println!("{}", serde_json::to_string(&r)?);
+                } else if !r.cache_intact.ok || !r.cache_lost.ok {
+                    eprintln!(
+                        "  {p} {m} #{i} seed {}: cache intact {} {}; cache lost {} {}",
+                        r.seed,
+                        verdict(r.cache_intact.ok),
+                        r.cache_intact.detail,
+                        verdict(r.cache_lost.ok),
+                        r.cache_lost.detail
+                    );
+                }
+                all.push(r);
+            }
+        }
+    }
+    let summary = summarize(&all);
+    if a.json {
+        println!("{}", serde_json::to_string(&summary)?);
+    } else {
+        print_summary(&summary);
+    }
+    let _ = std::fs::remove_dir(&root);
+    // Under injected faults some writes failed: their blocks may or may not
+    // have changed, so only the flush contract is judged.
+    let faults = a.fault_cache.is_some() || a.fault_backing.is_some() || a.error_file.is_some();
+    let bad = summary.iter().any(|s| {
+        s.flushed_lost_trials > 0
+            || (!faults && s.policy != "write-back" && s.cache_lost_passes < s.trials)
+    });
+    Ok(if bad {
+        std::process::ExitCode::from(1)
+    } else {
+        std::process::ExitCode::SUCCESS
+    })
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "ok"
+    } else {
+        "FAIL"
+    }
+}
+
+/// Per policy and mode.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Summary {
+    pub policy: String,
+    pub mode: String,
+    pub trials: u64,
+    /// Trials where the restarted server lost a flushed (or FUA) write or showed garbage.
+    pub flushed_lost_trials: u64,
+    pub cache_lost_passes: u64,
+    /// Trials the server ended itself (a failpoint's or torn-crash's abort) rather than by kill -9.
+    pub self_aborts: u64,
+    /// Journaled-hints trials with forced closes (held to point-in-time, not flush-aligned).
+    pub forced_close_trials: u64,
+    pub acked_writes: u64,
+    pub flushes_acked: u64,
+    pub mean_stale_writes_cache_intact: f64,
+    pub mean_stale_writes_cache_lost: f64,
+    pub max_stale_ms_cache_lost: f64,
+}
+
+pub fn summarize(all: &[TrialResult]) -> Vec<Summary> {
+    let mut out: Vec<Summary> = Vec::new();
+    for r in all {
+        let i = match out
+            .iter()
+            .position(|s| s.policy == r.policy && s.mode == r.mode)
+        {
+            Some(i) => i,
+            None => {
+                out.push(Summary {
+                    policy: r.policy.clone(),
+                    mode: r.mode.clone(),
+                    trials: 0,
+                    flushed_lost_trials: 0,
+                    cache_lost_passes: 0,
+                    self_aborts: 0,
+                    forced_close_trials: 0,
+                    acked_writes: 0,
+                    flushes_acked: 0,
+                    mean_stale_writes_cache_intact: 0.0,
+                    mean_stale_writes_cache_lost: 0.0,
+                    max_stale_ms_cache_lost: 0.0,
+                });
+                out.len() - 1
+            }
+        };
+        let s = &mut out[i];
+        s.trials += 1;
+        s.flushed_lost_trials += u64::from(!r.cache_intact.ok);
+        s.cache_lost_passes += u64::from(r.cache_lost.ok);
+        s.self_aborts += u64::from(r.signal == Some(6));
+        s.forced_close_trials += u64::from(r.forced_closes.unwrap_or(0) > 0);
+        s.acked_writes += r.acked;
+        s.flushes_acked += r.flushes_acked;
+        s.mean_stale_writes_cache_intact += r.cache_intact.stale_writes as f64;
+        s.mean_stale_writes_cache_lost += r.cache_lost.stale_writes as f64;
+        s.max_stale_ms_cache_lost = s.max_stale_ms_cache_lost.max(r.cache_lost.stale_ms);
+    }
+    for s in &mut out {
+        s.mean_stale_writes_cache_intact /= s.trials as f64;
+        s.mean_stale_writes_cache_lost /= s.trials as f64;
+    }
+    out
+}
+
+fn print_summary(s: &[Summary]) {
+    println!(
+        "{:<16} {:<13} {:>6} {:>7} {:>13} {:>13} {:>8} {:>8} {:>10} {:>11} {:>12}",
+        "policy",
+        "mode",
+        "trials",
+        "aborts",
+        "flushed-lost",
+        "cache-lost ok",
+        "acked",
+        "flushes",
+        "stale(int)",
+        "stale(lost)",
+        "stale ms max"
+    );
+    for x in s {
+        println!(
+            "{:<16} {:<13} {:>6} {:>7} {:>13} {:>13} {:>8} {:>8} {:>10.1} {:>11.1} {:>12.0}",
+            x.policy,
+            x.mode,
+            x.trials,
+            x.self_aborts,
+            x.flushed_lost_trials,
+            format!("{}/{}", x.cache_lost_passes, x.trials),
+            x.acked_writes,
+            x.flushes_acked,
+            x.mean_stale_writes_cache_intact,
+            x.mean_stale_writes_cache_lost,
+            x.max_stale_ms_cache_lost
+        );
+    }
+    println!("(flushed-lost: trials where the restarted server lost an acknowledged write covered by a FLUSH or FUA; cache-lost ok: the backing alone kept the policy's promise; stale: acknowledged writes not visible, mean per trial; stale ms max: age at the crash of the oldest acknowledged write the backing alone missed; aborts: the server died at its failpoint)");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn w(seq: u64, block: u64, n: u64, ok: bool) -> Op {
+        Op::Write {
+            seq,
+            block,
+            n,
+            fua: false,
+            issue_us: seq * 10,
+            ack_us: ok.then_some(seq * 10 + 5),
+            ok,
+        }
+    }
+    fn f(after: u64) -> Op {
+        Op::Flush {
+            after_seq: after,
+            issue_us: 0,
+            ack_us: Some(1),
+            ok: true,
+        }
+    }
+
+    #[test]
+    fn block_contents_round_trip() {
+        let b = block_bytes(7, 3, 9);
+        assert_eq!(decode(7, 9, &b), Seen::Seq(3));
+        assert_eq!(decode(7, 8, &b), Seen::Garbage, "wrong block");
+        assert_eq!(decode(6, 9, &b), Seen::Garbage, "other run");
+        assert_eq!(decode(7, 9, &[0u8; 4096]), Seen::Zero);
+        let mut t = b.clone();
+        t[4000] ^= 1;
+        assert_eq!(decode(7, 9, &t), Seen::Garbage, "torn");
+    }
+
+    #[test]
+    fn flush_contract_catches_a_lost_flushed_write() {
+        // Writes 1 (block 0), flush, 2 (block 1), 3 (block 0, in flight).
+        let ops = vec![w(1, 0, 1, true), f(1), w(2, 1, 1, true), w(3, 0, 1, false)];
+        let h = History::new(&ops, 2);
+        assert!(check_flush_contract(&h, &[Seen::Seq(1), Seen::Zero], 100).ok);
+        assert!(check_flush_contract(&h, &[Seen::Seq(3), Seen::Seq(2)], 100).ok);
+        assert!(!check_flush_contract(&h, &[Seen::Zero, Seen::Seq(2)], 100).ok);
+        assert!(!check_flush_contract(&h, &[Seen::Garbage, Seen::Seq(2)], 100).ok);
+    }
+
+    #[test]
+    fn point_in_time_finds_prefixes_and_rejects_holes() {
+        // 1: blocks 0-1, 2: block 2, flush, 3: block 0, 4: block 1-2.
+        let ops = vec![
+            w(1, 0, 2, true),
+            w(2, 2, 1, true),
+            f(2),
+            w(3, 0, 1, true),
+            w(4, 1, 2, true),
+        ];
+        let h = History::new(&ops, 3);
+        let s = |a, b, c| [a, b, c];
+        use Seen::*;
+        assert!(check_point_in_time(&h, &s(Zero, Zero, Zero), 0, false).ok);
+        assert!(check_point_in_time(&h, &s(Seq(1), Seq(1), Seq(2)), 0, false).ok);
+        // Write 4 partly there (the write at the cut).
+        assert!(check_point_in_time(&h, &s(Seq(3), Seq(4), Seq(2)), 0, false).ok);
+        // Write 3 there but write 2 missing: a hole.
+        assert!(!check_point_in_time(&h, &s(Seq(3), Seq(1), Zero), 0, false).ok);
+        // Flush-aligned: only the state at the FLUSH (after 2), or the empty one.
+        assert!(check_point_in_time(&h, &s(Seq(1), Seq(1), Seq(2)), 0, true).ok);
+        assert!(!check_point_in_time(&h, &s(Seq(1), Seq(1), Zero), 0, true).ok);
+        assert!(!check_point_in_time(&h, &s(Seq(3), Seq(1), Seq(2)), 0, true).ok);
+        // Write-through: everything acknowledged.
+        assert!(check_all_acked(&h, &s(Seq(3), Seq(4), Seq(4)), 0).ok);
+        assert!(!check_all_acked(&h, &s(Seq(3), Seq(1), Seq(4)), 0).ok);
+    }
+}

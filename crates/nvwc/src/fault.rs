@@ -1,0 +1,549 @@
+//! Fault injection for the live server's devices, and crash failpoints.
+//!
+//! Every device command of `nvwc serve` goes through a [`Layer`] (one per
+//! device, see `serve::Device::execute`). With nothing configured the layer
+//! passes commands straight through. It can:
+//!
+//! - **inject faults** from a spec (env `NVWC_FAULT_CACHE` / `NVWC_FAULT_BACKING`):
+//!   `RULE[;RULE...]`, a rule being `KIND[,op=read|write|flush|any][,after=N][,count=N][,prob=P][,ms=N][,seed=N]`
+//!   with `KIND` one of `eio`, `enospc`, `timeout` (sleep `ms`, then fail),
+//!   `delay` (sleep `ms`, then run), `torn` (write a random prefix of the
+//!   sectors, then fail with EIO), `torn-crash` (write a prefix, then abort
+//!   the process: a crash in the middle of a write), and `volatile` (below).
+//!   A rule fires on the matching commands after the first `after`, at most
+//!   `count` times (default: always), each time with probability `prob`.
+//! - **simulate a host crash** (`volatile`, LazyFS-style): writes are kept in
+//!   a volatile overlay and reach the file only at a FLUSH (or as a FUA
+//!   write, or before a journaled group ends); reads see the overlay. A
+//!   `kill -9` then loses exactly what the device had not been told to make
+//!   durable, as a power loss would.
+//! - **abort at failpoints** (env `NVWC_FAILPOINTS=name:count[,name:count]`):
+//!   the `count`-th time the named point is reached the process aborts.
+//!   Points: `cache-flush` (after a cache sync: the commit window between the
+//!   data flush and the commit record), `commit-record` (before a commit
+//!   record is written), `writeback` (before a write to the backing store),
+//!   `checkpoint` (before a journaled group is made durable), `redo-apply`
+//!   (in the middle of applying a logged group in place), `backing-flush`
+//!   (after a backing sync).
+//!
+//! **Degraded mode.** The first failed command on the cache device marks the
+//! layer failed: it is logged at error level (`cache_device_failed`) and shown
+//! as the `cache_degraded` metric, and the host then refuses writes, FLUSH,
+//! trim and zeroes with EIO (read-only): nothing more is acknowledged that
+//! the cache could not hold. A restart (after replacing the device) clears it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use nvwc_core::{IoError, IoOp, IoResult};
+
+use crate::serve::log::log;
+
+/// Which device a layer sits on.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    Cache,
+    Backing,
+}
+
+impl Role {
+    fn env(self) -> &'static str {
+        match self {
+            Role::Cache => "NVWC_FAULT_CACHE",
+            Role::Backing => "NVWC_FAULT_BACKING",
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Role::Cache => "cache",
+            Role::Backing => "backing",
+        }
+    }
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Kind {
+    Eio,
+    NoSpace,
+    Timeout,
+    Delay,
+    Torn,
+    TornCrash,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum OpClass {
+    Read,
+    Write,
+    Flush,
+    Any,
+}
+
+#[derive(Debug)]
+struct Rule {
+    kind: Kind,
+    op: OpClass,
+    after: u64,
+    count: u64,
+    prob: f64,
+    ms: u64,
+    seen: AtomicU64,
+    fired: AtomicU64,
+    rng: Mutex<u64>,
+}
+
+/// A bad fault or failpoint spec.
+#[derive(Debug, thiserror::Error)]
+#[error("fault spec {spec:?}: {why}")]
+pub struct SpecError {
+    spec: String,
+    why: String,
+}
+
+fn parse_rules(spec: &str) -> Result<(Vec<Rule>, bool), SpecError> {
+    let err = |why: String| SpecError {
+        spec: spec.to_string(),
+        why,
+    };
+    let mut rules = Vec::new();
+    let mut volatile = false;
+    for r in spec.split(';').map(str::trim).filter(|r| !r.is_empty()) {
+        let mut parts = r.split(',').map(str::trim);
+        let kind = match parts.next().unwrap_or_default() {
+            "volatile" => {
+                volatile = true;
+                continue;
+            }
+            "eio" => Kind::Eio,
+            "enospc" => Kind::NoSpace,
+            "timeout" => Kind::Timeout,
+            "delay" => Kind::Delay,
+            "torn" => Kind::Torn,
+            "torn-crash" => Kind::TornCrash,
+            k => {
+                return Err(err(format!(
+                    "unknown kind {k:?} (eio, enospc, timeout, delay, torn, torn-crash, volatile)"
+                )))
+            }
+        };
+        let mut rule = Rule {
+            kind,
+            op: if matches!(kind, Kind::Torn | Kind::TornCrash) {
+                OpClass::Write
+            } else {
+                OpClass::Any
+            },
+            after: 0,
+            count: u64::MAX,
+            prob: 1.0,
+            ms: 100,
+            seen: AtomicU64::new(0),
+            fired: AtomicU64::new(0),
+            rng: Mutex::new(0x9e37_79b9_7f4a_7c15),
+        };
+        for kv in parts {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| err(format!("expected key=value, got {kv:?}")))?;
+            let num = |v: &str| {
+                v.parse::<u64>()
+                    .map_err(|_| err(format!("{k}: not a number: {v:?}")))
+            };
+            match k {
+                "op" => {
+                    rule.op = match v {
+                        "read" => OpClass::Read,
+                        "write" => OpClass::Write,
+                        "flush" => OpClass::Flush,
+                        "any" => OpClass::Any,
+                        _ => return Err(err(format!("op: {v:?} (read, write, flush, any)"))),
+                    }
+                }
+                "after" => rule.after = num(v)?,
+                "count" => rule.count = num(v)?,
+                "ms" => rule.ms = num(v)?,
+                "seed" => *rule.rng.get_mut().unwrap() = num(v)? | 1,
+                "prob" => {
+                    rule.prob = v
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|p| (0.0..=1.0).contains(p))
+                        .ok_or_else(|| err(format!("prob: {v:?} is not in [0, 1]")))?
+                }
+                _ => {
+                    return Err(err(format!(
+                        "unknown key {k:?} (op, after, count, prob, ms, seed)"
+                    )))
+                }
+            }
+        }
+        if matches!(kind, Kind::Torn | Kind::TornCrash) && rule.op != OpClass::Write {
+            return Err(err("torn faults apply to writes only".into()));
+        }
+        rules.push(rule);
+    }
+    Ok((rules, volatile))
+}
+
+fn xorshift(s: &mut u64) -> u64 {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    *s
+}
+
+impl Rule {
+    fn matches(&self, op: &IoOp<Bytes>) -> bool {
+        let class = match op {
+            IoOp::Read { .. } => OpClass::Read,
+            IoOp::Write { .. } => OpClass::Write,
+            IoOp::Flush | IoOp::GroupEnd { .. } => OpClass::Flush,
+            IoOp::Trim { .. } | IoOp::GroupBegin { .. } => return false,
+        };
+        self.op == OpClass::Any || self.op == class
+    }
+    /// Does the rule fire for this (matching) command? Also returns a random number.
+    fn fires(&self) -> Option<u64> {
+        let n = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
+        if n <= self.after || self.fired.load(Ordering::Relaxed) >= self.count {
+            return None;
+        }
+        let r = xorshift(&mut self.rng.lock().unwrap());
+        if self.prob < 1.0 && (r >> 11) as f64 / (1u64 << 53) as f64 >= self.prob {
+            return None;
+        }
+        self.fired.fetch_add(1, Ordering::Relaxed);
+        Some(r)
+    }
+}
+
+// ------------------------------------------------------------------ failpoints
+
+fn failpoints() -> &'static Mutex<HashMap<String, u64>> {
+    static FP: OnceLock<Mutex<HashMap<String, u64>>> = OnceLock::new();
+    FP.get_or_init(|| {
+        let mut m = HashMap::new();
+        if let Ok(s) = std::env::var("NVWC_FAILPOINTS") {
+            for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+                let (name, n) = item.split_once(':').unwrap_or((item, "1"));
+                match n.parse::<u64>() {
+                    Ok(n) if n > 0 => {
+                        m.insert(name.to_string(), n);
+                    }
+                    _ => eprintln!("nvwc: NVWC_FAILPOINTS: bad count in {item:?}; ignored"),
+                }
+            }
+        }
+        Mutex::new(m)
+    })
+}
+
+/// A failpoint: abort the process the configured number-th time it is reached.
+pub fn failpoint(name: &str) {
+    let mut m = failpoints().lock().unwrap();
+    if let Some(n) = m.get_mut(name) {
+        *n -= 1;
+        if *n == 0 {
+            eprintln!("nvwc: failpoint {name}: abort");
+            std::process::abort();
+        }
+    }
+}
+
+/// Whether any failpoint is armed (cheap check on the hot path).
+fn failpoints_armed() -> bool {
+    static ARMED: OnceLock<bool> = OnceLock::new();
+    *ARMED.get_or_init(|| !failpoints().lock().unwrap().is_empty())
+}
+
+// ------------------------------------------------------------------ the layer
+
+/// The fault layer of one device (see the module docs).
+pub struct Layer {
+    role: Role,
+    rules: Vec<Rule>,
+    /// Volatile overlay (host-crash simulation): un-synced writes, in order.
+    overlay: Option<Mutex<Vec<(u64, Bytes)>>>,
+    failed: AtomicBool,
+    errors: AtomicU64,
+    export: String,
+}
+
+impl Layer {
+    /// The layer for `role`, from its environment variable (none set: pass-through).
+    pub fn from_env(role: Role, export: &str) -> Result<Layer, SpecError> {
+        let spec = std::env::var(role.env()).unwrap_or_default();
+        Layer::new(role, &spec, export)
+    }
+
+    pub fn new(role: Role, spec: &str, export: &str) -> Result<Layer, SpecError> {
+        let (rules, volatile) = parse_rules(spec)?;
+        if !spec.trim().is_empty() {
+            log!(
+                warn,
+                "fault_injection",
+                device = role.name(),
+                export = export,
+                spec = spec
+            );
+        }
+        Ok(Layer {
+            role,
+            rules,
+            overlay: volatile.then(Mutex::default),
+            failed: AtomicBool::new(false),
+            errors: AtomicU64::new(0),
+            export: export.to_string(),
+        })
+    }
+
+    /// The device failed (cache: the export is degraded to read-only).
+    pub fn failed(&self) -> bool {
+        self.failed.load(Ordering::Relaxed)
+    }
+
+    /// Failed commands so far.
+    pub fn errors(&self) -> u64 {
+        self.errors.load(Ordering::Relaxed)
+    }
+
+    /// Run `op` through the layer; `raw` executes a command on the device itself.
+    pub fn run(
+        &self,
+        op: &IoOp<Bytes>,
+        group: Option<u64>,
+        raw: impl Fn(&IoOp<Bytes>, Option<u64>) -> IoResult<Bytes>,
+    ) -> IoResult<Bytes> {
+        let r = self.run_inner(op, group, &raw);
+        if let Err(e) = &r {
+            self.errors.fetch_add(1, Ordering::Relaxed);
+            if self.role == Role::Cache && !self.failed.swap(true, Ordering::Relaxed) {
+                log!(
+                    error,
+                    "cache_device_failed",
+                    export = &self.export,
+                    error = e.to_string(),
+                    action = "degraded to read-only: writes and FLUSH now fail with EIO; replace the cache device and restart"
+                );
+            } else if self.role == Role::Backing {
+                log!(
+                    warn,
+                    "backing_device_error",
+                    export = &self.export,
+                    error = e.to_string()
+                );
+            }
+        }
+        r
+    }
+
+    fn run_inner(
+        &self,
+        op: &IoOp<Bytes>,
+        group: Option<u64>,
+        raw: &impl Fn(&IoOp<Bytes>, Option<u64>) -> IoResult<Bytes>,
+    ) -> IoResult<Bytes> {
+        if failpoints_armed() {
+            self.failpoints_before(op, group);
+        }
+        for rule in &self.rules {
+            if !rule.matches(op) {
+                continue;
+            }
+            let Some(r) = rule.fires() else { continue };
+            match rule.kind {
+                Kind::Eio => return Err(IoError::Eio),
+                Kind::NoSpace => return Err(IoError::NoSpace),
+                Kind::Timeout => {
+                    std::thread::sleep(Duration::from_millis(rule.ms));
+                    return Err(IoError::Timeout);
+                }
+                Kind::Delay => std::thread::sleep(Duration::from_millis(rule.ms)),
+                Kind::Torn | Kind::TornCrash => {
+                    if let IoOp::Write { offset, data, .. } = op {
+                        let sectors = data.len().div_ceil(512) as u64;
+                        let keep = ((r % sectors.max(1)) * 512) as usize;
+                        if keep > 0 {
+                            let part = data.slice(..keep.min(data.len()));
+                            let _ = self.exec(
+                                &IoOp::Write {
+                                    offset: *offset,
+                                    data: part,
+                                    fua: false,
+                                },
+                                group,
+                                raw,
+                            );
+                        }
+                        if rule.kind == Kind::TornCrash {
+                            // The page cache keeps what was written: a crash mid-write.
+                            let _ = self.exec(&IoOp::Flush, None, raw);
+                            eprintln!(
+                                "nvwc: torn-crash fault: abort after {keep} of {} bytes",
+                                data.len()
+                            );
+                            std::process::abort();
+                        }
+                        return Err(IoError::Eio);
+                    }
+                }
+            }
+        }
+        let r = self.exec(op, group, raw);
+        if failpoints_armed() && r.is_ok() {
+            match (self.role, op) {
+                (Role::Cache, IoOp::Flush) => failpoint("cache-flush"),
+                (Role::Backing, IoOp::Flush) => failpoint("backing-flush"),
+                _ => {}
+            }
+        }
+        r
+    }
+
+    fn failpoints_before(&self, op: &IoOp<Bytes>, group: Option<u64>) {
+        match (self.role, op) {
+            (Role::Cache, IoOp::Write { fua: true, .. }) => failpoint("commit-record"),
+            (Role::Backing, IoOp::Write { .. }) if group.is_none() => failpoint("writeback"),
+            (Role::Backing, IoOp::GroupEnd { .. }) => failpoint("checkpoint"),
+            _ => {}
+        }
+    }
+
+    /// Execute through the volatile overlay, if any.
+    fn exec(
+        &self,
+        op: &IoOp<Bytes>,
+        group: Option<u64>,
+        raw: &impl Fn(&IoOp<Bytes>, Option<u64>) -> IoResult<Bytes>,
+    ) -> IoResult<Bytes> {
+        let Some(ov) = &self.overlay else {
+            return raw(op, group);
+        };
+        let mut ov = ov.lock().unwrap();
+        match op {
+            IoOp::Write { offset, data, fua } if group.is_none() => {
+                ov.push((*offset, data.clone()));
+                if *fua {
+                    // Durable on its own: straight to the device, synced.
+                    raw(op, None)?;
+                }
+                Ok(None)
+            }
+            IoOp::Read { offset, len } => {
+                let got = raw(op, group)?;
+                let (start, end) = (*offset, *offset + u64::from(*len));
+                if !ov
+                    .iter()
+                    .any(|(o, d)| *o < end && o + d.len() as u64 > start)
+                {
+                    return Ok(got);
+                }
+                let mut buf = got.map(|b| b.to_vec()).unwrap_or_default();
+                buf.resize(*len as usize, 0);
+                for (o, d) in ov.iter() {
+                    let (ws, we) = (*o, o + d.len() as u64);
+                    let (s, e) = (ws.max(start), we.min(end));
+                    if s < e {
+                        buf[(s - start) as usize..(e - start) as usize]
+                            .copy_from_slice(&d[(s - ws) as usize..(e - ws) as usize]);
+                    }
+                }
+                Ok(Some(Bytes::from(buf)))
+            }
+            IoOp::Write { .. } | IoOp::Trim { .. } | IoOp::GroupBegin { .. } => raw(op, group),
+            IoOp::Flush | IoOp::GroupEnd { .. } => {
+                // Everything written so far reaches the device, then the sync
+                // (or the group's own synced apply) makes it durable.
+                for (o, d) in ov.iter() {
+                    raw(
+                        &IoOp::Write {
+                            offset: *o,
+                            data: d.clone(),
+                            fua: false,
+                        },
+                        None,
+                    )?;
+                }
+                if matches!(op, IoOp::GroupEnd { .. }) {
+                    raw(&IoOp::Flush, None)?;
+                }
+                ov.clear();
+                raw(op, group)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_and_reject() {
+        let (r, v) = parse_rules("eio,op=write,after=3,count=2;volatile").unwrap();
+        assert!(v);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].kind, Kind::Eio);
+        assert_eq!(r[0].op, OpClass::Write);
+        assert!(parse_rules("bogus").is_err());
+        assert!(parse_rules("eio,prob=2").is_err());
+        assert!(parse_rules("torn,op=read").is_err());
+    }
+
+    #[test]
+    fn rule_fires_after_and_count() {
+        let (r, _) = parse_rules("eio,after=2,count=1").unwrap();
+        let fired: Vec<bool> = (0..5).map(|_| r[0].fires().is_some()).collect();
+        assert_eq!(fired, vec![false, false, true, false, false]);
+    }
+
+    #[test]
+    fn overlay_reads_its_writes_and_loses_unsynced_ones() {
+        let disk = Mutex::new(vec![0u8; 4096]);
+        let raw = |op: &IoOp<Bytes>, _g: Option<u64>| -> IoResult<Bytes> {
+            let mut d = disk.lock().unwrap();
+            match op {
+                IoOp::Read { offset, len } => Ok(Some(Bytes::copy_from_slice(
+                    &d[*offset as usize..(*offset + u64::from(*len)) as usize],
+                ))),
+                IoOp::Write { offset, data, .. } => {
+                    d[*offset as usize..*offset as usize + data.len()].copy_from_slice(data);
+                    Ok(None)
+                }
+                _ => Ok(None),
+            }
+        };
+        let l = Layer::new(Role::Backing, "volatile", "t").unwrap();
+        let w = |o: u64, b: u8, fua: bool| IoOp::Write {
+            offset: o,
+            data: Bytes::from(vec![b; 512]),
+            fua,
+        };
+        l.run(&w(0, 1, false), None, raw).unwrap();
+        let r = l
+            .run(
+                &IoOp::Read {
+                    offset: 0,
+                    len: 1024,
+                },
+                None,
+                raw,
+            )
+            .unwrap()
+            .unwrap();
+        assert_eq!(&r[..512], &[1u8; 512][..]);
+        assert_eq!(
+            disk.lock().unwrap()[0],
+            0,
+            "not on the device before a sync"
+        );
+        l.run(&w(512, 2, true), None, raw).unwrap();
+        assert_eq!(disk.lock().unwrap()[512], 2, "FUA reaches the device");
+        assert_eq!(disk.lock().unwrap()[0], 0);
+        l.run(&IoOp::Flush, None, raw).unwrap();
+        assert_eq!(disk.lock().unwrap()[0], 1, "a sync makes it durable");
+    }
+}

@@ -1,0 +1,392 @@
+//! The engine host: drives one sans-IO `Engine` from whatever thread has
+//! work for it.
+//!
+//! The engine sits in a `Mutex` together with the table of waiting requests.
+//! A connection's task locks it, hands the request to the engine and pumps
+//! the engine's outputs itself: cache-device reads and plain writes go to the
+//! page cache inline, under the lock, so a cache hit completes on the
+//! connection's own thread with no thread hop and no channel; its reply is
+//! returned directly. Syncs, FUA writes and every backing-store command go to
+//! a small worker pool per device; a worker that finishes a command locks the
+//! engine, completes the command and pumps in turn. A timer thread sleeps on
+//! a condition variable until the engine's next deadline (it is woken when a
+//! pump leaves an earlier deadline than the one it sleeps for).
+//!
+//! Ordering and durability are the engine's: whichever thread pumps, every
+//! command the engine emits is started (inline, or queued to its device's
+//! pool) before the engine sees its completion, and every reply is delivered
+//! only once the engine released it. The crash story is therefore the
+//! engine's (`docs/ON-DISK-FORMAT.md`): nothing here acknowledges anything on
+//! its own.
+
+use std::collections::HashMap;
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use nvwc_core::*;
+use tokio::sync::oneshot;
+
+use super::log::log;
+use super::Device;
+
+/// Largest run of adjacent cache writes merged into one call.
+const MAX_MERGE: u64 = 1 << 20;
+
+/// Mutable state behind the host's lock.
+struct Core {
+    eng: Engine<Bytes>,
+    next_id: ReqId,
+    /// Requests whose reply did not come out of their own pump.
+    waiting: HashMap<ReqId, oneshot::Sender<Reply<Bytes>>>,
+    drains: Vec<oneshot::Sender<Stats>>,
+    shutdown: Option<mpsc::Sender<Stats>>,
+    /// The deadline the timer thread sleeps for (`None`: it sleeps a second).
+    timer_at: Option<u64>,
+    stopped: bool,
+}
+
+/// One engine with its devices' worker pools and its timer.
+pub struct Host {
+    core: Mutex<Core>,
+    timer: Condvar,
+    cache_dev: Arc<Device>,
+    cache_q: mpsc::Sender<IoCmd<Bytes>>,
+    backing_q: mpsc::Sender<IoCmd<Bytes>>,
+    t0: Instant,
+    /// Export name, for logs.
+    name: String,
+}
+
+impl Host {
+    /// Start the host: `cache_threads` and `backing_threads` workers, and the timer.
+    pub fn start(
+        eng: Engine<Bytes>,
+        cache_dev: Arc<Device>,
+        backing_dev: Arc<Device>,
+        cache_threads: usize,
+        backing_threads: usize,
+        name: &str,
+    ) -> Arc<Host> {
+        let (cache_q, cache_rx) = mpsc::channel();
+        let (backing_q, backing_rx) = mpsc::channel();
+        let host = Arc::new(Host {
+            core: Mutex::new(Core {
+                eng,
+                next_id: 1,
+                waiting: HashMap::new(),
+                drains: Vec::new(),
+                shutdown: None,
+                timer_at: None,
+                stopped: false,
+            }),
+            timer: Condvar::new(),
+            cache_dev: cache_dev.clone(),
+            cache_q,
+            backing_q,
+            t0: Instant::now(),
+            name: name.to_string(),
+        });
+        spawn_pool(&host, cache_dev, cache_rx, cache_threads);
+        spawn_pool(&host, backing_dev, backing_rx, backing_threads);
+        {
+            let mut c = host.lock();
+            let now = host.now();
+            c.eng.handle_timeout(now);
+            host.pump(&mut c, 0);
+        }
+        let h = host.clone();
+        std::thread::Builder::new()
+            .name("nvwc-timer".into())
+            .spawn(move || h.timer_loop())
+            .expect("spawn timer thread");
+        host
+    }
+
+    fn now(&self) -> u64 {
+        self.t0.elapsed().as_nanos() as u64
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        // A panic under the lock is a bug in the engine (its asserts); the
+        // state may be inconsistent, so do not go on serving from it.
+        self.core
+            .lock()
+            .expect("engine lock poisoned by an engine panic")
+    }
+
+    /// Submit a request and wait for its reply.
+    pub async fn call(&self, op: ReqOp<Bytes>) -> Result<Reply<Bytes>, ReqError> {
+        // Degraded (the cache device failed, see `fault.rs`): read-only.
+        if self.cache_dev.fault.failed() && !matches!(op, ReqOp::Read { .. }) {
+            return Err(ReqError::Io);
+        }
+        let rx = {
+            let mut c = self.lock();
+            let id = c.next_id;
+            c.next_id += 1;
+            let now = self.now();
+            c.eng.handle_request(
+                now,
+                Request {
+                    id,
+                    op,
+                    tag: Tag::default(),
+                },
+            );
+            if let Some(r) = self.pump(&mut c, id) {
+                return Ok(r);
+            }
+            let (tx, rx) = oneshot::channel();
+            c.waiting.insert(id, tx);
+            rx
+        };
+        rx.await.map_err(|_| ReqError::Shutdown)
+    }
+
+    /// Counters and policy counters.
+    pub fn status(&self) -> (Stats, Vec<(&'static str, u64)>) {
+        let c = self.lock();
+        let mut pc = c.eng.policy_counters();
+        pc.push(("cache_degraded", u64::from(self.cache_dev.fault.failed())));
+        pc.push(("cache_device_errors", self.cache_dev.fault.errors()));
+        (c.eng.stats(), pc)
+    }
+
+    /// Write back everything dirty; resolves when nothing is dirty.
+    pub async fn drain(&self) -> Option<Stats> {
+        let rx = {
+            let mut c = self.lock();
+            let now = self.now();
+            c.eng.start_drain(now);
+            let (tx, rx) = oneshot::channel();
+            c.drains.push(tx);
+            self.pump(&mut c, 0);
+            rx
+        };
+        rx.await.ok()
+    }
+
+    /// Stop the engine (it finishes what is in flight and commits its
+    /// metadata); returns the final counters, or `None` after `timeout`.
+    pub fn shutdown(&self, timeout: Duration) -> Option<Stats> {
+        let (tx, rx) = mpsc::channel();
+        {
+            let mut c = self.lock();
+            let now = self.now();
+            c.eng.start_shutdown(now);
+            c.shutdown = Some(tx);
+            self.pump(&mut c, 0);
+        }
+        self.timer.notify_all();
+        let r = rx.recv_timeout(timeout).ok();
+        self.lock().stopped = true;
+        self.timer.notify_all();
+        r
+    }
+
+    /// Run the engine's outputs until it has nothing more to say. Returns
+    /// the reply to request `mine` if it came out (0: none is wanted).
+    fn pump(&self, c: &mut Core, mine: ReqId) -> Option<Reply<Bytes>> {
+        let mut own = None;
+        // At most one timeout per pump: while the engine waits for a device
+        // (e.g. a commit it wants "as soon as possible"), its deadline stays
+        // due, and spinning on it under the lock would starve the very
+        // completion it waits for.
+        let mut timed = false;
+        let mut writes: Vec<IoCmd<Bytes>> = Vec::new();
+        loop {
+            while let Some(cmd) = c.eng.poll_io() {
+                // Cache-device reads and plain writes go to the page cache:
+                // done here, inline. Syncs, FUA writes and everything for the
+                // backing store run on the pools.
+                let inline = cmd.dev == Dev::Cache
+                    && cmd.group.is_none()
+                    && matches!(cmd.op, IoOp::Read { .. } | IoOp::Write { fua: false, .. });
+                if inline && matches!(cmd.op, IoOp::Write { .. }) {
+                    // Collected, to write adjacent slots with one call.
+                    writes.push(cmd);
+                    continue;
+                }
+                // Anything else is started only after the writes the engine
+                // emitted before it completed (the order the engine chose).
+                self.write_batch(c, &mut writes);
+                if inline {
+                    let res = self.cache_dev.execute(&cmd.op, None);
+                    let now = self.now();
+                    c.eng.handle_completion(now, cmd.id, res);
+                    continue;
+                }
+                let q = match cmd.dev {
+                    Dev::Cache => &self.cache_q,
+                    Dev::Backing => &self.backing_q,
+                };
+                // The pools live as long as the host; a send cannot fail.
+                q.send(cmd).expect("device pool is gone");
+            }
+            if !writes.is_empty() {
+                // Their completions may make the engine emit more commands.
+                self.write_batch(c, &mut writes);
+                continue;
+            }
+            while let Some(r) = c.eng.poll_reply() {
+                if r.id == mine {
+                    own = Some(r);
+                } else if let Some(w) = c.waiting.remove(&r.id) {
+                    let _ = w.send(r);
+                }
+            }
+            while let Some(ev) = c.eng.poll_event() {
+                if let Event::BackgroundError { what } = ev {
+                    log!(warn, "background_error", export = &self.name, what = what);
+                }
+            }
+            let now = self.now();
+            match c.eng.poll_timeout() {
+                Some(t) if t <= now && !timed => {
+                    c.eng.handle_timeout(now);
+                    timed = true;
+                }
+                _ => break,
+            }
+        }
+        if !c.drains.is_empty() && c.eng.dirty_versions() == 0 && c.eng.is_idle() {
+            let st = c.eng.stats();
+            for d in c.drains.drain(..) {
+                let _ = d.send(st.clone());
+            }
+        }
+        if c.shutdown.is_some() && c.eng.is_idle() {
+            let _ = c.shutdown.take().expect("checked").send(c.eng.stats());
+        }
+        if let Some(t) = c.eng.poll_timeout() {
+            if !matches!(c.timer_at, Some(at) if at <= t) {
+                self.timer.notify_one();
+            }
+        }
+        own
+    }
+
+    /// Write a batch of plain cache writes, all outstanding at once (so in
+    /// any order): sorted by offset, each run of adjacent ones as one call,
+    /// then complete each with its run's result.
+    fn write_batch(&self, c: &mut Core, writes: &mut Vec<IoCmd<Bytes>>) {
+        if writes.is_empty() {
+            return;
+        }
+        let span = |cmd: &IoCmd<Bytes>| match &cmd.op {
+            IoOp::Write { offset, data, .. } => (*offset, data.len() as u64),
+            _ => unreachable!("only plain writes are batched"),
+        };
+        writes.sort_by_key(|w| span(w).0);
+        let mut i = 0;
+        while i < writes.len() {
+            let (start, len0) = span(&writes[i]);
+            let mut end = start + len0;
+            let mut j = i + 1;
+            while j < writes.len() && span(&writes[j]).0 == end && end - start < MAX_MERGE {
+                end += span(&writes[j]).1;
+                j += 1;
+            }
+            let res = if j == i + 1 {
+                self.cache_dev.execute(&writes[i].op, None)
+            } else {
+                let mut buf = Vec::with_capacity((end - start) as usize);
+                for w in &writes[i..j] {
+                    if let IoOp::Write { data, .. } = &w.op {
+                        buf.extend_from_slice(data);
+                    }
+                }
+                let op = IoOp::Write {
+                    offset: start,
+                    data: Bytes::from(buf),
+                    fua: false,
+                };
+                self.cache_dev.execute(&op, None)
+            };
+            let now = self.now();
+            for w in &writes[i..j] {
+                c.eng.handle_completion(now, w.id, res.clone());
+            }
+            i = j;
+        }
+        writes.clear();
+    }
+
+    fn timer_loop(&self) {
+        let mut c = self.lock();
+        let mut just_handled = false;
+        loop {
+            if c.stopped {
+                return;
+            }
+            let now = self.now();
+            let wait = match c.eng.poll_timeout() {
+                Some(t) if t <= now && !just_handled => {
+                    c.eng.handle_timeout(now);
+                    self.pump(&mut c, 0);
+                    just_handled = true;
+                    continue;
+                }
+                Some(t) if t <= now => {
+                    // Still due right after handling it: the engine waits for
+                    // a completion (whose pump handles the timeout again).
+                    // Look again shortly, with the lock released.
+                    just_handled = false;
+                    c.timer_at = Some(t);
+                    Duration::from_micros(200)
+                }
+                Some(t) => {
+                    just_handled = false;
+                    c.timer_at = Some(t);
+                    Duration::from_nanos(t - now)
+                }
+                None => {
+                    c.timer_at = None;
+                    Duration::from_secs(1)
+                }
+            };
+            c = self
+                .timer
+                .wait_timeout(c, wait)
+                .expect("engine lock poisoned by an engine panic")
+                .0;
+        }
+    }
+
+    fn complete(&self, id: IoId, res: IoResult<Bytes>) {
+        let mut c = self.lock();
+        let now = self.now();
+        c.eng.handle_completion(now, id, res);
+        self.pump(&mut c, 0);
+    }
+}
+
+fn spawn_pool(
+    host: &Arc<Host>,
+    dev: Arc<Device>,
+    rx: mpsc::Receiver<IoCmd<Bytes>>,
+    threads: usize,
+) {
+    let rx = Arc::new(Mutex::new(rx));
+    for i in 0..threads {
+        let (rx, dev) = (rx.clone(), dev.clone());
+        // Workers hold the host weakly: they end with it.
+        let host = Arc::downgrade(host);
+        std::thread::Builder::new()
+            .name(format!("nvwc-io-{i}"))
+            .spawn(move || loop {
+                let cmd = match rx.lock().expect("pool queue lock").recv() {
+                    Ok(c) => c,
+                    Err(_) => return,
+                };
+                let res = dev.execute(&cmd.op, cmd.group);
+                match host.upgrade() {
+                    Some(h) => h.complete(cmd.id, res),
+                    None => return,
+                }
+            })
+            .expect("spawn device worker");
+    }
+}

@@ -1,0 +1,312 @@
+//! Reduced crash, cache-loss, fault-injection and ext4 runs of `nvwc crashtest`
+//! and `nvwc grid` (the full runs are in docs/CRASH-TESTING.md).
+//!
+//! Tools that may be missing (nbdkit; root, /dev/fuse, nbdfuse, losetup and
+//! e2fsck for ext4) skip their test, unless `NVWC_REQUIRE_TOOLS=1`.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn nvwc() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_nvwc"))
+}
+
+fn require_tools() -> bool {
+    std::env::var("NVWC_REQUIRE_TOOLS").as_deref() == Ok("1")
+}
+
+fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Run `nvwc crashtest ARGS --json`; returns (success, trials, summaries).
+fn crashtest(args: &[&str]) -> (bool, Vec<Value>, Vec<Value>) {
+    let out = nvwc()
+        .arg("crashtest")
+        .args(args)
+        .arg("--json")
+        .output()
+        .expect("run nvwc crashtest");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stderr}");
+    let mut trials = Vec::new();
+    let mut summary = Vec::new();
+    for l in stdout.lines() {
+        let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("bad JSON {l:?}: {e}"));
+        match v {
+            Value::Array(a) => summary = a,
+            v => trials.push(v),
+        }
+    }
+    (out.status.success(), trials, summary)
+}
+
+fn fail_lines(trials: &[Value]) -> String {
+    trials
+        .iter()
+        .filter(|t| t["cache_intact"]["ok"] != true || t["cache_lost"]["ok"] != true)
+        .map(|t| t.to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// kill -9, host crash (volatile overlay) and failpoints, every policy:
+/// no flushed write lost; the backing alone keeps each policy's promise.
+#[test]
+fn crashes_keep_the_flush_contract_and_the_cache_lost_promises() {
+    let (ok, trials, summary) = crashtest(&["--trials", "2"]);
+    assert_eq!(trials.len(), 30, "5 policies x 3 modes x 2");
+    for s in &summary {
+        assert_eq!(s["flushed_lost_trials"], 0, "{s}\n{}", fail_lines(&trials));
+        if s["policy"] != "write-back" {
+            assert_eq!(
+                s["cache_lost_passes"],
+                s["trials"],
+                "{s}\n{}",
+                fail_lines(&trials)
+            );
+        }
+    }
+    assert!(ok, "crashtest failed:\n{}", fail_lines(&trials));
+    // The workload did something, and some failpoints fired.
+    assert!(trials
+        .iter()
+        .all(|t| t["writes"].as_u64().unwrap() > 0 || t["signal"] == 6));
+    assert!(
+        trials.iter().any(|t| t["signal"] == 6),
+        "no failpoint fired"
+    );
+}
+
+#[test]
+fn grid_json_has_every_cell_and_the_consistent_policies_pass() {
+    let out = nvwc()
+        .args(["grid", "--trials", "2", "--json"])
+        .output()
+        .expect("run nvwc grid");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cells: Vec<Value> = serde_json::from_slice(&out.stdout).expect("grid JSON");
+    assert_eq!(cells.len(), 15);
+    for c in &cells {
+        let (p, f) = (
+            c["write_policy"].as_str().unwrap(),
+            c["failure"].as_str().unwrap(),
+        );
+        assert!(["server-crash", "host-crash", "cache-lost"].contains(&f));
+        assert_eq!(c["trials"], 2);
+        if f != "cache-lost" || p != "write-back" {
+            assert_eq!(c["passes"], 2, "{c}");
+        }
+    }
+}
+
+/// Cache device faults: the client gets errors, the export degrades to
+/// read-only (reported by `nvwc status`), and nothing acknowledged is lost.
+#[test]
+fn cache_faults_degrade_and_lose_nothing_acknowledged() {
+    for spec in [
+        "eio,op=write,after=100",
+        "enospc,op=write,after=100",
+        "torn,after=100",
+        "eio,op=flush,after=5",
+    ] {
+        let (ok, trials, _) = crashtest(&[
+            "--policies",
+            "write-back,ordered,journaled",
+            "--modes",
+            "server-crash",
+            "--trials",
+            "1",
+            "--min-run-ms",
+            "700",
+            "--max-run-ms",
+            "1000",
+            "--fault-cache",
+            spec,
+        ]);
+        assert!(ok, "{spec}: {}", fail_lines(&trials));
+        for t in &trials {
+            assert_eq!(t["cache_intact"]["ok"], true, "{spec}: {t}");
+            assert!(
+                t["failed_requests"].as_u64().unwrap() > 0,
+                "{spec}: no error reached the client: {t}"
+            );
+            assert_eq!(t["degraded"], true, "{spec}: not degraded: {t}");
+        }
+    }
+    // A torn write, then the crash, in the middle of a commit or a slot write.
+    let (ok, trials, _) = crashtest(&[
+        "--policies",
+        "ordered,journaled",
+        "--modes",
+        "server-crash",
+        "--trials",
+        "2",
+        "--min-run-ms",
+        "700",
+        "--max-run-ms",
+        "1000",
+        "--fault-cache",
+        "torn-crash,after=150",
+    ]);
+    assert!(ok, "{}", fail_lines(&trials));
+    assert!(
+        trials.iter().all(|t| t["signal"] == 6),
+        "torn-crash did not fire"
+    );
+}
+
+/// In-process backing faults: EIO, ENOSPC, timeouts and delays.
+#[test]
+fn backing_faults_lose_nothing_acknowledged() {
+    for spec in [
+        "eio,op=write,prob=0.2",
+        "enospc,op=write,after=50",
+        "timeout,op=write,ms=30,prob=0.1",
+        "delay,ms=20,op=flush",
+    ] {
+        let (ok, trials, _) = crashtest(&[
+            "--policies",
+            "write-through,write-back,journaled",
+            "--modes",
+            "server-crash",
+            "--trials",
+            "1",
+            "--min-run-ms",
+            "300",
+            "--max-run-ms",
+            "700",
+            "--fault-backing",
+            spec,
+        ]);
+        assert!(ok, "{spec}: {}", fail_lines(&trials));
+        if !spec.starts_with("delay") {
+            // Write-through writes reach the backing store before their reply.
+            let wt = trials
+                .iter()
+                .find(|t| t["policy"] == "write-through")
+                .unwrap();
+            assert!(wt["failed_requests"].as_u64().unwrap() > 0, "{spec}: {wt}");
+        }
+    }
+}
+
+/// nbdkit's `error` and `delay` filters on an upstream backing store.
+#[test]
+fn nbdkit_error_and_delay_filters_upstream() {
+    if !have("nbdkit") {
+        assert!(!require_tools(), "nbdkit is required");
+        eprintln!("SKIP: nbdkit not found");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("nvwc-crash-nbdkit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("up.sock");
+    let err = dir.join("err");
+    let mut nbdkit = Command::new("nbdkit")
+        .arg("-f")
+        .arg("-U")
+        .arg(&sock)
+        .args(["--filter=error", "--filter=delay", "memory", "64M"])
+        .args(["error-pwrite=EIO", "error-pwrite-rate=0.2"])
+        .arg(format!("error-file={}", err.display()))
+        .arg("delay-write=2ms")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("nbdkit");
+    let t = std::time::Instant::now();
+    while !sock.exists() && t.elapsed().as_secs() < 10 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let uri = format!("nbd+unix:///?socket={}", sock.display());
+    let (ok, trials, _) = crashtest(&[
+        "--backing-uri",
+        &uri,
+        "--error-file",
+        err.to_str().unwrap(),
+        "--policies",
+        "write-through,write-back,journaled",
+        "--modes",
+        "server-crash",
+        "--trials",
+        "1",
+        "--min-run-ms",
+        "300",
+        "--max-run-ms",
+        "800",
+    ]);
+    let _ = nbdkit.kill();
+    let _ = nbdkit.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(ok, "{}", fail_lines(&trials));
+    let wt = trials
+        .iter()
+        .find(|t| t["policy"] == "write-through")
+        .unwrap();
+    assert!(
+        wt["failed_requests"].as_u64().unwrap() > 0,
+        "no upstream error reached the client: {wt}"
+    );
+    let j = trials.iter().find(|t| t["policy"] == "journaled").unwrap();
+    assert_eq!(
+        j["cache_lost"]["ok"], true,
+        "journaled over a failing upstream: {j}"
+    );
+}
+
+/// ext4 on nvwc: kill -9, drop the cache, e2fsck must be clean.
+#[test]
+fn ext4_survives_kill_and_cache_loss() {
+    let tools = ["nbdfuse", "losetup", "mkfs.ext4", "e2fsck"]
+        .iter()
+        .all(|t| have(t));
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false);
+    if !tools || !root || !std::path::Path::new("/dev/fuse").exists() {
+        assert!(
+            !require_tools(),
+            "the ext4 check needs root, /dev/fuse, nbdfuse, losetup, mkfs.ext4, e2fsck"
+        );
+        eprintln!("SKIP: ext4 check needs root and tools");
+        return;
+    }
+    let out = nvwc()
+        .args([
+            "crashtest",
+            "--ext4",
+            "--policies",
+            "ordered,journaled,journaled-hints",
+            "--trials",
+            "2",
+            "--max-run-ms",
+            "2000",
+            "--json",
+        ])
+        .output()
+        .expect("run nvwc crashtest --ext4");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let n = stdout
+        .lines()
+        .filter(|l| l.contains("\"clean\":true"))
+        .count();
+    assert_eq!(n, 6, "{stdout}");
+}
