@@ -975,10 +975,15 @@ fn counter(status: &str, name: &str) -> Option<u64> {
 }
 
 fn status_line(ctl: &Path) -> Option<String> {
+    control_line(ctl, "status", Duration::from_secs(2))
+}
+
+/// Send one control command (`status`, `flush`, `detach`) and read the answer.
+pub fn control_line(ctl: &Path, cmd: &str, timeout: Duration) -> Option<String> {
     use std::io::{BufRead, Write};
     let mut s = std::os::unix::net::UnixStream::connect(ctl).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(b"status\n").ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    s.write_all(format!("{cmd}\n").as_bytes()).ok()?;
     let mut line = String::new();
     std::io::BufReader::new(s).read_line(&mut line).ok()?;
     Some(line)

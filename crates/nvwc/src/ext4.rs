@@ -258,6 +258,12 @@ pub fn run_ext4_trial(
     let server = Server::start(&cfg, "serve.log")?;
     let mut stack = Stack::new(&dir, &cfg.uri())?;
     stack.mkfs_and_mount()?;
+    // The trial starts from a filesystem that is on the backing store: write
+    // back everything (a backing state from before mkfs finished is a
+    // consistent point in time, but not a filesystem e2fsck can judge).
+    let _ = Command::new("sync").arg("-f").arg(&stack.mnt).status();
+    crate::crashtest::control_line(&cfg.dir.join("nvwc.ctl"), "flush", Duration::from_secs(60))
+        .context("nvwc flush after mkfs")?;
     let run_ms = 200 + rng.below(max_run_ms.max(201) - 200);
     let stop = Arc::new(AtomicBool::new(false));
     let (mnt, st, s2) = (stack.mnt.clone(), stop.clone(), rng.next());
