@@ -13,6 +13,7 @@
 pub mod addr;
 pub mod device;
 pub mod driver;
+pub mod hitratio;
 pub mod metrics;
 pub mod plot;
 pub mod sweep;

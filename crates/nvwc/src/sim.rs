@@ -127,6 +127,12 @@ pub struct Args {
     /// No table on stdout.
     #[arg(long)]
     pub quiet: bool,
+    /// Model: `des` (the engine, device models and virtual time) or
+    /// `hit-ratio` (the replacement policy alone, every block clean: hit
+    /// ratios only, much faster; write policies, devices and fetch modes
+    /// do not apply).
+    #[arg(long, default_value = "des")]
+    pub model: String,
     /// Print this process's peak resident set size (VmHWM) to stderr at the end.
     #[arg(long, hide = true)]
     pub print_peak_rss: bool,
@@ -435,6 +441,174 @@ pub fn sweep_charts(results: &[RunResult]) -> Vec<Chart> {
     ]
 }
 
+/// `nvwc sim --model hit-ratio`: every (replacement, size) through the
+/// replacement policy alone, in parallel.
+fn run_hit_ratio(
+    a: &Args,
+    base: &SimConfig,
+    format: Option<nvwc_trace::Format>,
+    repls: &[ReplacementKind],
+    sizes: &[u64],
+) -> Result<ExitCode> {
+    use nvwc_sim::hitratio::{self, HitRatioConfig, HitRatioResult};
+    let read_allocate = a.read_allocate.unwrap_or(true);
+    let mut cfgs = Vec::new();
+    for &r in repls {
+        for &s in sizes {
+            cfgs.push(HitRatioConfig {
+                replacement: r,
+                cache_bytes: s,
+                block_size: base.block_size as u64,
+                read_allocate,
+            });
+        }
+    }
+    let pb = if a.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(cfgs.len() as u64)
+    };
+    pb.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} runs {msg}")
+            .expect("template")
+            .progress_chars("=> "),
+    );
+    let threads = a
+        .threads
+        .unwrap_or_else(default_threads)
+        .clamp(1, cfgs.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let out: std::sync::Mutex<Vec<Option<Result<HitRatioResult, nvwc_sim::SimError>>>> =
+        std::sync::Mutex::new((0..cfgs.len()).map(|_| None).collect());
+    std::thread::scope(|sc| {
+        for _ in 0..threads {
+            sc.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(c) = cfgs.get(i) else { break };
+                let r = hitratio::run_file(c, &a.trace, format, a.dev, a.limit);
+                pb.inc(1);
+                out.lock().expect("results")[i] = Some(r);
+            });
+        }
+    });
+    pb.finish_and_clear();
+    let mut ok = Vec::new();
+    let mut failed = 0;
+    for (c, r) in cfgs.iter().zip(out.into_inner().expect("results")) {
+        match r.expect("every run ran") {
+            Ok(r) => ok.push(r),
+            Err(e) => {
+                failed += 1;
+                eprintln!(
+                    "nvwc sim: hit-ratio run {} {} failed: {e}",
+                    c.replacement,
+                    format_size(c.cache_bytes)
+                );
+            }
+        }
+    }
+    if !a.quiet {
+        println!(
+            "{:<10} {:>8} {:>10} {:>12} {:>9} {:>9} {:>10} {:>8} {:>12}",
+            "repl",
+            "cache",
+            "requests",
+            "accesses",
+            "hit%",
+            "read hit%",
+            "evictions",
+            "wall s",
+            "req/s"
+        );
+        for r in &ok {
+            println!(
+                "{:<10} {:>8} {:>10} {:>12} {:>9.4} {:>9.4} {:>10} {:>8.3} {:>12.0}",
+                r.replacement,
+                format_size(r.cache_size_bytes),
+                r.requests,
+                r.block_accesses,
+                100.0 * r.hit_ratio,
+                100.0 * r.read_hit_ratio,
+                r.evictions,
+                r.wall_seconds,
+                r.replay_rate
+            );
+        }
+    }
+    if let Some(p) = &a.json {
+        std::fs::write(p, serde_json::to_string_pretty(&ok)? + "\n")
+            .with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(p) = &a.csv {
+        let mut t = String::from("trace,replacement,cache_size_bytes,block_size,read_allocate,requests,block_accesses,read_hits,read_misses,write_hits,write_misses,evictions,hit_ratio,read_hit_ratio,wall_seconds,replay_rate\n");
+        for r in &ok {
+            t += &format!(
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                r.trace,
+                r.replacement,
+                r.cache_size_bytes,
+                r.block_size,
+                r.read_allocate,
+                r.requests,
+                r.block_accesses,
+                r.read_hits,
+                r.read_misses,
+                r.write_hits,
+                r.write_misses,
+                r.evictions,
+                r.hit_ratio,
+                r.read_hit_ratio,
+                r.wall_seconds,
+                r.replay_rate
+            );
+        }
+        std::fs::write(p, t).with_context(|| format!("writing {}", p.display()))?;
+    }
+    if let Some(p) = &a.plot {
+        let mut keys: Vec<String> = Vec::new();
+        for r in &ok {
+            if !keys.contains(&r.replacement) {
+                keys.push(r.replacement.clone());
+            }
+        }
+        let series = keys
+            .iter()
+            .map(|k| {
+                let mut pts: Vec<(f64, f64)> = ok
+                    .iter()
+                    .filter(|r| &r.replacement == k)
+                    .map(|r| (r.cache_size_bytes as f64, 100.0 * r.hit_ratio))
+                    .collect();
+                pts.sort_by(|x, y| x.0.total_cmp(&y.0));
+                Series {
+                    name: k.clone(),
+                    points: pts,
+                }
+            })
+            .collect();
+        let trace = ok.first().map(|r| r.trace.clone()).unwrap_or_default();
+        let chart = Chart::Line(LinePlot {
+            title: format!("Hit ratio ({trace})"),
+            x_label: "cache size".into(),
+            y_label: "block hit ratio (%)".into(),
+            x_axis: Axis::Log2Bytes,
+            y_axis: Axis::Linear,
+            series,
+            vlines: vec![],
+            y_from_zero: true,
+        });
+        nvwc_sim::plot::render(&[chart], 1, (640, 440), p)?;
+    }
+    if a.print_peak_rss {
+        eprintln!("peak_rss_kib {}", peak_rss_kib().unwrap_or(0));
+    }
+    Ok(if failed > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
 /// `nvwc sim`.
 pub fn run(a: Args) -> Result<ExitCode> {
     let base = base_config(&a)?;
@@ -457,6 +631,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .collect::<Result<_, _>>()?;
     if policies.is_empty() || repls.is_empty() || sizes.is_empty() {
         bail!("empty sweep");
+    }
+    match a.model.as_str() {
+        "des" => {}
+        "hit-ratio" => return run_hit_ratio(&a, &base, format, &repls, &sizes),
+        m => bail!("unknown model {m:?} (des, hit-ratio)"),
     }
     let mode: AddressMode = a
         .address_map

@@ -216,6 +216,11 @@ fn nbdkit_error_and_delay_filters_upstream() {
     let err = dir.join("err");
     let mut nbdkit = Command::new("nbdkit")
         .arg("-f")
+        // One worker thread per connection: nbdkit 1.32 with several
+        // workers can abort (`raw_send_socket: Assertion 'sock >= 0'`) when
+        // a client is killed while delayed replies are still being sent,
+        // and the data in its memory plugin would die with it.
+        .arg("--threads=1")
         .arg("-U")
         .arg(&sock)
         .args(["--filter=error", "--filter=delay", "memory", "64M"])
