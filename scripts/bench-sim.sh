@@ -56,3 +56,14 @@ if [ -n "$LCS" ]; then
   end=$(date +%s.%N)
   python3 -c "print('wall %.2f s' % ($end-$start))"
 fi
+
+echo "== memory: peak RSS of one run on the trace and on the trace repeated 10x (nvwc trace convert --repeat 10)"
+"$NVWC" trace convert "$TRACE" "$TMP/x1.nvwc" >/dev/null
+"$NVWC" trace convert --repeat 10 "$TRACE" "$TMP/x10.nvwc" >/dev/null
+for m in hit-ratio des; do
+  for x in x1 x10; do
+    /usr/bin/time -f "%M" -o "$TMP/rss" "$NVWC" sim --model $m --trace "$TMP/$x.nvwc" --write-policy wb --replacement lru \
+      --cache-size 64M --threads 1 --quiet --json "$TMP/rss.json"
+    python3 -c "import json; r=json.load(open('$TMP/rss.json'))[0]; print('$m $x: %d requests, peak RSS %s KiB, %.1f s' % (r['requests'], open('$TMP/rss').read().strip(), r['wall_seconds']))"
+  done
+done

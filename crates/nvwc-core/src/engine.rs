@@ -338,6 +338,10 @@ struct Admit<P> {
     fua: bool,
     /// Slots it reserves when admitted.
     need: u64,
+    /// Block pieces it covers.
+    pieces: u64,
+    /// When it arrived, if it could not be admitted at once (a stall for space).
+    stalled_since: Option<u64>,
 }
 
 /// A request waiting for a metadata commit (FLUSH, or a FUA write).
@@ -1366,6 +1370,13 @@ impl<P: Payload> Engine<P> {
         } else {
             last - first + 1
         };
+        // `admit` runs right after this and takes the queue in order: the
+        // write waits exactly when others wait before it or space is short.
+        let waits =
+            !self.admit_queue.is_empty() || (self.free_slots.len() as u64) < self.reserved + need;
+        if waits {
+            self.stats.admission_stalls += 1;
+        }
         self.admit_queue.push_back(Admit {
             id,
             offset,
@@ -1373,6 +1384,8 @@ impl<P: Payload> Engine<P> {
             data,
             fua,
             need,
+            pieces: last - first + 1,
+            stalled_since: waits.then_some(self.now),
         });
     }
 
@@ -1383,6 +1396,12 @@ impl<P: Payload> Engine<P> {
                 break;
             }
             let a = self.admit_queue.pop_front().unwrap();
+            if let Some(since) = a.stalled_since {
+                // A stall for cache space, counted like a piece waiting for
+                // a slot (its pieces then have reservations and never wait again).
+                self.stats.stalled_writes += a.pieces;
+                self.stats.stall_ns += (self.now - since) * a.pieces;
+            }
             let pieces = self.start_rw(a.id, a.offset, a.len, Some(a.data), a.fua);
             // The first `need` pieces each hold one reservation.
             for &k in pieces.iter().take(a.need as usize) {
@@ -2158,6 +2177,11 @@ impl<P: Payload> Engine<P> {
                 changed = true;
             }
             changed |= self.ensure_free();
+            // Slots ensure_free just freed (clean evictions) go to waiting
+            // writes before the write policy looks at space pressure: a
+            // write that only waited for a clean eviction is not pressure
+            // (journaled-hints would close a transaction early for it).
+            changed |= self.admit();
             changed |= self.patch_progress();
             changed |= self.plan();
             changed |= self.maybe_commit();
@@ -2225,7 +2249,13 @@ impl<P: Payload> Engine<P> {
                     self.cfg.watermarks,
                 );
             self.cleaning_active = wanted;
-            let pressure = self.space_pressure() || self.drain;
+            // Pressure for the write policy: writers wait and the slots
+            // already on their way back (evicted, freed at the next metadata
+            // commit) do not cover them. A wait that only needs that commit
+            // is not a reason for a policy to act (journaled-hints would close
+            // a transaction off a FLUSH boundary for nothing).
+            let coming = self.free_slots.len() as u64 + self.retired_pending;
+            let pressure = self.space_pressure() && coming < self.free_wanted() || self.drain;
             let mut view = View {
                 now: self.now,
                 repl: &mut *self.repl,

@@ -33,9 +33,13 @@ pub struct Stats {
     pub fetches: u64,
     /// Read misses copied into the cache.
     pub populates: u64,
-    /// Write pieces that waited for a free slot, and the total time they waited.
+    /// Write pieces that waited for cache space (in admission, for a slot
+    /// reservation, or after it, for a free slot), and the total time they
+    /// waited (summed over pieces).
     pub stalled_writes: u64,
     pub stall_ns: u64,
+    /// Write requests that could not be admitted on arrival (waited for space).
+    pub admission_stalls: u64,
     pub evictions: u64,
     pub destaged_blocks: u64,
     pub destage_plans: u64,

@@ -530,3 +530,31 @@ fn patch_memory_limit_falls_back_to_blocking() {
     assert_eq!(st.patch_bytes, 4096);
     assert_eq!(st.backing_reads, 4, "the fallbacks fetched before writing");
 }
+
+/// Writes that cannot be admitted for lack of cache space are counted as
+/// stalled (pieces and time), and every one of them completes.
+#[test]
+fn admission_waits_count_as_stalled_writes() {
+    let cfg = Config::new(4096, 16, 256 * 4096, WritePolicyKind::WriteBack);
+    let mut h = MemHarness::new(cfg);
+    for i in 0..40u64 {
+        h.submit(
+            i + 1,
+            ReqOp::Write {
+                offset: i * 2 * 4096,
+                data: Bytes::from(vec![i as u8 + 1; 2 * 4096]),
+                fua: false,
+            },
+        );
+    }
+    let mut pick = |_: usize| 0;
+    for i in 0..40u64 {
+        h.wait(i + 1, &mut pick).result.unwrap();
+    }
+    let st = h.engine.stats();
+    assert!(st.admission_stalls > 0, "{st:?}");
+    assert!(st.admission_stalls < 40, "the first writes fit: {st:?}");
+    // Each stalled request covers two blocks.
+    assert!(st.stalled_writes >= 2 * st.admission_stalls, "{st:?}");
+    assert!(st.stall_ns > 0, "{st:?}");
+}

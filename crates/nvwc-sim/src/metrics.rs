@@ -274,14 +274,14 @@ pub struct RunResult {
     pub fetches: u64,
     /// Clean blocks evicted.
     pub evictions: u64,
-    /// Write pieces that waited for a free slot.
+    /// Write pieces that waited for cache space: in the engine's admission
+    /// queue (for slot reservations) or for a free slot.
     pub stalled_writes: u64,
-    /// Total time those pieces waited (µs).
+    /// Total time those pieces waited (µs, summed over pieces).
     pub stall_time_us: f64,
     /// Write requests that caused no device command when they arrived: they
-    /// queued in the engine, almost always for cache space (admission waits
-    /// for free slots, which `stalled_writes` does not count), rarely behind
-    /// another write to the same block. The driver's stall measure.
+    /// queued in the engine, almost always for cache space, rarely behind
+    /// another write to the same block. The driver's view of stalls.
     pub queued_writes: u64,
     /// Cache device commands (all kinds).
     pub cache_device_ops: u64,
