@@ -6,7 +6,7 @@
 #                       same trace (LRU, 64 MiB, vscsi reader) for comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TRACE=/work/shared/traces/cloudPhysicsIO.vscsi
+TRACE=../shared/traces/cloudPhysicsIO.vscsi
 LIMIT=""
 LCS=""
 while [ $# -gt 0 ]; do

@@ -2,7 +2,7 @@
 //!
 //! `cargo bench -p nvwc-mrc --bench shards` (release). Prints requests/s for a
 //! synthetic 20M-key Zipf-like stream and, if present, the 4 KiB block numbers
-//! of /work/shared/traces/cloudPhysicsIO.vscsi repeated to >= 10M accesses
+//! of ../shared/traces/cloudPhysicsIO.vscsi (beside the repository) repeated to >= 10M accesses
 //! (override the path with NVWC_VSCSI).
 
 use std::hint::black_box;
@@ -108,8 +108,13 @@ fn main() {
     run("synthetic Zipf-like (log-uniform over 4M keys)", &keys);
     drop(keys);
 
-    let path = std::env::var("NVWC_VSCSI")
-        .unwrap_or_else(|_| "/work/shared/traces/cloudPhysicsIO.vscsi".to_string());
+    let path = std::env::var("NVWC_VSCSI").unwrap_or_else(|_| {
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../../shared/traces/cloudPhysicsIO.vscsi"
+        )
+        .to_string()
+    });
     match vscsi_blocks(&path) {
         Some(blocks) if !blocks.is_empty() => {
             let reps = TRACE_MIN.div_ceil(blocks.len());

@@ -1,7 +1,7 @@
 //! Replay speed of the simulator's two models on a real trace.
 //!
 //! `cargo bench -p nvwc-sim --bench replay` (release). Replays
-//! /work/shared/traces/cloudPhysicsIO.vscsi (override with NVWC_TRACE)
+//! ../shared/traces/cloudPhysicsIO.vscsi (beside the repository) (override with NVWC_TRACE)
 //! `REPS` times (env, default 5) through:
 //! - the hit-ratio model (`hitratio::run_file`, LRU, 64 MiB);
 //! - the discrete-event driver (`run_plan`: engine, device models, virtual
@@ -25,10 +25,13 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let trace = PathBuf::from(
-        std::env::var("NVWC_TRACE")
-            .unwrap_or_else(|_| "/work/shared/traces/cloudPhysicsIO.vscsi".into()),
-    );
+    let trace = PathBuf::from(std::env::var("NVWC_TRACE").unwrap_or_else(|_| {
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../../shared/traces/cloudPhysicsIO.vscsi"
+        )
+        .into()
+    }));
     if !trace.exists() {
         eprintln!("SKIP: {} not found (set NVWC_TRACE)", trace.display());
         return;

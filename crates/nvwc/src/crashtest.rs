@@ -110,6 +110,10 @@ pub struct Args {
     /// Run the ext4 check instead (see `ext4.rs`): mkfs, file workload, kill, drop the cache, e2fsck.
     #[arg(long)]
     pub ext4: bool,
+    /// ext4 trials: cache size in MiB (a smaller cache makes write-back
+    /// write back during the run instead of holding everything).
+    #[arg(long, default_value_t = 12)]
+    pub ext4_cache_mib: u64,
 }
 
 /// Small deterministic generator (xorshift64*).
@@ -969,12 +973,17 @@ async fn zero_region(uri: &str) -> Result<()> {
 }
 
 /// A counter from a `nvwc status` line.
-fn counter(status: &str, name: &str) -> Option<u64> {
+pub(crate) fn counter(status: &str, name: &str) -> Option<u64> {
     let v: serde_json::Value = serde_json::from_str(status).ok()?;
     v["exports"][0]["policy"][name].as_u64()
 }
 
-fn status_line(ctl: &Path) -> Option<String> {
+pub(crate) fn stat(status: &str, name: &str) -> Option<u64> {
+    let v: serde_json::Value = serde_json::from_str(status).ok()?;
+    v["exports"][0]["stats"][name].as_u64()
+}
+
+pub(crate) fn status_line(ctl: &Path) -> Option<String> {
     control_line(ctl, "status", Duration::from_secs(2))
 }
 

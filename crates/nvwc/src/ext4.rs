@@ -230,6 +230,11 @@ pub struct Ext4Result {
     pub seed: u64,
     pub run_ms: u64,
     pub fs_ops: u64,
+    /// Server counters just before the kill (None if it did not answer):
+    /// blocks written back to the backing store during the workload, and
+    /// dirty blocks the crash left only in the (then deleted) cache.
+    pub destaged_blocks: Option<u64>,
+    pub dirty_blocks: Option<u64>,
     pub clean: bool,
     /// First lines of e2fsck's complaints, if any.
     pub fsck: String,
@@ -241,6 +246,7 @@ pub fn run_ext4_trial(
     seed: u64,
     root: &Path,
     max_run_ms: u64,
+    cache_mib: u64,
 ) -> Result<Ext4Result> {
     let dir = root.join(format!("ext4-{policy}-{trial}"));
     let _ = std::fs::remove_dir_all(&dir);
@@ -249,7 +255,7 @@ pub fn run_ext4_trial(
         dir: dir.clone(),
         policy: policy.to_string(),
         backing_size: 96 << 20,
-        cache_size: 12 << 20,
+        cache_size: cache_mib.max(4) << 20,
         env: Vec::new(),
         extra_args: Vec::new(),
         backing_uri: None,
@@ -269,6 +275,13 @@ pub fn run_ext4_trial(
     let (mnt, st, s2) = (stack.mnt.clone(), stop.clone(), rng.next());
     let worker = std::thread::spawn(move || fs_workload(&mnt, s2, &st));
     std::thread::sleep(Duration::from_millis(run_ms));
+    let status = crate::crashtest::status_line(&cfg.dir.join("nvwc.ctl"));
+    let destaged_blocks = status
+        .as_deref()
+        .and_then(|s| crate::crashtest::stat(s, "destaged_blocks"));
+    let dirty_blocks = status
+        .as_deref()
+        .and_then(|s| crate::crashtest::stat(s, "dirty_blocks"));
     server.kill9();
     stop.store(true, Ordering::Relaxed);
     drop(stack);
@@ -312,6 +325,8 @@ pub fn run_ext4_trial(
         seed,
         run_ms,
         fs_ops,
+        destaged_blocks,
+        dirty_blocks,
         clean,
         fsck: summary,
     })
@@ -336,7 +351,7 @@ pub fn run(a: &Args) -> Result<std::process::ExitCode> {
         for i in 0..a.trials {
             n += 1;
             let s = seed.wrapping_add(n.wrapping_mul(0x1000_0001));
-            let r = run_ext4_trial(p, i, s, &root, a.max_run_ms.max(400))
+            let r = run_ext4_trial(p, i, s, &root, a.max_run_ms.max(400), a.ext4_cache_mib)
                 .with_context(|| format!("ext4 trial {p} {i} (seed {s})"))?;
             if a.json {
                 println!("{}", serde_json::to_string(&r)?);

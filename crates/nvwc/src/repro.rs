@@ -32,9 +32,11 @@ use crate::sim::{parse_replacement, run_jobs, scan, track_blocks_of};
 pub struct Args {
     /// Which reproduction: `stack-model`, `write-policies` or `non-blocking-writes`.
     pub name: String,
-    /// Directory with the traces (see shared/traces/MANIFEST.md).
-    #[arg(long, default_value = "/work/shared/traces")]
-    pub traces: PathBuf,
+    /// Directory with the traces (see shared/traces/MANIFEST.md). Default:
+    /// `../shared/traces` from the current directory, else the `shared`
+    /// directory beside this source tree.
+    #[arg(long)]
+    pub traces: Option<PathBuf>,
     /// Where reports go (`<out>/<name>.md`, `<out>/img/`).
     #[arg(long, default_value = "reports")]
     pub out: PathBuf,
@@ -46,8 +48,30 @@ pub struct Args {
     pub quick: bool,
 }
 
+/// `../shared/traces` if it exists here, else the one beside the source tree.
+pub fn default_traces() -> PathBuf {
+    let rel = PathBuf::from("../shared/traces");
+    if rel.is_dir() {
+        return rel;
+    }
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../../shared/traces"
+    ))
+}
+
 /// `nvwc repro`.
-pub fn run(a: Args) -> Result<ExitCode> {
+pub fn run(mut a: Args) -> Result<ExitCode> {
+    if a.traces.is_none() {
+        a.traces = Some(default_traces());
+    }
+    let traces = a.traces.clone().expect("set");
+    if !traces.is_dir() {
+        bail!(
+            "trace directory {} not found (give --traces DIR)",
+            traces.display()
+        );
+    }
     std::fs::create_dir_all(a.out.join("img"))?;
     let t0 = std::time::Instant::now();
     let md = match a.name.as_str() {
@@ -209,7 +233,7 @@ fn stack_model(a: &Args) -> Result<String> {
     }
     let mut ts = Vec::new();
     for t in &traces {
-        let path = a.traces.join(t.file);
+        let path = a.traces.as_ref().expect("resolved in run").join(t.file);
         let plan = Arc::new(scan(
             &path,
             None,
@@ -572,7 +596,7 @@ fn write_policies(a: &Args) -> Result<String> {
 
     let mut plans = Vec::new();
     for (f, label, limit) in &traces {
-        let path = a.traces.join(f);
+        let path = a.traces.as_ref().expect("resolved in run").join(f);
         let plan = Arc::new(scan(
             &path,
             None,

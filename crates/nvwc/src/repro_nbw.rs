@@ -117,7 +117,11 @@ pub fn non_blocking_writes(a: &Args) -> Result<String> {
     let mut jobs = Vec::new();
     let mut plans = Vec::new();
     for (f, label, limit) in &traces {
-        let plan = plan_of(&a.traces.join(f), &b5, *limit)?;
+        let plan = plan_of(
+            &a.traces.as_ref().expect("resolved in run").join(f),
+            &b5,
+            *limit,
+        )?;
         for &fr in &fracs {
             let blocks = ((plan.unique_blocks as f64 * fr) as u64).max(16);
             jobs.push(job(&b5, &plan, label.to_string(), |c| {
