@@ -551,16 +551,18 @@ fn staleness(h: &History, seen: &[Seen], crash_us: u64) -> (u64, f64) {
     )
 }
 
-/// Cache intact: the flush contract.
-pub fn check_flush_contract(h: &History, seen: &[Seen], crash_us: u64) -> Check {
+/// Every block must show a write this run made, no older than its floor
+/// (`floor(writes to the block)`; 0: anything or zeroes will do).
+fn check_floor(
+    h: &History,
+    seen: &[Seen],
+    crash_us: u64,
+    what: &str,
+    floor: impl Fn(&[(u64, bool, bool)]) -> u64,
+) -> Check {
     let mut c = Check::default();
     for (b, s) in seen.iter().enumerate() {
-        let mut floor = 0;
-        for &(seq, ok, fua) in &h.per_block[b] {
-            if ok && (seq <= h.durable_upto || fua) {
-                floor = floor.max(seq);
-            }
-        }
+        let floor = floor(&h.per_block[b]);
         let bad = match *s {
             Seen::Garbage => {
                 c.garbage_blocks += 1;
@@ -571,7 +573,7 @@ pub fn check_flush_contract(h: &History, seen: &[Seen], crash_us: u64) -> Check 
         };
         if bad {
             if c.bad_blocks < 3 {
-                c.detail += &format!("block {b}: {s:?}, durable floor {floor}; ");
+                c.detail += &format!("block {b}: {s:?}, {what} {floor}; ");
             }
             c.bad_blocks += 1;
         }
@@ -581,34 +583,22 @@ pub fn check_flush_contract(h: &History, seen: &[Seen], crash_us: u64) -> Check 
     c
 }
 
-/// Cache lost, `write-through`: everything acknowledged is on the backing store.
-pub fn check_all_acked(h: &History, seen: &[Seen], crash_us: u64) -> Check {
-    let mut c = Check::default();
-    for (b, s) in seen.iter().enumerate() {
-        let floor = h.per_block[b]
-            .iter()
-            .filter(|w| w.1)
+/// Cache intact: the flush contract.
+pub fn check_flush_contract(h: &History, seen: &[Seen], crash_us: u64) -> Check {
+    check_floor(h, seen, crash_us, "durable floor", |ws| {
+        ws.iter()
+            .filter(|&&(seq, ok, fua)| ok && (seq <= h.durable_upto || fua))
             .map(|w| w.0)
             .max()
-            .unwrap_or(0);
-        let bad = match *s {
-            Seen::Garbage => {
-                c.garbage_blocks += 1;
-                true
-            }
-            Seen::Zero => floor > 0,
-            Seen::Seq(x) => x < floor || !h.wrote(b, x),
-        };
-        if bad {
-            if c.bad_blocks < 3 {
-                c.detail += &format!("block {b}: {s:?}, last acked {floor}; ");
-            }
-            c.bad_blocks += 1;
-        }
-    }
-    (c.stale_writes, c.stale_ms) = staleness(h, seen, crash_us);
-    c.ok = c.bad_blocks == 0;
-    c
+            .unwrap_or(0)
+    })
+}
+
+/// Cache lost, `write-through`: everything acknowledged is on the backing store.
+pub fn check_all_acked(h: &History, seen: &[Seen], crash_us: u64) -> Check {
+    check_floor(h, seen, crash_us, "last acked", |ws| {
+        ws.iter().filter(|w| w.1).map(|w| w.0).max().unwrap_or(0)
+    })
 }
 
 /// Cache lost: is the state a prefix of the write sequence? With

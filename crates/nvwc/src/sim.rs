@@ -237,22 +237,28 @@ pub fn scan(
     TracePlan::scan(trace, format, &opts).with_context(|| format!("scanning {}", trace.display()))
 }
 
-/// Runs jobs with a progress bar; returns results in order.
-pub fn run_jobs(
-    jobs: &[Job],
-    threads: Option<usize>,
-    quiet: bool,
-) -> Vec<Result<RunResult, nvwc_sim::SimError>> {
+/// A progress bar over `n` runs (hidden when `quiet`).
+fn runs_bar(n: usize, quiet: bool) -> ProgressBar {
     let pb = if quiet {
         ProgressBar::hidden()
     } else {
-        ProgressBar::new(jobs.len() as u64)
+        ProgressBar::new(n as u64)
     };
     pb.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} runs {msg}")
             .expect("template")
             .progress_chars("=> "),
     );
+    pb
+}
+
+/// Runs jobs with a progress bar; returns results in order.
+pub fn run_jobs(
+    jobs: &[Job],
+    threads: Option<usize>,
+    quiet: bool,
+) -> Vec<Result<RunResult, nvwc_sim::SimError>> {
+    let pb = runs_bar(jobs.len(), quiet);
     let out = run_parallel(jobs, threads.unwrap_or_else(default_threads), |_, r| {
         if let Ok(r) = r {
             pb.set_message(format!(
@@ -463,16 +469,7 @@ fn run_hit_ratio(
             });
         }
     }
-    let pb = if a.quiet {
-        ProgressBar::hidden()
-    } else {
-        ProgressBar::new(cfgs.len() as u64)
-    };
-    pb.set_style(
-        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} runs {msg}")
-            .expect("template")
-            .progress_chars("=> "),
-    );
+    let pb = runs_bar(cfgs.len(), a.quiet);
     let threads = a
         .threads
         .unwrap_or_else(default_threads)
