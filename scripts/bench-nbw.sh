@@ -8,6 +8,10 @@
 # async, async-bg, lazy, and lazy with direct patch write-back (no fetch at all).
 # One line per cell; ratio = the mode's IOPS / blocking's IOPS (medians of REPS).
 # Usage: scripts/bench-nbw.sh [RUNTIME_SECONDS=5] [REPS=3]   (MODES="blocking lazy" to run fewer)
+# Env: PATCH_MEM (nvwc --patch-mem, default the server's 64M). Lazy's gain lasts
+# while the patches fit: once patch memory is full, writers wait for fetches
+# to retire patches, so a sustained run is bounded by the backing read rate
+# like blocking. Compare a short run with PATCH_MEM=1G and a long one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNTIME=${1:-5}
@@ -31,7 +35,7 @@ run_fio() { # uri bs
 }
 
 declare -A RES
-echo "== non-blocking writes: fio randwrite QD16 over 8 GiB, nvwc write-back, 1 GiB cache, upstream nbdkit delay-read=1ms; ${RUNTIME}s x ${REPS}, medians"
+echo "== non-blocking writes: fio randwrite QD16 over 8 GiB, nvwc write-back, 1 GiB cache, patch memory ${PATCH_MEM:-64M}, upstream nbdkit delay-read=1ms; ${RUNTIME}s x ${REPS}, medians"
 for block in 4k 64k; do
   for mode in ${MODES:-blocking async async-bg lazy lazy+direct}; do
     fetch=${mode%+direct}
@@ -43,7 +47,7 @@ for block in 4k 64k; do
         rm -f "$W"/*.img "$W"/*.sock; truncate -s 8G "$W/backing.img"
         nbdkit -U "$W/d.sock" -f --exit-with-parent --filter=delay file "$W/backing.img" delay-read=1ms & PIDS+=($!); wait_sock "$W/d.sock"
         (cd "$W" && exec "$NVWC" serve --backing "nbd+unix:///?socket=$W/d.sock" --cache cache.img --cache-size 1G \
-            --block-size "$block" --write-policy write-back --fetch "$fetch" "${extra[@]}" \
+            --block-size "$block" --write-policy write-back --fetch "$fetch" "${extra[@]}" --patch-mem "${PATCH_MEM:-64M}" \
             --listen none --unix n.sock --control n.ctl >/dev/null 2>&1) & PIDS+=($!); wait_sock "$W/n.sock"
         vals+=("$(run_fio "nbd+unix:///?socket=$W/n.sock" "$bs")")
         stop_all

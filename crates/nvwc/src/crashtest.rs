@@ -1014,8 +1014,10 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
     let modes: Vec<&str> = a.modes.split(',').map(str::trim).collect();
     let mut all = Vec::new();
     let mut n = 0u64;
+    let pb = trials_bar((policies.len() * modes.len()) as u64 * u64::from(a.trials));
     for p in &policies {
         for m in &modes {
+            pb.set_message(format!("{p} {m}"));
             for i in 0..a.trials {
                 n += 1;
                 let t = Trial {
@@ -1035,19 +1037,23 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
                 if a.json {
                     println!("{}", serde_json::to_string(&r)?);
                 } else if !r.cache_intact.ok || !r.cache_lost.ok {
-                    eprintln!(
-                        "  {p} {m} #{i} seed {}: cache intact {} {}; cache lost {} {}",
-                        r.seed,
-                        verdict(r.cache_intact.ok),
-                        r.cache_intact.detail,
-                        verdict(r.cache_lost.ok),
-                        r.cache_lost.detail
-                    );
+                    pb.suspend(|| {
+                        eprintln!(
+                            "  {p} {m} #{i} seed {}: cache intact {} {}; cache lost {} {}",
+                            r.seed,
+                            verdict(r.cache_intact.ok),
+                            r.cache_intact.detail,
+                            verdict(r.cache_lost.ok),
+                            r.cache_lost.detail
+                        )
+                    });
                 }
                 all.push(r);
+                pb.inc(1);
             }
         }
     }
+    pb.finish_and_clear();
     let summary = summarize(&all);
     if a.json {
         println!("{}", serde_json::to_string(&summary)?);
@@ -1067,6 +1073,20 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
     } else {
         std::process::ExitCode::SUCCESS
     })
+}
+
+/// A progress bar over `n` crash trials, on stderr (hidden when stderr is
+/// not a terminal).
+pub(crate) fn trials_bar(n: u64) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new(n);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:30}] {pos}/{len} trials {msg} (eta {eta})",
+        )
+        .expect("template")
+        .progress_chars("=> "),
+    );
+    pb
 }
 
 fn verdict(ok: bool) -> &'static str {

@@ -346,8 +346,11 @@ pub fn run(a: &Args) -> Result<std::process::ExitCode> {
     let mut bad = false;
     let mut n = 0u64;
     println!("{:<16} {:>6} {:>6}", "policy", "trials", "clean");
-    for p in a.policies.split(',').map(str::trim) {
+    let policies: Vec<&str> = a.policies.split(',').map(str::trim).collect();
+    let pb = crate::crashtest::trials_bar(policies.len() as u64 * u64::from(a.trials));
+    for p in policies {
         let mut clean = 0;
+        pb.set_message(p.to_string());
         for i in 0..a.trials {
             n += 1;
             let s = seed.wrapping_add(n.wrapping_mul(0x1000_0001));
@@ -356,17 +359,19 @@ pub fn run(a: &Args) -> Result<std::process::ExitCode> {
             if a.json {
                 println!("{}", serde_json::to_string(&r)?);
             } else if !r.clean {
-                eprintln!("  {p} #{i} seed {s}: e2fsck: {}", r.fsck);
+                pb.suspend(|| eprintln!("  {p} #{i} seed {s}: e2fsck: {}", r.fsck));
             }
             clean += u32::from(r.clean);
+            pb.inc(1);
         }
         if !a.json {
-            println!("{p:<16} {:>6} {clean:>6}", a.trials);
+            pb.suspend(|| println!("{p:<16} {:>6} {clean:>6}", a.trials));
         }
         if clean < a.trials && p != "write-back" {
             bad = true;
         }
     }
+    pb.finish_and_clear();
     let _ = std::fs::remove_dir(&root);
     Ok(if bad {
         std::process::ExitCode::from(1)

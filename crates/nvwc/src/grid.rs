@@ -58,9 +58,11 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
     };
     let mut cells = Vec::new();
     let mut n = 0u64;
+    let pb = crate::crashtest::trials_bar(policies.len() as u64 * 2 * u64::from(a.trials));
     for p in &policies {
         let mut c = [0u32; 3];
         for mode in ["server-crash", "host-crash"] {
+            pb.set_message(format!("{p} {mode}"));
             for i in 0..a.trials {
                 n += 1;
                 let t = Trial {
@@ -83,6 +85,7 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
                 } else {
                     c[1] += u32::from(r.cache_intact.ok);
                 }
+                pb.inc(1);
             }
         }
         for (i, failure) in ["server-crash", "host-crash", "cache-lost"]
@@ -97,6 +100,7 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
             });
         }
     }
+    pb.finish_and_clear();
     let _ = std::fs::remove_dir_all(&root);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&cells)?);
