@@ -237,6 +237,19 @@ pub fn scan(
     TracePlan::scan(trace, format, &opts).with_context(|| format!("scanning {}", trace.display()))
 }
 
+/// The exit status of a sweep with `failed` failed runs (printing the peak
+/// RSS first if asked).
+fn finish(print_peak_rss: bool, failed: usize) -> ExitCode {
+    if print_peak_rss {
+        eprintln!("peak_rss_kib {}", peak_rss_kib().unwrap_or(0));
+    }
+    if failed > 0 {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
 /// A progress bar over `n` runs (hidden when `quiet`).
 fn runs_bar(n: usize, quiet: bool) -> ProgressBar {
     let pb = if quiet {
@@ -596,14 +609,7 @@ fn run_hit_ratio(
         });
         nvwc_sim::plot::render(&[chart], 1, (640, 440), p)?;
     }
-    if a.print_peak_rss {
-        eprintln!("peak_rss_kib {}", peak_rss_kib().unwrap_or(0));
-    }
-    Ok(if failed > 0 {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(finish(a.print_peak_rss, failed))
 }
 
 /// `nvwc sim`.
@@ -712,14 +718,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     if let Some(p) = &a.plot {
         nvwc_sim::plot::render(&sweep_charts(&ok), 2, (640, 440), p)?;
     }
-    if a.print_peak_rss {
-        eprintln!("peak_rss_kib {}", peak_rss_kib().unwrap_or(0));
-    }
-    Ok(if failed > 0 {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(finish(a.print_peak_rss, failed))
 }
 
 #[cfg(test)]

@@ -14,6 +14,24 @@ fn tmpdir(name: &str) -> PathBuf {
     d
 }
 
+/// Runs `c`, asserting success; returns its output.
+fn run_ok(c: &mut Command) -> std::process::Output {
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// `nvwc trace stats --json PATH`'s request count.
+fn trace_requests(path: &Path) -> u64 {
+    let out = run_ok(nvwc().args(["trace", "stats", "--json"]).arg(path));
+    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    s["requests"].as_u64().unwrap()
+}
+
 /// A Heimdall-format trace (`ts_ms dev offset size op`, op 0 = write, 1 = read)
 /// of `n` requests over `span_blocks` 4 KiB blocks with a hot spot; deterministic.
 fn write_trace(path: &Path, n: u64, span_blocks: u64) {
@@ -193,26 +211,14 @@ fn mrc_and_trace_commands() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("shards-rate"));
 
     let compact = d.join("t.nvwc");
-    let out = nvwc()
-        .args(["trace", "convert"])
-        .arg(&trace)
-        .arg(&compact)
-        .args(["--format", "heimdall"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        nvwc()
+            .args(["trace", "convert"])
+            .arg(&trace)
+            .arg(&compact)
+            .args(["--format", "heimdall"]),
     );
-    let out = nvwc()
-        .args(["trace", "stats", "--json"])
-        .arg(&compact)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(s["requests"].as_u64().unwrap(), 4000);
+    assert_eq!(trace_requests(&compact), 4000);
 }
 
 fn peak_rss(trace: &Path) -> u64 {
@@ -419,24 +425,12 @@ fn oracle_general_conversion_and_hit_ratio_model_agree_with_textbook_lru() {
 
     // --repeat: the same records three times, timestamps continuing.
     let long = d.join("long.nvwc");
-    let out = nvwc()
-        .args(["trace", "convert", "--repeat", "3"])
-        .arg(&trace)
-        .arg(&long)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        nvwc()
+            .args(["trace", "convert", "--repeat", "3"])
+            .arg(&trace)
+            .arg(&long),
     );
-    let out = nvwc()
-        .args(["trace", "stats", "--json"])
-        .arg(&long)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let s: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(s["requests"].as_u64().unwrap(), 9000, "{s}");
+    assert_eq!(trace_requests(&long), 9000);
     let _ = std::fs::remove_dir_all(&d);
 }
