@@ -848,7 +848,7 @@ pub fn run_trial(t: &Trial, root: &Path, keep: bool) -> Result<TrialResult> {
     };
     let host_crash = t.mode == "host-crash";
 
-    if let Some(u) = &t.backing_uri {
+    let (cache_intact, cache_lost) = if let Some(u) = &t.backing_uri {
         // Upstream: check the backing alone first (the restart below may write it back).
         recover(u)?;
         let seen_lost = rt.block_on(read_blocks_nbd(u, nonce, REGION_BLOCKS))?;
@@ -864,57 +864,38 @@ pub fn run_trial(t: &Trial, root: &Path, keep: bool) -> Result<TrialResult> {
         let server = Server::start(&cfg, "serve-2.log")?;
         let seen = rt.block_on(read_blocks_nbd(&cfg.uri(), nonce, REGION_BLOCKS))?;
         server.kill9();
+        (check_flush_contract(&h, &seen, crash_us), cache_lost)
+    } else {
+        // Cache lost: copy the backing store as the crash left it.
+        let lost = dir.join("lost");
+        std::fs::create_dir_all(&lost)?;
+        let lost_backing = lost.join("backing.img");
+        std::fs::copy(cfg.backing(), &lost_backing)?;
+        let redo = PathBuf::from(format!("{}.nvwc-redo", cfg.backing().display()));
+        if redo.exists() {
+            std::fs::copy(&redo, lost.join("backing.img.nvwc-redo"))?;
+        }
+
+        // Cache intact: restart (no faults) and read everything back.
+        cfg.env.clear();
+        let server = Server::start(&cfg, "serve-2.log")?;
+        let seen = rt.block_on(read_blocks_nbd(&cfg.uri(), nonce, REGION_BLOCKS))?;
+        server.kill9();
         let cache_intact = check_flush_contract(&h, &seen, crash_us);
-        let _ = std::fs::remove_dir_all(&dir);
-        return Ok(TrialResult {
-            policy: t.policy.clone(),
-            mode: t.mode.clone(),
-            failpoint,
-            trial: t.trial,
-            seed: t.seed,
-            signal,
-            run_ms,
-            writes: h.writes,
-            acked: h.acked,
-            flushes_acked: h.flushes_acked,
-            fua_acked: h.fua_acked,
-            failed_requests: h.failed_requests,
-            cache_intact,
-            cache_lost,
-            degraded: status.map(|s| s.contains("\"cache_degraded\":1")),
+
+        recover(&lost_backing.display().to_string())?;
+        let seen_lost = read_blocks_file(&lost_backing, nonce, REGION_BLOCKS)?;
+        let cache_lost = check_cache_lost(
+            &t.policy,
+            host_crash,
             forced_closes,
-        });
-    }
+            &h,
+            &seen_lost,
+            crash_us,
+        );
+        (cache_intact, cache_lost)
+    };
 
-    // Cache lost: copy the backing store as the crash left it.
-    let lost = dir.join("lost");
-    std::fs::create_dir_all(&lost)?;
-    let lost_backing = lost.join("backing.img");
-    std::fs::copy(cfg.backing(), &lost_backing)?;
-    let redo = PathBuf::from(format!("{}.nvwc-redo", cfg.backing().display()));
-    if redo.exists() {
-        std::fs::copy(&redo, lost.join("backing.img.nvwc-redo"))?;
-    }
-
-    // Cache intact: restart (no faults) and read everything back.
-    cfg.env.clear();
-    let server = Server::start(&cfg, "serve-2.log")?;
-    let seen = rt.block_on(read_blocks_nbd(&cfg.uri(), nonce, REGION_BLOCKS))?;
-    server.kill9();
-    let cache_intact = check_flush_contract(&h, &seen, crash_us);
-
-    recover(&lost_backing.display().to_string())?;
-    let seen_lost = read_blocks_file(&lost_backing, nonce, REGION_BLOCKS)?;
-    let cache_lost = check_cache_lost(
-        &t.policy,
-        host_crash,
-        forced_closes,
-        &h,
-        &seen_lost,
-        crash_us,
-    );
-
-    let degraded = status.map(|s| s.contains("\"cache_degraded\":1"));
     let r = TrialResult {
         policy: t.policy.clone(),
         mode: t.mode.clone(),
@@ -930,7 +911,7 @@ pub fn run_trial(t: &Trial, root: &Path, keep: bool) -> Result<TrialResult> {
         failed_requests: h.failed_requests,
         cache_intact,
         cache_lost,
-        degraded,
+        degraded: status.map(|s| s.contains("\"cache_degraded\":1")),
         forced_closes,
     };
     let failed = !r.cache_intact.ok || (!r.cache_lost.ok && t.policy != "write-back");
