@@ -726,6 +726,12 @@ pub struct Trial {
     pub error_file: Option<PathBuf>,
 }
 
+/// The seed of the `n`-th trial (from 1) of a run seeded with `seed`: spread
+/// out so that neighbouring trials do not share workload streams.
+pub fn trial_seed(seed: u64, n: u64) -> u64 {
+    seed.wrapping_add(n.wrapping_mul(0x1000_0001))
+}
+
 /// Workload region and device sizes: the cache holds about half the region,
 /// so write-back, cleaning and checkpoints all happen within a second.
 const REGION_BLOCKS: u64 = 3072;
@@ -1005,7 +1011,7 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
                     policy: p.to_string(),
                     mode: m.to_string(),
                     trial: i,
-                    seed: seed.wrapping_add(n.wrapping_mul(0x1000_0001)),
+                    seed: trial_seed(seed, n),
                     min_run_ms: a.min_run_ms,
                     max_run_ms: a.max_run_ms,
                     fault_cache: a.fault_cache.clone(),

@@ -353,7 +353,7 @@ pub fn run(a: &Args) -> Result<std::process::ExitCode> {
         pb.set_message(p.to_string());
         for i in 0..a.trials {
             n += 1;
-            let s = seed.wrapping_add(n.wrapping_mul(0x1000_0001));
+            let s = crate::crashtest::trial_seed(seed, n);
             let r = run_ext4_trial(p, i, s, &root, a.max_run_ms.max(400), a.ext4_cache_mib)
                 .with_context(|| format!("ext4 trial {p} {i} (seed {s})"))?;
             if a.json {

@@ -69,7 +69,7 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
                     policy: p.clone(),
                     mode: mode.to_string(),
                     trial: i,
-                    seed: seed.wrapping_add(n.wrapping_mul(0x1000_0001)),
+                    seed: crate::crashtest::trial_seed(seed, n),
                     min_run_ms: 30,
                     max_run_ms: a.max_run_ms,
                     fault_cache: None,

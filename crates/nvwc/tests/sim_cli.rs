@@ -352,16 +352,11 @@ fn oracle_general_conversion_and_hit_ratio_model_agree_with_textbook_lru() {
     let trace = d.join("t.trace");
     write_trace(&trace, 3000, 600);
     let oracle = d.join("t.oracle");
-    let out = nvwc()
-        .args(["trace", "convert", "--to", "oracle-general"])
-        .arg(&trace)
-        .arg(&oracle)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        nvwc()
+            .args(["trace", "convert", "--to", "oracle-general"])
+            .arg(&trace)
+            .arg(&oracle),
     );
     let bytes = std::fs::read(&oracle).unwrap();
     assert_eq!(bytes.len() % 24, 0);
@@ -377,23 +372,18 @@ fn oracle_general_conversion_and_hit_ratio_model_agree_with_textbook_lru() {
     assert!((3000..=12000).contains(&ids.len()), "{}", ids.len());
 
     let json = d.join("hr.json");
-    let out = nvwc()
-        .args(["sim", "--model", "hit-ratio", "--quiet", "--trace"])
-        .arg(&trace)
-        .args([
-            "--replacement",
-            "lru",
-            "--cache-size",
-            "64k,256k,1M",
-            "--json",
-        ])
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        nvwc()
+            .args(["sim", "--model", "hit-ratio", "--quiet", "--trace"])
+            .arg(&trace)
+            .args([
+                "--replacement",
+                "lru",
+                "--cache-size",
+                "64k,256k,1M",
+                "--json",
+            ])
+            .arg(&json),
     );
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let runs = v.as_array().unwrap();
