@@ -12,7 +12,9 @@
 //! that a durable commit names: they go to a fresh slot (out of place), and
 //! the superseded version is released or, when the write policy needs it
 //! (ordered, journaled), kept as a *shadow* until it reaches the backing store.
-//! A version that no commit has named yet may be overwritten in place.
+//! A version that no commit has named yet may be overwritten in place; so may
+//! a committed dirty version when the write policy orders nothing among
+//! unflushed writes (plain write-back: `may_overwrite_durable`).
 //!
 //! Metadata (the slot table, see [`crate::layout`]) is persisted by *commits*:
 //! flush the cache device (data durable), write the changed table pages, flush,
@@ -36,7 +38,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use nvwc_replacement::{BlockId, Replacement};
 
 use crate::config::{Config, ConfigError, FetchMode, WritePolicyKind};
-use crate::index::{FreeSet, LbnIndex};
+use crate::index::{FreeSet, IdMap, LbnIndex};
 use crate::layout::{self, CommitRecord, Entry, FormatError, Layout, F_DIRTY, F_VALID};
 use crate::payload::Payload;
 use crate::slab::Slab;
@@ -420,8 +422,8 @@ pub struct Engine<P: Payload> {
     free_blocks: FreeSet,
     rid_block: Vec<u32>,
     free_rids: FreeSet,
-    waiters: HashMap<u32, VecDeque<u32>>,
-    reqs: HashMap<ReqId, Req<P>>,
+    waiters: IdMap<u32, VecDeque<u32>>,
+    reqs: IdMap<ReqId, Req<P>>,
     pieces: Slab<Piece<P>>,
     piece_queue: VecDeque<u32>,
     active_pieces: u32,
@@ -431,7 +433,7 @@ pub struct Engine<P: Payload> {
     admit_queue: VecDeque<Admit<P>>,
     /// Free slots promised to admitted write pieces that have not allocated yet.
     reserved: u64,
-    ios: HashMap<IoId, IoCtx>,
+    ios: IdMap<IoId, IoCtx>,
     next_io: IoId,
     out_io: VecDeque<IoCmd<P>>,
     out_reply: VecDeque<Reply<P>>,
@@ -443,6 +445,10 @@ pub struct Engine<P: Payload> {
     inplace_inflight: u32,
     /// A commit is due but waits for in-place writes to finish.
     commit_deferred: bool,
+    /// In-place overwrites of durable versions completed since the last
+    /// commit started: their bytes need that commit's device flush, though
+    /// no entry changed (so a FLUSH cannot be answered at once).
+    unsynced_overwrites: bool,
     oldest_change: Option<u64>,
     commit: Option<CommitJob>,
     commit_waiters: Vec<Waiter>,
@@ -460,7 +466,7 @@ pub struct Engine<P: Payload> {
     now: u64,
     stats: Stats,
     /// Patched blocks (see [`patch`]), oldest first in `patch_order` by first sequence number.
-    patches: HashMap<u32, PatchSet<P>>,
+    patches: IdMap<u32, PatchSet<P>>,
     patch_order: BTreeSet<(u64, u32)>,
     patch_bytes: u64,
     next_patch_id: u64,
@@ -586,8 +592,8 @@ impl<P: Payload> Engine<P> {
             free_blocks: FreeSet::default(),
             rid_block: vec![NIL; cap],
             free_rids: FreeSet::new(cap, true),
-            waiters: HashMap::new(),
-            reqs: HashMap::new(),
+            waiters: IdMap::default(),
+            reqs: IdMap::default(),
             pieces: Slab::default(),
             piece_queue: VecDeque::new(),
             active_pieces: 0,
@@ -595,7 +601,7 @@ impl<P: Payload> Engine<P> {
             alloc_waiters: VecDeque::new(),
             admit_queue: VecDeque::new(),
             reserved: 0,
-            ios: HashMap::new(),
+            ios: IdMap::default(),
             next_io: 1,
             out_io: VecDeque::new(),
             out_reply: VecDeque::new(),
@@ -604,6 +610,7 @@ impl<P: Payload> Engine<P> {
             page_cur: vec![2; layout.pages() as usize],
             inplace_inflight: 0,
             commit_deferred: false,
+            unsynced_overwrites: false,
             oldest_change: None,
             commit: None,
             commit_waiters: Vec::new(),
@@ -620,7 +627,7 @@ impl<P: Payload> Engine<P> {
             dirty_slots: 0,
             now: 0,
             stats: Stats::default(),
-            patches: HashMap::new(),
+            patches: IdMap::default(),
             patch_order: BTreeSet::new(),
             patch_bytes: 0,
             next_patch_id: 1,
@@ -1262,8 +1269,18 @@ impl<P: Payload> Engine<P> {
         }
     }
 
-    fn alloc_slot(&mut self) -> Option<u32> {
-        let s = self.free_slots.pop()?;
+    /// Allocate a slot for a version of block `lbn`: its home slot
+    /// (`lbn mod capacity`) if free, else any. Homes keep neighbouring blocks
+    /// in neighbouring slots whatever order they were first written in, so a
+    /// later large write of them is one device write rather than one per
+    /// block (the server merges adjacent slot writes).
+    fn alloc_slot(&mut self, lbn: u64) -> Option<u32> {
+        let home = (lbn % self.layout.capacity) as u32;
+        let s = if self.free_slots.take(home) {
+            home
+        } else {
+            self.free_slots.pop()?
+        };
         let slot = &mut self.slots[s as usize];
         assert_eq!(
             slot.state,
@@ -1603,7 +1620,9 @@ impl<P: Payload> Engine<P> {
         if self.free_slots.len() as u64 <= self.reserved + self.cfg.free_reserve as u64 / 2 {
             return;
         }
-        let Some(s) = self.alloc_slot() else { return };
+        let Some(s) = self.alloc_slot(self.blocks[b as usize].lbn()) else {
+            return;
+        };
         self.blocks[b as usize].busy = true;
         self.stats.populates += 1;
         let off = self.layout.slot_offset(s);
@@ -1652,8 +1671,7 @@ impl<P: Payload> Engine<P> {
     fn inplace_ok(&self, s: u32, group: Group) -> bool {
         let slot = &self.slots[s as usize];
         slot.state == SlotState::Valid
-            && !slot.disk_valid()
-            && !slot.in_snapshot()
+            && (!slot.disk_valid() && !slot.in_snapshot() || self.policy.may_overwrite_durable())
             && slot.refs == 0
             && !slot.destaging()
             && slot.dirty()
@@ -1697,7 +1715,7 @@ impl<P: Payload> Engine<P> {
             if full
                 && self.free_slots.len() as u64 > self.reserved + self.cfg.free_reserve as u64 / 2
             {
-                let s = self.alloc_slot().unwrap();
+                let s = self.alloc_slot(lbn).unwrap();
                 self.write_new_version(p, s, data);
             }
             return;
@@ -1817,7 +1835,7 @@ impl<P: Payload> Engine<P> {
         // A piece without a reservation must leave the reserved slots alone.
         let spare = self.free_slots.len() as u64 > self.reserved;
         let slot = if self.pieces.get(p).reserved || spare {
-            self.alloc_slot()
+            self.alloc_slot(self.pieces.get(p).lbn)
         } else {
             None
         };
@@ -1854,10 +1872,20 @@ impl<P: Payload> Engine<P> {
             slot.state = SlotState::Valid;
             if ok {
                 slot.seq = seq;
+                // Over a version a commit names (or is naming), under a policy
+                // that allows it: the durable entry (block, dirty, an older
+                // seq that still orders it above every durable shadow of the
+                // block) stays right, so nothing needs committing; a FLUSH
+                // still commits, and its device flush makes these bytes durable.
+                let durable = slot.disk_valid() || slot.in_snapshot();
                 let (a, e) = (self.pieces.get(p).start, self.pieces.get(p).end);
                 let (lo, hi) = self.range_of(s);
                 self.set_range(s, (lo.min(a), hi.max(e)));
-                self.mark_meta(s);
+                if durable && self.policy.may_overwrite_durable() {
+                    self.unsynced_overwrites = true;
+                } else {
+                    self.mark_meta(s);
+                }
                 if group != NO_GROUP {
                     self.policy.on_version_installed(group, s, lbn, seq);
                 }
@@ -2099,8 +2127,9 @@ impl<P: Payload> Engine<P> {
 
     /// The rest of a FLUSH, once no patch older than it is left.
     fn flush_after_patches(&mut self, id: ReqId, _explicit: bool) {
-        if self.meta_dirty.is_empty() && self.commit.is_none() {
-            // Every acknowledged write is already named by a durable commit.
+        if self.meta_dirty.is_empty() && self.commit.is_none() && !self.unsynced_overwrites {
+            // Every acknowledged write is already named by a durable commit,
+            // and its bytes were flushed by it.
             return self.reply(id, Ok(None), 0);
         }
         self.commit_waiters.push(Waiter {
@@ -2558,6 +2587,9 @@ impl<P: Payload> Engine<P> {
     }
 
     fn start_commit(&mut self) {
+        // This commit's first step flushes the cache device, which covers
+        // every in-place write completed so far.
+        self.unsynced_overwrites = false;
         let n = self.next_commit;
         self.next_commit += 1;
         self.policy.on_commit_start();
@@ -2572,6 +2604,12 @@ impl<P: Payload> Engine<P> {
             slot.set_in_meta_dirty(false);
             // Free and Writing slots are written as free entries: the durable
             // table already says free for them, so they need no protection.
+            // (An in-place overwrite of a durable version is also Writing, but
+            // no commit starts while one is in flight.)
+            assert!(
+                slot.state != SlotState::Writing || !slot.disk_valid(),
+                "commit snapshot of a durable slot under an in-place write"
+            );
             if matches!(slot.state, SlotState::Valid | SlotState::Retired) {
                 slot.set_in_snapshot(true);
             }
@@ -2721,6 +2759,8 @@ impl<P: Payload> Engine<P> {
             }
         } else {
             self.stats.commit_failures += 1;
+            // Its device flush may not have covered the in-place writes.
+            self.unsynced_overwrites = true;
         }
         for (s, valid) in job.snapshot {
             let slot = &mut self.slots[s as usize];

@@ -2,6 +2,37 @@
 //! stores only `u32` ids (the key lives in the block table), and a bitmap free
 //! set. Together they cut the engine's per-block RAM.
 
+/// A `HashMap` for the engine's integer ids (requests, commands, blocks),
+/// hashed with one multiply instead of SipHash: the keys come from the engine
+/// or the driver, not from an adversary, and the maps sit on every request's
+/// path.
+pub type IdMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDefault<IdHasher>>;
+
+/// The hasher behind [`IdMap`] (integer keys only).
+#[derive(Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+impl std::hash::Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        let h = self.0.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        h ^ (h >> 29)
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u32(&mut self, i: u32) {
+        self.0 = self.0.rotate_left(32) ^ u64::from(i);
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.0 = self.0.rotate_left(32) ^ i;
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.write_u64(i as u64);
+    }
+}
+
 /// Maps a backing block number to a block id. The table stores ids only;
 /// callers pass a `key` function that returns an id's block number.
 ///
@@ -15,6 +46,8 @@ pub struct LbnIndex {
 }
 
 const EMPTY: u32 = u32::MAX;
+/// log2 of the run of neighbouring blocks that share a hashed base (see `home`).
+const RUN_SHIFT: u32 = 4;
 
 fn hash(lbn: u64) -> u64 {
     let mut z = lbn.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -34,9 +67,19 @@ impl LbnIndex {
     pub fn len(&self) -> usize {
         self.len
     }
-    /// Home position of `lbn`.
+    /// Home position of `lbn`. The 16 blocks of an aligned run share one
+    /// hashed base and take consecutive positions from it (one 64-byte cache
+    /// line of ids), so the lookups of a large request touch one or two lines
+    /// of the table instead of one line per block.
     fn home(&self, lbn: u64) -> usize {
-        ((hash(lbn) as u128 * self.table.len() as u128) >> 64) as usize
+        let n = self.table.len();
+        let base = ((hash(lbn >> RUN_SHIFT) as u128 * n as u128) >> 64) as usize;
+        let i = base + (lbn & ((1 << RUN_SHIFT) - 1)) as usize;
+        if i >= n {
+            i - n
+        } else {
+            i
+        }
     }
     fn next(&self, i: usize) -> usize {
         if i + 1 == self.table.len() {
@@ -190,6 +233,18 @@ impl FreeSet {
         }
         unreachable!("free count says non-empty")
     }
+    /// Take `i` if it is free.
+    pub fn take(&mut self, i: u32) -> bool {
+        let (w, b) = (i as usize / 64, i % 64);
+        match self.words.get_mut(w) {
+            Some(x) if *x & (1 << b) != 0 => {
+                *x &= !(1 << b);
+                self.len -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
     pub fn mem_bytes(&self) -> usize {
         self.words.capacity() * 8
     }
@@ -240,6 +295,12 @@ mod tests {
                         Some(i) => { prop_assert!(!taken.contains(&i)); taken.push(i); }
                         None => prop_assert_eq!(taken.len(), 64),
                     }
+                } else if taken.len() % 3 == 1 {
+                    // Taking a given id succeeds exactly when it is free.
+                    let i = (taken.len() as u32 * 7) % 64;
+                    let was_free = !taken.contains(&i);
+                    prop_assert_eq!(fs.take(i), was_free);
+                    if was_free { taken.push(i); }
                 } else if let Some(i) = taken.pop() {
                     fs.push(i);
                 }

@@ -300,6 +300,11 @@ impl Layer {
         })
     }
 
+    /// Nothing to inject, overlay or check: a command may bypass [`Layer::run`].
+    pub fn passthrough(&self) -> bool {
+        self.rules.is_empty() && self.overlay.is_none() && !failpoints_armed()
+    }
+
     /// The device failed (cache: the export is degraded to read-only).
     pub fn failed(&self) -> bool {
         self.failed.load(Ordering::Relaxed)

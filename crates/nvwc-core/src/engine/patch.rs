@@ -334,7 +334,7 @@ impl<P: Payload> Engine<P> {
                 return self.patch_failed(b);
             }
         };
-        let Some(s) = self.alloc_slot() else {
+        let Some(s) = self.alloc_slot(self.blocks[b as usize].lbn()) else {
             // Cannot happen while the reservation invariant holds; retry later.
             return self.patch_failed(b);
         };

@@ -138,6 +138,15 @@ pub trait WritePolicy: Send {
     fn may_overwrite(&self, old: Group, new: Group) -> bool {
         old == new
     }
+    /// May a write overwrite in place a dirty version that a durable commit
+    /// already names? Then a crash may recover that block with the new bytes
+    /// (or, after power loss, a sector-wise mix of old and new) under the old
+    /// entry, rather than exactly the committed version: fine where nothing
+    /// orders unflushed writes (plain write-back, like a disk's volatile
+    /// cache), never where the recovered cache must be a point in time.
+    fn may_overwrite_durable(&self) -> bool {
+        false
+    }
     /// A client FLUSH (`explicit == false`) or checkpoint request (`true`) arrived.
     fn on_consistency_point(&mut self, _now: u64, _explicit: bool) {}
     /// The next destage plan, if the policy wants one now.

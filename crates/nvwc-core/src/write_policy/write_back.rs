@@ -30,6 +30,11 @@ impl WritePolicy for WriteBack {
     fn on_write_issue(&mut self, _now: u64, _seq: u64) -> u64 {
         u64::MAX
     }
+    /// Unflushed writes carry no order here, so a committed dirty version is
+    /// overwritten in place instead of consuming a fresh slot per overwrite.
+    fn may_overwrite_durable(&self) -> bool {
+        true
+    }
     fn next_plan(&mut self, ctx: &mut dyn PlanCtx) -> Option<Plan> {
         if !ctx.cleaning_wanted() {
             return None;

@@ -26,6 +26,29 @@ const IO_BUF: usize = 128 * 1024;
 /// Most extents we send in one `BLOCK_STATUS` chunk (spec: SHOULD NOT exceed 2^20).
 const MAX_EXTENTS: usize = 1 << 20;
 
+/// Read a write's `len`-byte payload: what the reader has buffered, then the
+/// rest straight from the socket into the payload buffer (no second copy
+/// through the read buffer, and no zeroing of memory about to be filled).
+async fn read_payload<R: AsyncRead + Unpin>(
+    rd: &mut BufReader<R>,
+    len: usize,
+) -> std::io::Result<Bytes> {
+    use bytes::BufMut;
+    use tokio::io::AsyncBufReadExt;
+    let mut buf = BytesMut::with_capacity(len);
+    let have = rd.buffer().len().min(len);
+    buf.extend_from_slice(&rd.buffer()[..have]);
+    rd.consume(have);
+    // The read buffer is empty now unless it already held the whole payload.
+    while buf.len() < len {
+        let want = len - buf.len();
+        if rd.get_mut().read_buf(&mut (&mut buf).limit(want)).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+    }
+    Ok(buf.freeze())
+}
+
 /// A reply queued for the writer task.
 enum Outgoing {
     Simple {
@@ -211,12 +234,11 @@ where
                 break End::Hard("internal");
             };
             bytes_permit = Some(p);
-            let mut buf = BytesMut::zeroed(len as usize);
-            if rd.read_exact(&mut buf).await.is_err() {
+            let Ok(buf) = read_payload(&mut rd, len as usize).await else {
                 // Disconnected mid-request: just end this connection.
                 break End::Graceful("eof-mid-request");
-            }
-            payload = Some(buf.freeze());
+            };
+            payload = Some(buf);
         }
 
         if hdr.command == Command::Disc {

@@ -292,18 +292,14 @@ impl Host {
             let res = if j == i + 1 {
                 self.cache_dev.execute(&writes[i].op, None)
             } else {
-                let mut buf = Vec::with_capacity((end - start) as usize);
-                for w in &writes[i..j] {
-                    if let IoOp::Write { data, .. } = &w.op {
-                        buf.extend_from_slice(data);
-                    }
-                }
-                let op = IoOp::Write {
-                    offset: start,
-                    data: Bytes::from(buf),
-                    fua: false,
-                };
-                self.cache_dev.execute(&op, None)
+                let parts: Vec<&Bytes> = writes[i..j]
+                    .iter()
+                    .map(|w| match &w.op {
+                        IoOp::Write { data, .. } => data,
+                        _ => unreachable!("only plain writes are batched"),
+                    })
+                    .collect();
+                self.cache_dev.write_parts(start, &parts)
             };
             let now = self.now();
             for w in &writes[i..j] {
