@@ -124,6 +124,11 @@ impl Disk {
         }
     }
 
+    /// What a reader sees now: every completed write.
+    pub fn visible(&self) -> &[u8] {
+        &self.visible
+    }
+
     /// The state a surviving device shows after its host died: every completed
     /// write, plus any subset (possibly torn) of the writes still in flight.
     pub fn host_lost(&self, rng: &mut impl Rng, in_flight: &[(u64, Vec<u8>)]) -> Vec<u8> {

@@ -228,6 +228,15 @@ impl WritePolicy for Journaled {
     fn keep_superseded(&self, old: Group, new: Group) -> bool {
         old != NONE && old != new
     }
+    /// As in ordered: a commit must not make a later write durable while an
+    /// earlier acknowledged write is only a patch in RAM. Transactions keep
+    /// such a patch off the backing store before a crash, but after one,
+    /// recovery merges the open transactions and checkpoints what the cache
+    /// kept: the later write without the earlier one, which no point in time
+    /// allows (found by the VOPR's drain-after-recovery check).
+    fn commit_needs_patches_done(&self) -> bool {
+        true
+    }
     fn may_overwrite(&self, old: Group, new: Group) -> bool {
         old == new && self.txns.back().map(|t| t.id) == Some(new)
     }

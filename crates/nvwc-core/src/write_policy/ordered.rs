@@ -39,10 +39,19 @@
 //!
 //! Crash story: every version carries its completion index and its dependency
 //! floor (completions before its issue) in its slot entry, so recovery rebuilds
-//! the same graph. A wave is destaged only after the previous wave's "clean"
-//! marks are committed, so after a crash at most the last wave is written again;
-//! its nodes are mutually independent and nothing newer has been destaged, so
-//! rewriting them cannot move the backing store away from a prefix.
+//! the same graph. Each wave ends with a backing FLUSH, so waves reach the
+//! backing store in order. Their "clean" marks are committed lazily: a wave
+//! (or sync) may start while earlier plans' marks are not yet durable as long
+//! as it writes none of *their blocks*; a plan that would touch such a block
+//! first waits for a metadata commit. After a crash, recovery sees every
+//! plan since the last durable marks as not done and destages those versions
+//! again, in dependency order. Each such block was written by exactly one of
+//! those plans and by nothing after it, so the backing store already holds
+//! those very bytes: the rewrites change nothing, and the backing store stays
+//! the prefix it was. (Committing after every wave instead costs a cache
+//! device flush per wave; with the engine completing writes one at a time the
+//! graph is a chain, a wave is one node, and destaging crawled at a few
+//! waves per second.)
 
 use super::{Group, Plan, PlanCtx, RecoveredVersion, WritePolicy};
 use crate::config::{Config, WritePolicyKind};
@@ -53,6 +62,12 @@ const UNSET: u64 = u64::MAX;
 /// be re-synced whole (see [`Ordered`]).
 const ORPHAN: u64 = u64::MAX - 1;
 const NO_GROUP: Group = u64::MAX;
+/// Nodes one victim's ancestor walk may visit. The walk only picks *which*
+/// ready nodes go first (the victim's own ancestors); ready nodes are also
+/// kept in a list, so a walk cut short still leaves a wave to destage. With
+/// a long chain (writes completed one at a time) an unbounded walk from each
+/// of 16 victims cost more CPU per wave than the wave's I/O.
+const ANCESTOR_VISITS: usize = 2048;
 
 #[derive(Debug, Default)]
 struct Node {
@@ -90,6 +105,13 @@ pub struct Ordered {
     sync_in_flight: bool,
     awaiting_commit: bool,
     commit_started: bool,
+    /// Backing block of each slot's version (for the overlap rule above).
+    slot_lbn: Vec<u64>,
+    /// Blocks written by plans done since the last commit started (their
+    /// clean marks are not durable yet), and by plans done before the
+    /// commit in flight started (durable when it succeeds).
+    unmarked: std::collections::HashSet<u64>,
+    marking: std::collections::HashSet<u64>,
     scratch: Vec<(u32, Group)>,
     stack: Vec<u32>,
     seen: Vec<u32>,
@@ -121,6 +143,9 @@ impl Ordered {
             sync_in_flight: false,
             awaiting_commit: false,
             commit_started: false,
+            slot_lbn: Vec::new(),
+            unmarked: Default::default(),
+            marking: Default::default(),
             scratch: Vec::new(),
             stack: Vec::new(),
             seen: Vec::new(),
@@ -274,6 +299,31 @@ impl Ordered {
         }
     }
 
+    fn set_slot_lbn(&mut self, slot: u32, lbn: u64) {
+        if self.slot_lbn.len() <= slot as usize {
+            self.slot_lbn.resize(slot as usize + 1, u64::MAX);
+        }
+        self.slot_lbn[slot as usize] = lbn;
+    }
+
+    fn lbn(&self, slot: u32) -> u64 {
+        self.slot_lbn[slot as usize]
+    }
+
+    /// Does a plan writing `slots` have to wait for earlier plans' clean
+    /// marks to be committed (it would rewrite one of their blocks)?
+    fn needs_marks(&self, slots: &[u32]) -> bool {
+        (!self.unmarked.is_empty() || !self.marking.is_empty())
+            && slots.iter().any(|&s| {
+                let l = self.lbn(s);
+                self.unmarked.contains(&l) || self.marking.contains(&l)
+            })
+    }
+
+    fn node_needs_marks(&self, n: u32) -> bool {
+        self.needs_marks(&self.nodes[n as usize].slots)
+    }
+
     /// Ready ancestors of `target` (itself included), at most `limit` slots' worth.
     fn ready_ancestors(&mut self, target: u32, limit: usize, out: &mut Vec<u32>) {
         self.stack.clear();
@@ -286,14 +336,18 @@ impl Ordered {
             if n.destaged || n.in_wave || !n.live {
                 continue;
             }
-            if self.seen.contains(&x) && self.seen.len() < 64 {
+            // Deduplicate while the list is short (a linear search); past
+            // that, a revisit only costs visits, which are bounded.
+            if self.seen.len() < 64 && self.seen.contains(&x) {
                 continue;
             }
             visits += 1;
-            if visits > 100_000 {
+            if visits > ANCESTOR_VISITS {
                 break;
             }
-            self.seen.push(x);
+            if self.seen.len() < 64 {
+                self.seen.push(x);
+            }
             if n.preds_left == 0 {
                 if n.completed && n.pending == 0 && !n.dummy && !out.contains(&x) {
                     slots += n.slots.len();
@@ -342,7 +396,8 @@ impl WritePolicy for Ordered {
     fn commit_needs_patches_done(&self) -> bool {
         true
     }
-    fn on_version_installed(&mut self, group: Group, slot: u32, _lbn: u64, _seq: u64) {
+    fn on_version_installed(&mut self, group: Group, slot: u32, lbn: u64, _seq: u64) {
+        self.set_slot_lbn(slot, lbn);
         let n = &mut self.nodes[group as usize];
         assert!(
             n.live && !n.destaged,
@@ -388,6 +443,14 @@ impl WritePolicy for Ordered {
             .filter(|v| v.1 == NO_GROUP)
             .map(|v| v.0)
             .collect();
+        let (sync, held): (Vec<u32>, Vec<u32>) =
+            sync.into_iter().partition(|&s| !self.needs_marks(&[s]));
+        if sync.is_empty() && !held.is_empty() {
+            self.scratch = victims;
+            self.awaiting_commit = true;
+            self.commit_started = false;
+            return None;
+        }
         if !sync.is_empty() {
             self.scratch = victims;
             self.sync_in_flight = true;
@@ -407,6 +470,12 @@ impl WritePolicy for Ordered {
                 break;
             }
         }
+        let mut held = 0usize;
+        wave.retain(|&n| {
+            let ok = !self.node_needs_marks(n);
+            held += usize::from(!ok);
+            ok
+        });
         self.scratch = victims;
         // Drop stale entries so the list stays proportional to the graph.
         if self.ready.len() > 1024 && self.ready.len() > 2 * self.nodes.len() {
@@ -429,6 +498,7 @@ impl WritePolicy for Ordered {
             .iter()
             .map(|&n| self.nodes[n as usize].slots.len())
             .sum();
+        let mut later = Vec::new();
         while slots < limit {
             let Some(n) = self.ready.pop() else { break };
             let nd = &self.nodes[n as usize];
@@ -441,10 +511,16 @@ impl WritePolicy for Ordered {
                 && nd.preds_left == 0
                 && !wave.contains(&n)
             {
-                slots += nd.slots.len();
+                if self.node_needs_marks(n) {
+                    held += 1;
+                    later.push(n);
+                    continue;
+                }
+                slots += self.nodes[n as usize].slots.len();
                 wave.push(n);
             }
         }
+        self.ready.extend(later);
         if wave.is_empty() {
             // The victims' nodes are not ready (or their blocks' latest versions
             // wait for older ones): destage the oldest ready node instead.
@@ -459,6 +535,7 @@ impl WritePolicy for Ordered {
                     && n.preds_left == 0
                     && !n.slots.is_empty()
                     && best.is_none_or(|b| n.cidx < b.0)
+                    && !self.needs_marks(&n.slots)
                 {
                     best = Some((n.cidx, i as u32));
                 }
@@ -468,6 +545,11 @@ impl WritePolicy for Ordered {
             }
         }
         if wave.is_empty() {
+            if held > 0 {
+                // Ready work waits only for earlier plans' clean marks.
+                self.awaiting_commit = true;
+                self.commit_started = false;
+            }
             return None;
         }
         let mut write = Vec::new();
@@ -488,6 +570,10 @@ impl WritePolicy for Ordered {
         })
     }
     fn on_plan_done(&mut self, _now: u64, plan: &Plan) {
+        for &s in &plan.write {
+            let l = self.lbn(s);
+            self.unmarked.insert(l);
+        }
         if plan.tag == 0 {
             self.sync_in_flight = false;
             return;
@@ -498,8 +584,6 @@ impl WritePolicy for Ordered {
             self.mark_destaged(n);
         }
         self.wave_in_flight = false;
-        self.awaiting_commit = true;
-        self.commit_started = false;
     }
     fn on_plan_failed(&mut self, plan: &Plan) {
         if plan.tag == 0 {
@@ -527,8 +611,17 @@ impl WritePolicy for Ordered {
         if self.awaiting_commit {
             self.commit_started = true;
         }
+        // This commit records every clean mark made so far.
+        let done: Vec<u64> = self.unmarked.drain().collect();
+        self.marking.extend(done);
     }
     fn on_commit_done(&mut self, ok: bool) {
+        if ok {
+            self.marking.clear();
+        } else {
+            let back: Vec<u64> = self.marking.drain().collect();
+            self.unmarked.extend(back);
+        }
         if self.commit_started {
             self.commit_started = false;
             if ok {
@@ -548,6 +641,7 @@ impl WritePolicy for Ordered {
         let mut by_cidx: std::collections::BTreeMap<u64, (u64, Vec<usize>)> = Default::default();
         let mut unset: std::collections::BTreeMap<u64, (u64, Vec<usize>)> = Default::default();
         for (i, v) in versions.iter_mut().enumerate() {
+            self.set_slot_lbn(v.slot, v.lbn);
             if !v.dirty {
                 v.discard = !v.latest;
                 v.clean = true;
@@ -604,6 +698,8 @@ impl WritePolicy for Ordered {
     }
     fn mem_bytes(&self) -> usize {
         self.nodes.capacity() * std::mem::size_of::<Node>()
+            + self.slot_lbn.capacity() * 8
+            + (self.unmarked.capacity() + self.marking.capacity()) * 8
             + self
                 .nodes
                 .iter()
