@@ -876,34 +876,7 @@ fn check_recovered(
         let mut did = false;
         while let Some(cmd) = eng.poll_io() {
             did = true;
-            let disk = if cmd.dev == Dev::Cache {
-                &mut cache
-            } else {
-                &mut backing
-            };
-            let res = match &cmd.op {
-                IoOp::Read { offset, len } => {
-                    Ok(Some(Bytes::from(disk.read(*offset, *len as usize))))
-                }
-                IoOp::Write { offset, data, fua } => {
-                    disk.write(*offset, data, *fua, cmd.group);
-                    Ok(None)
-                }
-                IoOp::Flush => {
-                    let st = disk.flush_issue_stamp();
-                    disk.flush(st);
-                    Ok(None)
-                }
-                IoOp::GroupBegin { group } => {
-                    disk.group_begin(*group);
-                    Ok(None)
-                }
-                IoOp::GroupEnd { group } => {
-                    disk.group_end(*group);
-                    Ok(None)
-                }
-                IoOp::Trim { .. } => Ok(None),
-            };
+            let res = instant_io(&cmd, &mut cache, &mut backing);
             eng.handle_completion(now, cmd.id, res);
         }
         while let Some(r) = eng.poll_reply() {
@@ -982,6 +955,36 @@ fn check_recovered(
     }
 }
 
+/// Run `cmd` on the disk models at once (recovery checks use instant devices).
+fn instant_io(cmd: &IoCmd<Bytes>, cache: &mut Disk, backing: &mut Disk) -> IoResult<Bytes> {
+    let disk = if cmd.dev == Dev::Cache {
+        cache
+    } else {
+        backing
+    };
+    match &cmd.op {
+        IoOp::Read { offset, len } => Ok(Some(Bytes::from(disk.read(*offset, *len as usize)))),
+        IoOp::Write { offset, data, fua } => {
+            disk.write(*offset, data, *fua, cmd.group);
+            Ok(None)
+        }
+        IoOp::Flush => {
+            let st = disk.flush_issue_stamp();
+            disk.flush(st);
+            Ok(None)
+        }
+        IoOp::GroupBegin { group } => {
+            disk.group_begin(*group);
+            Ok(None)
+        }
+        IoOp::GroupEnd { group } => {
+            disk.group_end(*group);
+            Ok(None)
+        }
+        IoOp::Trim { .. } => Ok(None),
+    }
+}
+
 /// (c) again, after recovery: the recovered engine drains everything to the
 /// backing store, which must be a consistent point in time after every
 /// backing command (the cache device could be lost at any of them). The
@@ -1020,34 +1023,7 @@ fn drain_after_recovery(
         while let Some(cmd) = eng.poll_io() {
             did = true;
             let on_backing = cmd.dev == Dev::Backing;
-            let disk = if on_backing {
-                &mut *backing
-            } else {
-                &mut *cache
-            };
-            let res = match &cmd.op {
-                IoOp::Read { offset, len } => {
-                    Ok(Some(Bytes::from(disk.read(*offset, *len as usize))))
-                }
-                IoOp::Write { offset, data, fua } => {
-                    disk.write(*offset, data, *fua, cmd.group);
-                    Ok(None)
-                }
-                IoOp::Flush => {
-                    let st = disk.flush_issue_stamp();
-                    disk.flush(st);
-                    Ok(None)
-                }
-                IoOp::GroupBegin { group } => {
-                    disk.group_begin(*group);
-                    Ok(None)
-                }
-                IoOp::GroupEnd { group } => {
-                    disk.group_end(*group);
-                    Ok(None)
-                }
-                IoOp::Trim { .. } => Ok(None),
-            };
+            let res = instant_io(&cmd, cache, backing);
             let changed =
                 on_backing && matches!(cmd.op, IoOp::Write { .. } | IoOp::GroupEnd { .. });
             eng.handle_completion(now, cmd.id, res);
