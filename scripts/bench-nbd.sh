@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # NBD benchmark through fio's nbd engine, everything in one run on the same
 # machine and files. Prints IOPS, p50/p99 completion latency and ratios.
-#   fast path (cache hits, write-back) vs nbdkit file, nbdkit --filter=cache file,
+#   fast path (cache hits, write-back, default and --rewrite-in-place) vs nbdkit file, nbdkit --filter=cache file,
 #   qemu-nbd, and nbdkit memory (the transport ceiling);
 #   slow backing (nbdkit delay filter, 1 ms per write) as nvwc's upstream for
 #   write-back, ordered and write-through, and under nbdkit's cache filter.
@@ -43,7 +43,7 @@ measure() { # name uri
     local med
     med=$(printf '%s\n' "${vals[@]}" | sort -n -k1 | sed -n "$(( (REPS + 1) / 2 ))p")
     RES["$1 $3-$4"]="$med"
-    printf '%-34s %-14s iops=%-8s p50_us=%-8s p99_us=%s\n' "$1" "$3 $4" $med
+    printf '%-42s %-14s iops=%-8s p50_us=%-8s p99_us=%s\n' "$1" "$3 $4" $med
   done
 }
 
@@ -62,13 +62,18 @@ fresh; qemu-nbd -t -k "$W/q.sock" -f raw --cache=writeback "$W/backing.img" & PI
 measure qemu-nbd "nbd+unix:///?socket=$W/q.sock"; stop_all
 fresh; (cd "$W" && exec "$NVWC" serve --backing backing.img --cache cache.img --cache-size 768M --listen none --unix n.sock --write-policy write-back >/dev/null 2>&1) & PIDS+=($!); wait_sock "$W/n.sock"
 measure nvwc-write-back "nbd+unix:///?socket=$W/n.sock"; stop_all
+# The opt-in mode that rewrites committed dirty blocks in place (no fresh slot
+# per rewrite; a failed cache-device write can then damage a flushed block).
+fresh; (cd "$W" && exec "$NVWC" serve --backing backing.img --cache cache.img --cache-size 768M --listen none --unix n.sock --write-policy write-back --rewrite-in-place >/dev/null 2>&1) & PIDS+=($!); wait_sock "$W/n.sock"
+measure nvwc-write-back+rewrite-in-place "nbd+unix:///?socket=$W/n.sock"; stop_all
 fi
 
 if [ "$ONLY" != fast ]; then
 echo "== slow backing: nbdkit delay filter, delay-write=1ms"
-for pol in write-back ordered journaled write-through; do
+for pol in write-back write-back+rewrite-in-place ordered journaled write-through; do
+  flags="--write-policy ${pol%%+*}"; [ "$pol" = "${pol%%+*}" ] || flags="$flags --rewrite-in-place"
   fresh; nbdkit -U "$W/d.sock" -f --exit-with-parent --filter=delay file "$W/backing.img" delay-write=1ms & PIDS+=($!); wait_sock "$W/d.sock"
-  (cd "$W" && exec "$NVWC" serve --backing "nbd+unix:///?socket=$W/d.sock" --cache cache.img --cache-size 768M --listen none --unix n.sock --write-policy $pol >/dev/null 2>&1) & PIDS+=($!); wait_sock "$W/n.sock"
+  (cd "$W" && exec "$NVWC" serve --backing "nbd+unix:///?socket=$W/d.sock" --cache cache.img --cache-size 768M --listen none --unix n.sock $flags >/dev/null 2>&1) & PIDS+=($!); wait_sock "$W/n.sock"
   measure "nvwc-$pol/slow" "nbd+unix:///?socket=$W/n.sock"; stop_all
 done
 fresh; nbdkit -U "$W/c.sock" -f --exit-with-parent --filter=cache --filter=delay file "$W/backing.img" delay-write=1ms & PIDS+=($!); wait_sock "$W/c.sock"
@@ -81,15 +86,19 @@ import sys, re
 d = dict(re.findall(r'\["([^"]+)"\]="([^"]*)"', sys.argv[1]))
 iops = {k: float(v.split()[0]) for k, v in d.items()}
 for wl in ["randwrite-4k", "write-64k"]:
-  if f"nvwc-write-back {wl}" in iops:
-    n = iops[f"nvwc-write-back {wl}"]
-    best = max(iops[f"nbdkit-file {wl}"], iops[f"qemu-nbd {wl}"])
-    print(f"{wl}: nvwc / best(nbdkit-file, qemu-nbd) = {n/best:.2f}  (target >= 1.0)")
-    print(f"{wl}: nvwc / nbdkit-memory               = {n/iops[f'nbdkit-memory {wl}']:.2f}  (target >= 0.8)")
-    print(f"{wl}: nvwc / nbdkit-cache-filter         = {n/iops[f'nbdkit-cache-filter {wl}']:.2f}")
+  for v in ["nvwc-write-back", "nvwc-write-back+rewrite-in-place"]:
+    if f"{v} {wl}" in iops:
+      n = iops[f"{v} {wl}"]
+      best = max(iops[f"nbdkit-file {wl}"], iops[f"qemu-nbd {wl}"])
+      print(f"{wl}: {v} / best(nbdkit-file, qemu-nbd) = {n/best:.2f}  (target >= 1.0)")
+      print(f"{wl}: {v} / nbdkit-memory               = {n/iops[f'nbdkit-memory {wl}']:.2f}  (target >= 0.8)")
+      print(f"{wl}: {v} / nbdkit-cache-filter         = {n/iops[f'nbdkit-cache-filter {wl}']:.2f}")
   if f"nvwc-write-back/slow {wl}" in iops:
-    wb, wt = iops[f"nvwc-write-back/slow {wl}"], iops[f"nvwc-write-through/slow {wl}"]
-    print(f"{wl}: slow backing: write-back / write-through = {wb/wt:.1f}  (target >= 10)")
+    wt = iops[f"nvwc-write-through/slow {wl}"]
+    for v in ["write-back", "write-back+rewrite-in-place"]:
+      wb = iops[f"nvwc-{v}/slow {wl}"]
+      print(f"{wl}: slow backing: {v} / write-through = {wb/wt:.1f}  (target >= 10)")
+    wb = iops[f"nvwc-write-back/slow {wl}"]
     print(f"{wl}: slow backing: ordered / write-through    = {iops[f'nvwc-ordered/slow {wl}']/wt:.1f}")
     print(f"{wl}: slow backing: journaled / write-through  = {iops[f'nvwc-journaled/slow {wl}']/wt:.1f}")
     print(f"{wl}: slow backing: nvwc write-back / nbdkit cache filter = {wb/iops[f'nbdkit-cache-filter/slow {wl}']:.2f}")

@@ -234,6 +234,14 @@ pub struct Config {
     /// writing the patches to the backing store (no fetch), instead of being
     /// fetched, patched and cached.
     pub patch_direct: bool,
+    /// Write-back only: rewrite in place a dirty version that a durable commit
+    /// already names, instead of writing a fresh slot (see
+    /// `WritePolicy::may_overwrite_durable`). Much faster for rewritten hot
+    /// blocks (no slot churn, no commit for them). The price: a cache-device
+    /// write that *fails* mid-way (EIO, torn) can damage the last flushed
+    /// version of that block, where out-of-place writes leave it intact.
+    /// Crashes (kill -9, power loss) keep every FLUSH/FUA promise either way.
+    pub rewrite_in_place: bool,
     /// `AsyncBg` (and background patch cleaning): fetches in flight at most.
     pub fetch_bg_inflight: u32,
 }
@@ -266,6 +274,7 @@ impl Config {
             patch_mem_bytes: 64 << 20,
             patch_clean_at: 0.5,
             patch_direct: false,
+            rewrite_in_place: false,
             fetch_bg_inflight: 16,
         }
     }

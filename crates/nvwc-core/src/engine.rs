@@ -14,7 +14,8 @@
 //! (ordered, journaled), kept as a *shadow* until it reaches the backing store.
 //! A version that no commit has named yet may be overwritten in place; so may
 //! a committed dirty version when the write policy orders nothing among
-//! unflushed writes (plain write-back: `may_overwrite_durable`).
+//! unflushed writes and the operator opted in (plain write-back with
+//! `rewrite_in_place`: `may_overwrite_durable`).
 //!
 //! Metadata (the slot table, see [`crate::layout`]) is persisted by *commits*:
 //! flush the cache device (data durable), write the changed table pages, flush,

@@ -283,6 +283,7 @@ fn random_config(rng: &mut ChaCha8Rng, opts: &Options) -> Config {
     c.patch_mem_bytes = [512, 4096, 65536][rng.gen_range(0..3)];
     c.patch_clean_at = [0.0, 0.5, 1.0][rng.gen_range(0..3)];
     c.patch_direct = opts.policy == WritePolicyKind::WriteBack && rng.gen_bool(0.5);
+    c.rewrite_in_place = opts.policy == WritePolicyKind::WriteBack && rng.gen_bool(0.5);
     c.fetch_bg_inflight = rng.gen_range(1..4);
     c
 }

@@ -94,6 +94,11 @@ pub struct Args {
     /// backing store, with no fetch.
     #[arg(long)]
     patch_direct: bool,
+    /// Write-back only: rewrite committed dirty blocks in place (no fresh
+    /// slot per rewrite). Faster for hot blocks; a failed (torn) cache-device
+    /// write can then damage that block's last flushed version.
+    #[arg(long)]
+    rewrite_in_place: bool,
     /// Serve the export read-only.
     #[arg(long)]
     read_only: bool,
@@ -997,6 +1002,7 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
         .map_err(|err| anyhow::anyhow!("--fetch: {err}"))?;
     cfg.patch_mem_bytes = a.patch_mem;
     cfg.patch_direct = a.patch_direct;
+    cfg.rewrite_in_place = a.rewrite_in_place;
     cfg.autocommit_ns = a.commit_interval_ms.max(1) * 1_000_000;
     cfg.autocommit_changes = a
         .commit_changes

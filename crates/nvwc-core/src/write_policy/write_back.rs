@@ -10,13 +10,15 @@ use crate::layout::CommitRecord;
 /// See the module docs.
 pub struct WriteBack {
     batch: usize,
+    rewrite_in_place: bool,
     scratch: Vec<(u32, u64)>,
 }
 
 impl WriteBack {
-    pub fn new(_cfg: &Config) -> Self {
+    pub fn new(cfg: &Config) -> Self {
         WriteBack {
             batch: 16,
+            rewrite_in_place: cfg.rewrite_in_place,
             scratch: Vec::new(),
         }
     }
@@ -30,10 +32,11 @@ impl WritePolicy for WriteBack {
     fn on_write_issue(&mut self, _now: u64, _seq: u64) -> u64 {
         u64::MAX
     }
-    /// Unflushed writes carry no order here, so a committed dirty version is
-    /// overwritten in place instead of consuming a fresh slot per overwrite.
+    /// Unflushed writes carry no order here, so with `rewrite_in_place` a
+    /// committed dirty version is overwritten in place instead of consuming
+    /// a fresh slot per overwrite (see `Config::rewrite_in_place`).
     fn may_overwrite_durable(&self) -> bool {
-        true
+        self.rewrite_in_place
     }
     fn next_plan(&mut self, ctx: &mut dyn PlanCtx) -> Option<Plan> {
         if !ctx.cleaning_wanted() {
