@@ -172,6 +172,69 @@ impl FromStr for FetchMode {
     }
 }
 
+/// Admission policy: which writes are cached (see [`crate::admission`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum AdmissionKind {
+    /// Cache every write.
+    #[default]
+    All,
+    /// FUA writes and writes tagged sync.
+    Sync,
+    /// Writes to declared log ranges.
+    Wal,
+    /// Writes tagged critical.
+    Critical,
+    /// `Critical` with process criticality inheritance (in the driver).
+    CriticalPi,
+    /// `CriticalPi` plus I/O criticality inheritance (reissue to the cache).
+    CriticalPiIoi,
+}
+
+impl AdmissionKind {
+    /// Every policy, in display order.
+    pub const ALL: [AdmissionKind; 6] = [
+        AdmissionKind::All,
+        AdmissionKind::Sync,
+        AdmissionKind::Wal,
+        AdmissionKind::Critical,
+        AdmissionKind::CriticalPi,
+        AdmissionKind::CriticalPiIoi,
+    ];
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            AdmissionKind::All => "all",
+            AdmissionKind::Sync => "sync",
+            AdmissionKind::Wal => "wal",
+            AdmissionKind::Critical => "critical",
+            AdmissionKind::CriticalPi => "critical+pi",
+            AdmissionKind::CriticalPiIoi => "critical+pi+ioi",
+        }
+    }
+}
+
+impl fmt::Display for AdmissionKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Error parsing an admission policy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown admission policy {0:?} (expected all, sync, wal, critical, critical+pi or critical+pi+ioi)")]
+pub struct UnknownAdmission(pub String);
+
+impl FromStr for AdmissionKind {
+    type Err = UnknownAdmission;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        AdmissionKind::ALL
+            .iter()
+            .copied()
+            .find(|m| m.name() == s)
+            .ok_or_else(|| UnknownAdmission(s.to_string()))
+    }
+}
+
 /// Error in a configuration.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigError {
@@ -244,6 +307,11 @@ pub struct Config {
     pub rewrite_in_place: bool,
     /// `AsyncBg` (and background patch cleaning): fetches in flight at most.
     pub fetch_bg_inflight: u32,
+    /// Which writes are cached; the others go straight to the backing store
+    /// when the write policy allows it (see [`crate::admission`]).
+    pub admission: AdmissionKind,
+    /// Log byte ranges `(start, len)` for `AdmissionKind::Wal`.
+    pub wal_ranges: Vec<(u64, u64)>,
 }
 
 impl Config {
@@ -276,6 +344,8 @@ impl Config {
             patch_direct: false,
             rewrite_in_place: false,
             fetch_bg_inflight: 16,
+            admission: AdmissionKind::All,
+            wal_ranges: Vec::new(),
         }
     }
 

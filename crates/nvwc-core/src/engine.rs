@@ -38,7 +38,8 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 
 use nvwc_replacement::{BlockId, Replacement};
 
-use crate::config::{Config, ConfigError, FetchMode, WritePolicyKind};
+use crate::admission::{self, Admission, WriteInfo};
+use crate::config::{AdmissionKind, Config, ConfigError, FetchMode, WritePolicyKind};
 use crate::index::{FreeSet, IdMap, LbnIndex};
 use crate::layout::{self, CommitRecord, Entry, FormatError, Layout, F_DIRTY, F_VALID};
 use crate::payload::Payload;
@@ -208,6 +209,10 @@ struct Piece<P> {
     fua: bool,
     /// Holds one unit of `Engine::reserved` until it allocates a slot or ends.
     reserved: bool,
+    /// The admission policy rejected the write: bypass it if that is safe.
+    bypass: bool,
+    /// A critical request issued it or waits behind it (inherited).
+    critical: bool,
 }
 
 #[derive(Debug)]
@@ -229,6 +234,9 @@ struct Req<P> {
     /// Versions installed for this write (their entries are rewritten once the
     /// write completes, when its policy fields are final).
     installed: Vec<u32>,
+    /// Some piece went through the cache (not bypassed): a FUA reply waits
+    /// for a commit. Bypassed pieces are durable on the backing store already.
+    cached: bool,
 }
 
 #[derive(Debug)]
@@ -251,6 +259,17 @@ enum IoCtx {
     },
     PieceBackingWrite {
         piece: u32,
+    },
+    /// An admission bypass: the piece's data written to the backing store with FUA.
+    BypassWrite {
+        piece: u32,
+        block: u32,
+    },
+    /// A bypass write whose piece was reissued to the cache (I/O criticality
+    /// inheritance): its completion is discarded. Until it arrives it counts
+    /// in the block's `destaging`, so no destage of the block can race it.
+    BypassOrphan {
+        block: u32,
     },
     Fill {
         block: u32,
@@ -335,6 +354,8 @@ struct CommitJob {
 #[derive(Debug)]
 struct Admit<P> {
     id: ReqId,
+    tag: Tag,
+    bypass: bool,
     offset: u64,
     len: u64,
     data: P,
@@ -484,6 +505,21 @@ pub struct Engine<P: Payload> {
     /// the in-flight) backing FLUSH: (block, set id, took the block busy).
     patch_direct_written: Vec<(u32, u64, bool)>,
     patch_direct_flushing: Vec<(u32, u64, bool)>,
+    /// Admission policy; the state below is kept only when it can reject
+    /// writes (`bypassing`), so the `all` fast path pays nothing.
+    admission: Box<dyn Admission>,
+    bypassing: bool,
+    /// Bypass writes in flight: block -> (piece, backing write).
+    bypass_io: IdMap<u32, (u32, IoId)>,
+    /// The write piece holding each busy block (the blocking object a
+    /// waiter's dependency chain follows).
+    holders: IdMap<u32, u32>,
+    /// Blocks with a released version whose entry a durable (or in-flight)
+    /// commit may still name, and the count: recovery could bring such a
+    /// version back, so the block must not be bypassed until a commit frees
+    /// the entry. `retired_lbn` maps each such slot to its block.
+    retired_lbns: HashMap<u64, u32>,
+    retired_lbn: IdMap<u32, u64>,
 }
 
 /// The engine's view offered to write policies while they plan.
@@ -565,7 +601,15 @@ impl<P: Payload> Engine<P> {
         let bs = cfg.block_size as u64;
         // Pieces in progress; also bounds the reads of one block in flight (u16).
         let max_active = ((cap / 4) as u32).clamp(4, u16::MAX as u32);
+        let admission = admission::build(cfg.admission, &cfg.wal_ranges);
+        let bypassing = cfg.admission != AdmissionKind::All;
         Engine {
+            admission,
+            bypassing,
+            bypass_io: IdMap::default(),
+            holders: IdMap::default(),
+            retired_lbns: HashMap::new(),
+            retired_lbn: IdMap::default(),
             layout,
             bs,
             policy,
@@ -989,7 +1033,7 @@ impl<P: Payload> Engine<P> {
                 if len == 0 {
                     return self.reply_data(req.id, P::zeroes(0));
                 }
-                self.start_rw(req.id, offset, len as u64, None, false);
+                self.start_rw(req.id, offset, len as u64, None, false, req.tag, false);
             }
             ReqOp::Write { offset, data, fua } => {
                 self.stats.writes += 1;
@@ -1004,7 +1048,7 @@ impl<P: Payload> Engine<P> {
                 if self.spans(offset, len) > self.max_write_bytes() / self.bs {
                     return self.reply(req.id, Err(ReqError::TooLarge), 0);
                 }
-                self.admit_write(req.id, offset, len, data, fua);
+                self.admit_write(req.id, offset, len, data, fua, req.tag);
             }
             ReqOp::WriteZeroes { offset, len, fua } => {
                 self.stats.writes += 1;
@@ -1018,7 +1062,14 @@ impl<P: Payload> Engine<P> {
                 if self.spans(offset, len as u64) > self.max_write_bytes() / self.bs {
                     return self.reply(req.id, Err(ReqError::TooLarge), 0);
                 }
-                self.admit_write(req.id, offset, len as u64, P::zeroes(len as usize), fua);
+                self.admit_write(
+                    req.id,
+                    offset,
+                    len as u64,
+                    P::zeroes(len as usize),
+                    fua,
+                    req.tag,
+                );
             }
             ReqOp::Flush => {
                 self.stats.flushes += 1;
@@ -1060,6 +1111,20 @@ impl<P: Payload> Engine<P> {
                 self.on_piece_cache_write(piece, inplace, res.is_ok())
             }
             IoCtx::PieceBackingWrite { piece } => self.on_piece_io_done(piece, res.is_ok()),
+            IoCtx::BypassWrite { piece, block } => {
+                self.bypass_io.remove(&block);
+                self.on_piece_io_done(piece, res.is_ok())
+            }
+            IoCtx::BypassOrphan { block } => {
+                self.stats.discarded_completions += 1;
+                let blk = &mut self.blocks[block as usize];
+                assert!(
+                    blk.destaging > 0,
+                    "orphan bypass write without its block mark"
+                );
+                blk.destaging -= 1;
+                self.maybe_drop_block(block);
+            }
             IoCtx::Fill { block, slot } => self.on_fill(block, slot, res.is_ok()),
             IoCtx::DestageRead {
                 plan,
@@ -1319,6 +1384,11 @@ impl<P: Payload> Engine<P> {
             self.dirty_slots -= 1;
         }
         let (disk_valid, in_snapshot) = (slot.disk_valid(), slot.in_snapshot());
+        if self.bypassing && (disk_valid || in_snapshot) && owner != NIL {
+            let lbn = self.blocks[owner as usize].lbn();
+            *self.retired_lbns.entry(lbn).or_default() += 1;
+            self.retired_lbn.insert(s, lbn);
+        }
         let g = self.set_group(s, NO_GROUP);
         if g != NO_GROUP {
             self.policy.on_version_removed(g, s);
@@ -1349,6 +1419,18 @@ impl<P: Payload> Engine<P> {
         {
             slot.state = SlotState::Free;
             self.free_slots.push(s);
+            if self.bypassing {
+                if let Some(lbn) = self.retired_lbn.remove(&s) {
+                    let n = self
+                        .retired_lbns
+                        .get_mut(&lbn)
+                        .expect("retired block count");
+                    *n -= 1;
+                    if *n == 0 {
+                        self.retired_lbns.remove(&lbn);
+                    }
+                }
+            }
         }
     }
 
@@ -1380,9 +1462,28 @@ impl<P: Payload> Engine<P> {
     /// transaction) only once the slots it may need are reserved, so it never
     /// waits for space while a group it belongs to waits for it (which would
     /// deadlock a journal transaction that must commit to free space).
-    fn admit_write(&mut self, id: ReqId, offset: u64, len: u64, data: P, fua: bool) {
+    fn admit_write(&mut self, id: ReqId, offset: u64, len: u64, data: P, fua: bool, tag: Tag) {
         let first = offset / self.bs;
         let last = (offset + len - 1) / self.bs;
+        let bypass = self.bypassing
+            && !self.admission.admit(&WriteInfo {
+                offset,
+                len,
+                fua,
+                tag,
+            });
+        if bypass
+            && matches!(
+                self.policy.kind(),
+                WritePolicyKind::WriteBack | WritePolicyKind::WriteThrough
+            )
+        {
+            // No group to join and no slot to reserve: a piece that is cached
+            // after all (its block is cached) takes a spare slot or waits for
+            // one like any stalled writer, which write-back can always free.
+            self.start_rw(id, offset, len, Some(data), fua, tag, true);
+            return;
+        }
         let need = if self.policy.synchronous_backing() {
             0
         } else {
@@ -1397,6 +1498,8 @@ impl<P: Payload> Engine<P> {
         }
         self.admit_queue.push_back(Admit {
             id,
+            tag,
+            bypass,
             offset,
             len,
             data,
@@ -1420,7 +1523,7 @@ impl<P: Payload> Engine<P> {
                 self.stats.stalled_writes += a.pieces;
                 self.stats.stall_ns += (self.now - since) * a.pieces;
             }
-            let pieces = self.start_rw(a.id, a.offset, a.len, Some(a.data), a.fua);
+            let pieces = self.start_rw(a.id, a.offset, a.len, Some(a.data), a.fua, a.tag, a.bypass);
             // The first `need` pieces each hold one reservation.
             for &k in pieces.iter().take(a.need as usize) {
                 self.pieces.get_mut(k).reserved = true;
@@ -1439,6 +1542,7 @@ impl<P: Payload> Engine<P> {
     }
 
     /// Split a request into block pieces and queue them; returns the pieces.
+    #[allow(clippy::too_many_arguments)]
     fn start_rw(
         &mut self,
         id: ReqId,
@@ -1446,6 +1550,8 @@ impl<P: Payload> Engine<P> {
         len: u64,
         data: Option<P>,
         fua: bool,
+        tag: Tag,
+        bypass: bool,
     ) -> Vec<u32> {
         let write = data.is_some();
         let (seq, group) = if write {
@@ -1476,6 +1582,7 @@ impl<P: Payload> Engine<P> {
                 group,
                 fua,
                 installed: Vec::new(),
+                cached: false,
             },
         );
         for lbn in first..=last {
@@ -1487,6 +1594,8 @@ impl<P: Payload> Engine<P> {
                 .map(|d| d.slice((s - offset) as usize..(e - offset) as usize));
             let p = self.pieces.insert(Piece {
                 reserved: false,
+                bypass,
+                critical: tag.critical,
                 req: id,
                 lbn,
                 start: (s - bstart) as u32,
@@ -1512,6 +1621,9 @@ impl<P: Payload> Engine<P> {
         let b = self.block_for(lbn);
         if self.blocks[b as usize].busy {
             self.waiters.entry(b).or_default().push_back(p);
+            if self.bypassing && self.pieces.get(p).critical {
+                self.inherit(b);
+            }
             return;
         }
         self.run_piece(p, b);
@@ -1525,6 +1637,9 @@ impl<P: Payload> Engine<P> {
             blk.busy = true;
             if blk.readers() > 0 {
                 blk.fill_stale = true;
+            }
+            if self.bypassing {
+                self.holders.insert(b, p);
             }
             self.write_piece(p, b);
         }
@@ -1693,6 +1808,24 @@ impl<P: Payload> Engine<P> {
         } else {
             self.stats.write_misses += 1;
         }
+        let bypass = self.pieces.get(p).bypass;
+        if self.bypassing && !self.policy.synchronous_backing() {
+            if bypass && self.can_bypass(b) {
+                return self.bypass_piece(p, b);
+            }
+            if bypass {
+                self.stats.bypass_refused += 1;
+                self.pieces.get_mut(p).bypass = false;
+            } else {
+                self.stats.admitted_pieces += 1;
+            }
+        }
+        if !self.policy.synchronous_backing() {
+            let req = self.pieces.get(p).req;
+            if let Some(r) = self.reqs.get_mut(&req) {
+                r.cached = true;
+            }
+        }
         if self.policy.synchronous_backing() {
             let data = self.pieces.get(p).data.clone().unwrap();
             let off = lbn * self.bs + start as u64;
@@ -1713,7 +1846,16 @@ impl<P: Payload> Engine<P> {
             if latest != NIL {
                 self.evict_block(b);
             }
+            // A rejected write under write-through keeps the cache out of it:
+            // the old copy (if any) is gone above, and no new one is made.
+            if bypass {
+                self.stats.bypassed_pieces += 1;
+                self.stats.bypassed_bytes += (end - start) as u64;
+            } else if self.bypassing {
+                self.stats.admitted_pieces += 1;
+            }
             if full
+                && !bypass
                 && self.free_slots.len() as u64 > self.reserved + self.cfg.free_reserve as u64 / 2
             {
                 let s = self.alloc_slot(lbn).unwrap();
@@ -1786,6 +1928,144 @@ impl<P: Payload> Engine<P> {
                 },
             );
         }
+    }
+
+    /// May a rejected write piece on block `b` go straight to the backing store?
+    ///
+    /// Only where nothing in the cache could later put older bytes over it or
+    /// serve older bytes for it: no version of the block is cached or being
+    /// destaged, no patch holds part of it, and no released version of it is
+    /// still named by a durable commit (recovery would bring that version back
+    /// as the block's newest and destage it over the bypassed data). Beyond
+    /// that the write policy decides (`WritePolicy::bypass_ok`); under ordered
+    /// no destage plan or patch may be in flight either, so every write
+    /// completed before this one is already durable on the backing store.
+    fn can_bypass(&self, b: u32) -> bool {
+        let blk = &self.blocks[b as usize];
+        let local = blk.latest == NIL
+            && blk.shadows == 0
+            && blk.destaging == 0
+            && !self.patches.contains_key(&b)
+            && !self.retired_lbns.contains_key(&blk.lbn());
+        local
+            && match self.policy.kind() {
+                WritePolicyKind::WriteBack => true,
+                _ => {
+                    self.destage_inflight == 0
+                        && self.plans.is_empty()
+                        && self.patches.is_empty()
+                        && self.policy.bypass_ok()
+                }
+            }
+    }
+
+    /// Write a rejected piece straight to the backing store, with FUA: it is
+    /// acknowledged only once durable there, so no FLUSH ever has to wait for
+    /// it or flush the backing store for it. The block stays busy until then
+    /// (reads and writes of it wait, as for any write piece).
+    ///
+    /// Crash story: before the backing write completes the write is not
+    /// acknowledged and either outcome is allowed; after, it is durable on
+    /// the backing store, and the cache holds nothing of the block that
+    /// recovery could put over it (`can_bypass`).
+    fn bypass_piece(&mut self, p: u32, b: u32) {
+        let (lbn, start, end) = {
+            let pc = self.pieces.get(p);
+            (pc.lbn, pc.start, pc.end)
+        };
+        self.stats.bypassed_pieces += 1;
+        self.stats.bypassed_bytes += (end - start) as u64;
+        let data = self.pieces.get(p).data.clone().unwrap();
+        self.pieces.get_mut(p).ios = 1;
+        let io = self.emit(
+            Dev::Backing,
+            IoOp::Write {
+                offset: lbn * self.bs + start as u64,
+                data,
+                fua: true,
+            },
+            None,
+            IoCtx::BypassWrite { piece: p, block: b },
+        );
+        self.bypass_io.insert(b, (p, io));
+    }
+
+    /// A critical request waits for busy block `b`: follow the dependency
+    /// chain to what the holder itself waits on (cascading dependencies,
+    /// §4.2.3) and speed that up. The holder inherits criticality (so later
+    /// waiters on whatever it waits for follow the chain on); a bypass write
+    /// in flight is reissued to the cache (I/O criticality inheritance,
+    /// §4.2.2); a holder waiting for a free slot moves to the head of that queue.
+    fn inherit(&mut self, b: u32) {
+        let Some(&h) = self.holders.get(&b) else {
+            return;
+        };
+        let pc = self.pieces.get_mut(h);
+        if !pc.critical {
+            pc.critical = true;
+            self.stats.inherited += 1;
+        }
+        if let Some(&(p, io)) = self.bypass_io.get(&b) {
+            assert_eq!(p, h, "bypass write of a block another piece holds");
+            if self.admission.reissue() {
+                self.reissue(b, p, io);
+            }
+            return;
+        }
+        if let Some(pos) = self.alloc_waiters.iter().position(|&x| x == h) {
+            if pos > 0 {
+                self.alloc_waiters.remove(pos);
+                self.alloc_waiters.push_front(h);
+            }
+        }
+    }
+
+    /// Reissue bypass piece `p` (backing write `io` in flight) to the cache:
+    /// the piece completes when its cache write does, as a dirty version,
+    /// and the backing write's completion is discarded when it comes.
+    ///
+    /// Only under write-back (under ordered a bypass completes once durable on
+    /// the backing store and later writes are ordered after it; a cached copy
+    /// could not be acknowledged earlier without breaking that), only for a
+    /// whole-block piece (a partial one would need the block's other bytes),
+    /// and only when a spare slot is free. Otherwise the waiter waits.
+    ///
+    /// Crash story: the version is dirty and newer than anything recovery
+    /// could find for the block (it had none, `can_bypass`); the old backing
+    /// write carries the same bytes, and holds the block's `destaging` count
+    /// until it completes, so no destage of a later version can land first.
+    fn reissue(&mut self, b: u32, p: u32, io: IoId) {
+        if self.policy.kind() != WritePolicyKind::WriteBack {
+            return;
+        }
+        let (lbn, start, end) = {
+            let pc = self.pieces.get(p);
+            (pc.lbn, pc.start, pc.end)
+        };
+        if start != 0 || end as u64 != self.bs || self.free_slots.len() as u64 <= self.reserved {
+            return;
+        }
+        let Some(s) = self.alloc_slot(lbn) else {
+            return;
+        };
+        let old = self.ios.insert(io, IoCtx::BypassOrphan { block: b });
+        assert!(
+            matches!(old, Some(IoCtx::BypassWrite { piece, .. }) if piece == p),
+            "reissued a bypass write that is not in flight"
+        );
+        self.bypass_io.remove(&b);
+        self.blocks[b as usize].destaging += 1;
+        self.stats.reissued_writes += 1;
+        let req = self.pieces.get(p).req;
+        self.reqs
+            .get_mut(&req)
+            .expect("piece of unknown request")
+            .cached = true;
+        let pc = self.pieces.get_mut(p);
+        pc.ios = 0;
+        pc.bypass = false;
+        let data = pc.data.clone().unwrap();
+        self.write_new_version(p, s, data);
     }
 
     fn on_rmw_read(&mut self, p: u32, from_cache: bool, res: IoResult<P>) {
@@ -2037,6 +2317,9 @@ impl<P: Payload> Engine<P> {
 
     fn release_block(&mut self, b: u32) {
         self.blocks[b as usize].busy = false;
+        if self.bypassing {
+            self.holders.remove(&b);
+        }
         // Wake waiters: reads run together; a write takes the block.
         while let Some(q) = self.waiters.get_mut(&b) {
             let Some(p) = q.pop_front() else {
@@ -2081,7 +2364,7 @@ impl<P: Payload> Engine<P> {
                 if let Some(e) = r.failed {
                     return self.reply(id, Err(e), r.seq);
                 }
-                if r.fua && !self.policy.synchronous_backing() {
+                if r.fua && r.cached && !self.policy.synchronous_backing() {
                     self.commit_waiters.push(Waiter {
                         id,
                         group: r.group,

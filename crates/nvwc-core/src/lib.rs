@@ -9,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admission;
 pub mod config;
 pub mod engine;
 mod index;
@@ -22,8 +23,8 @@ pub mod types;
 pub mod write_policy;
 
 pub use config::{
-    Config, ConfigError, FetchMode, JournalConfig, KneeSource, ReplacementKind, Watermarks,
-    WritePolicyKind,
+    AdmissionKind, Config, ConfigError, FetchMode, JournalConfig, KneeSource, ReplacementKind,
+    Watermarks, WritePolicyKind,
 };
 pub use engine::{CacheImage, Engine, Event, RecoverError, RecoveryReport};
 pub use payload::{Payload, Phantom};

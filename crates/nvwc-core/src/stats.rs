@@ -64,6 +64,22 @@ pub struct Stats {
     pub patch_waits: u64,
     /// Failed fetches of patched blocks (reported to the FLUSH that needed them; retried).
     pub patch_fetch_errors: u64,
+    /// Admission: write pieces cached because the admission policy admitted
+    /// them, pieces it rejected that went straight to the backing store
+    /// (bypass, with FUA), their bytes, and rejected pieces cached anyway
+    /// because a bypass was not safe (the block was cached or recently was,
+    /// or the write policy forbade it at that moment).
+    pub admitted_pieces: u64,
+    pub bypassed_pieces: u64,
+    pub bypassed_bytes: u64,
+    pub bypass_refused: u64,
+    /// I/O criticality inheritance: bypassed writes reissued to the cache for
+    /// a critical waiter, and original backing completions discarded.
+    pub reissued_writes: u64,
+    pub discarded_completions: u64,
+    /// Cascading dependencies: writes that inherited criticality from a
+    /// critical request waiting behind them.
+    pub inherited: u64,
     /// Gauges.
     /// Patched blocks and the bytes of patch data held in RAM.
     pub patched_blocks: u64,

@@ -64,16 +64,21 @@ impl MemHarness {
     }
 
     pub fn submit(&mut self, id: ReqId, op: ReqOp<Bytes>) {
+        self.submit_tagged(id, op, Tag::default());
+    }
+
+    /// Submit with admission hints.
+    pub fn submit_tagged(&mut self, id: ReqId, op: ReqOp<Bytes>, tag: Tag) {
         self.now += 1;
-        self.engine.handle_request(
-            self.now,
-            Request {
-                id,
-                op,
-                tag: Tag::default(),
-            },
-        );
+        self.engine
+            .handle_request(self.now, Request { id, op, tag });
         self.collect();
+    }
+
+    /// Commands in flight, in issue order (`step`'s `pick` indexes this).
+    pub fn inflight(&mut self) -> &VecDeque<IoCmd<Bytes>> {
+        self.collect();
+        &self.inflight
     }
 
     fn collect(&mut self) {

@@ -14,6 +14,10 @@ pub struct Tag {
     pub client: u32,
     /// The request is critical: something waits on it (admission hint).
     pub critical: bool,
+    /// The write is issued on behalf of a sync operation (fsync, O_SYNC): the
+    /// `sync` admission policy caches it. Block-level drivers that cannot
+    /// see this leave it false (FUA still counts).
+    pub sync: bool,
 }
 
 /// A client request.

@@ -784,7 +784,7 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
         let parent = self.next_req;
         let tag = Tag {
             client,
-            critical: false,
+            ..Tag::default()
         };
         let bs = self.cfg.block_size as u64;
         let chunk = (self.engine.max_write_bytes() / bs).max(1) * bs;

@@ -31,6 +31,7 @@ use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
 use bytes::Bytes;
 use nvwc_core::layout::{self, Layout};
+use nvwc_core::AdmissionKind;
 use nvwc_core::*;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -51,6 +52,11 @@ pub struct Options {
     /// Fixed fetch mode for partial writes to uncached blocks (patches);
     /// random per seed (all four modes) when `None`.
     pub fetch: Option<FetchMode>,
+    /// Fixed admission policy; random per seed (all six) when `None`. Every
+    /// request carries random `critical` and `sync` hints, so rejected
+    /// writes bypass the cache at random, and critical requests that wait
+    /// behind a bypass write in flight race its reissue.
+    pub admission: Option<AdmissionKind>,
 }
 
 /// The result of one seed.
@@ -68,6 +74,9 @@ pub struct SeedOutcome {
     /// reads served from patches, blocks brought up to date (fetch or direct),
     /// fallbacks to fetch-before-write.
     pub patches: [u64; 5],
+    /// Admission activity before the crash: pieces bypassed, rejected pieces
+    /// cached because a bypass was unsafe, reissues, discarded completions.
+    pub admission: [u64; 4],
 }
 
 #[derive(Clone, Debug)]
@@ -285,6 +294,11 @@ fn random_config(rng: &mut ChaCha8Rng, opts: &Options) -> Config {
     c.patch_direct = opts.policy == WritePolicyKind::WriteBack && rng.gen_bool(0.5);
     c.rewrite_in_place = opts.policy == WritePolicyKind::WriteBack && rng.gen_bool(0.5);
     c.fetch_bg_inflight = rng.gen_range(1..4);
+    c.admission = opts
+        .admission
+        .unwrap_or_else(|| AdmissionKind::ALL[rng.gen_range(0..6)]);
+    let span = c.backing_size / 4;
+    c.wal_ranges = vec![(rng.gen_range(0..c.backing_size - span), span)];
     c
 }
 
@@ -455,7 +469,11 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
                         Request {
                             id,
                             op,
-                            tag: Tag::default(),
+                            tag: Tag {
+                                client: 0,
+                                critical: rng.gen_bool(0.3),
+                                sync: rng.gen_bool(0.2),
+                            },
                         },
                     );
                     in_flush_request_events(&mut eng, &mut oracle, in_flush_request, &mut out);
@@ -579,6 +597,12 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
             st.patch_reads,
             st.patch_fetches + st.patch_direct_writes,
             st.patch_fallbacks,
+        ];
+        out.admission = [
+            st.bypassed_pieces,
+            st.bypass_refused,
+            st.reissued_writes,
+            st.discarded_completions,
         ];
     }
     out.ops = issued;
@@ -1221,6 +1245,8 @@ pub struct PolicySummary {
     pub by_check: [u64; 4],
     /// Sums of [`SeedOutcome::patches`].
     pub patches: [u64; 5],
+    /// Sums of [`SeedOutcome::admission`].
+    pub admission: [u64; 4],
 }
 
 /// Run `seeds` seeds starting at `first` on `threads` threads.
@@ -1236,7 +1262,7 @@ pub fn run_many(
     let next = AtomicU64::new(first);
     let done = AtomicU64::new(0);
     let results: Mutex<BTreeMap<u64, SeedOutcome>> = Mutex::new(BTreeMap::new());
-    let agg = Mutex::new((0u64, 0u64, 0u64, [0u64; 4], [0u64; 5]));
+    let agg = Mutex::new((0u64, 0u64, 0u64, [0u64; 4], [0u64; 5], [0u64; 4]));
     std::panic::set_hook(Box::new(|info| {
         let loc = info
             .location()
@@ -1285,6 +1311,9 @@ pub fn run_many(
                     for (x, y) in a.4.iter_mut().zip(r.patches) {
                         *x += y;
                     }
+                    for (x, y) in a.5.iter_mut().zip(r.admission) {
+                        *x += y;
+                    }
                 }
                 if !r.violations.is_empty() {
                     let mut m = results.lock().unwrap();
@@ -1309,5 +1338,6 @@ pub fn run_many(
         stale_writes: a.2,
         by_check: a.3,
         patches: a.4,
+        admission: a.5,
     }
 }

@@ -173,6 +173,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 /// Redo log for atomic groups on a plain backing file: `<backing>.nvwc-redo`.
 struct Redo {
     path: PathBuf,
+    /// The log may hold a group that is not fully applied (an earlier
+    /// commit failed after it began writing the log): see `commit_and_apply`.
+    pending: std::sync::atomic::AtomicBool,
 }
 
 const REDO_MAGIC: &[u8; 8] = b"NVWCREDO";
@@ -182,6 +185,15 @@ impl Redo {
     /// and truncate the log. A crash before the log is synced leaves the
     /// backing file untouched; after, replay finishes the group.
     fn commit_and_apply(&self, backing: &File, writes: &[(u64, Bytes)]) -> std::io::Result<()> {
+        use std::sync::atomic::Ordering;
+        // A group an earlier commit logged but could not finish (an I/O error
+        // mid-apply) may be partly in place: finish it before its log is
+        // overwritten, or it could never be replayed. If that fails, this
+        // group is not started.
+        if self.pending.load(Ordering::Acquire) {
+            Self::replay(&self.path, backing).map_err(std::io::Error::other)?;
+        }
+        self.pending.store(true, Ordering::Release);
         let mut buf = Vec::new();
         buf.extend_from_slice(REDO_MAGIC);
         buf.extend_from_slice(&(writes.len() as u64).to_le_bytes());
@@ -207,7 +219,9 @@ impl Redo {
         }
         backing.sync_data()?;
         f.set_len(0)?;
-        f.sync_data()
+        f.sync_data()?;
+        self.pending.store(false, Ordering::Release);
+        Ok(())
     }
 
     /// Apply a complete logged group, if any (after a crash). Returns how many writes it applied.
@@ -982,7 +996,14 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
             );
         }
         let len = file_len(&mut backing)?;
-        (Backend::File(backing), len, Some(Redo { path: redo_path }))
+        (
+            Backend::File(backing),
+            len,
+            Some(Redo {
+                path: redo_path,
+                pending: false.into(),
+            }),
+        )
     };
     let usable = usable_raw / bs * bs;
     if usable == 0 {
@@ -1309,6 +1330,44 @@ mod tests {
         assert!(parse_size("x").is_err());
     }
 
+    /// A group whose in-place apply fails stays in the log; the next commit
+    /// finishes it before writing its own log over it. (Before, the next
+    /// commit overwrote the log, so a crash during it left the failed group
+    /// half applied with nothing to replay: the crash test caught this
+    /// journaled over an upstream with injected write errors.)
+    #[test]
+    fn redo_log_finishes_a_failed_group_before_the_next() {
+        let dir = std::env::temp_dir().join(format!("nvwc-redo-fail-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bpath = dir.join("b.img");
+        std::fs::write(&bpath, vec![0u8; 8192]).unwrap();
+        let log = dir.join("b.img.nvwc-redo");
+        let redo = Redo {
+            path: log.clone(),
+            pending: false.into(),
+        };
+        // Opened read-only: the log is written, the apply fails.
+        let ro = File::open(&bpath).unwrap();
+        let g1 = vec![(0u64, Bytes::from(vec![5u8; 512]))];
+        assert!(redo.commit_and_apply(&ro, &g1).is_err());
+        assert!(
+            std::fs::metadata(&log).unwrap().len() > 0,
+            "failed group stays logged"
+        );
+        // The next group, on a working backing file, finishes the first one too.
+        let rw = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&bpath)
+            .unwrap();
+        let g2 = vec![(4096u64, Bytes::from(vec![6u8; 512]))];
+        redo.commit_and_apply(&rw, &g2).unwrap();
+        assert_eq!(read_at(&rw, 0, 512).unwrap(), vec![5u8; 512]);
+        assert_eq!(read_at(&rw, 4096, 512).unwrap(), vec![6u8; 512]);
+        assert_eq!(std::fs::metadata(&log).unwrap().len(), 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn redo_log_replays_a_committed_group_and_ignores_a_torn_one() {
         let dir = std::env::temp_dir().join(format!("nvwc-redo-{}", std::process::id()));
@@ -1324,7 +1383,10 @@ mod tests {
         b.set_len(8192).unwrap();
         let log = dir.join("b.img.nvwc-redo");
         // A committed group that was never applied: write the log by hand.
-        let redo = Redo { path: log.clone() };
+        let redo = Redo {
+            path: log.clone(),
+            pending: false.into(),
+        };
         let writes = vec![
             (0u64, Bytes::from(vec![7u8; 512])),
             (4096, Bytes::from(vec![9u8; 512])),

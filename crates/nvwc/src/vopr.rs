@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::Result;
-use nvwc_core::{FetchMode, ReplacementKind, WritePolicyKind};
+use nvwc_core::{AdmissionKind, FetchMode, ReplacementKind, WritePolicyKind};
 use nvwc_vopr::{run_many, run_seed, Options};
 
 #[derive(clap::Args)]
@@ -35,6 +35,10 @@ pub struct Args {
     /// async-bg, lazy (patches), or random (per seed).
     #[arg(long, default_value = "random")]
     fetch: String,
+    /// Admission policy (all, sync, wal, critical, critical+pi,
+    /// critical+pi+ioi), or random (per seed).
+    #[arg(long, default_value = "random")]
+    admission: String,
 }
 
 fn parse_repl(s: &str) -> Result<ReplacementKind> {
@@ -55,6 +59,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
         "random" => None,
         m => Some(m.parse()?),
     };
+    let admission: Option<AdmissionKind> = match a.admission.as_str() {
+        "random" => None,
+        m => Some(m.parse()?),
+    };
     let threads = a.threads.unwrap_or_else(|| {
         std::thread::available_parallelism()
             .map(|n| n.get())
@@ -67,6 +75,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             replacement,
             verbose: a.verbose,
             fetch,
+            admission,
         };
         if let Some(seed) = a.seed {
             let r = run_seed(seed, &opts);
@@ -113,6 +122,12 @@ pub fn run(a: Args) -> Result<ExitCode> {
         if pc + pb > 0 {
             println!(
                 "  patches: created={pc} merged={pm} reads_from_patches={pr} brought_up_to_date={pf} fallbacks={pb}"
+            );
+        }
+        let [ab, ar, ai, ad] = s.admission;
+        if ab + ar > 0 {
+            println!(
+                "  admission: bypassed={ab} refused_unsafe={ar} reissued={ai} discarded_completions={ad}"
             );
         }
         if let Some(f) = &s.first_failure {

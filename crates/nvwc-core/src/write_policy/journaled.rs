@@ -171,6 +171,9 @@ impl Journaled {
 }
 
 impl WritePolicy for Journaled {
+    fn bypass_ok(&self) -> bool {
+        false
+    }
     fn kind(&self) -> WritePolicyKind {
         if self.hints {
             WritePolicyKind::JournaledHints

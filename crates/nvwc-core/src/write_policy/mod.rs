@@ -147,6 +147,20 @@ pub trait WritePolicy: Send {
     fn may_overwrite_durable(&self) -> bool {
         false
     }
+    /// May a write go straight to the backing store now (an admission
+    /// bypass), written with FUA and acknowledged once durable there, without
+    /// breaking the policy's guarantee? The engine calls this only when no
+    /// destage plan is in flight and no patch is held, and only for a block
+    /// with no version in the cache and no durable entry that recovery could
+    /// bring back. Write-through and write-back promise nothing about the
+    /// backing store between flushes: yes. Ordered: only while every
+    /// completed write is already on the backing store (no version belongs
+    /// to a node), since the bypassed write must land after all of them.
+    /// Journaled: no (a bypassed write would be a transaction of its own
+    /// checkpointed out of turn; see ARCHITECTURE.md).
+    fn bypass_ok(&self) -> bool {
+        true
+    }
     /// A client FLUSH (`explicit == false`) or checkpoint request (`true`) arrived.
     fn on_consistency_point(&mut self, _now: u64, _explicit: bool) {}
     /// The next destage plan, if the policy wants one now.

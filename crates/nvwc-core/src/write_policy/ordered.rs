@@ -125,6 +125,8 @@ pub struct Ordered {
     /// issue, one per completed write node not yet destaged (counted, not stored).
     pub raw_edges: u64,
     completed_live: u64,
+    /// Versions that belong to a node (not yet written in their wave).
+    versions_live: u64,
 }
 
 impl Ordered {
@@ -156,6 +158,7 @@ impl Ordered {
             waves: 0,
             raw_edges: 0,
             completed_live: 0,
+            versions_live: 0,
         }
     }
 
@@ -369,6 +372,9 @@ impl WritePolicy for Ordered {
     fn kind(&self) -> WritePolicyKind {
         WritePolicyKind::Ordered
     }
+    fn bypass_ok(&self) -> bool {
+        self.versions_live == 0
+    }
     fn on_write_issue(&mut self, _now: u64, _seq: u64) -> Group {
         let d = self.next_cidx;
         self.issue(d) as Group
@@ -404,11 +410,13 @@ impl WritePolicy for Ordered {
             "version installed into a destaged node"
         );
         n.slots.push(slot);
+        self.versions_live += 1;
     }
     fn on_version_removed(&mut self, group: Group, slot: u32) {
         let n = &mut self.nodes[group as usize];
         if let Some(pos) = n.slots.iter().position(|&s| s == slot) {
             n.slots.swap_remove(pos);
+            self.versions_live -= 1;
         }
         self.maybe_free(group as u32);
     }
@@ -692,6 +700,7 @@ impl WritePolicy for Ordered {
             for i in idxs {
                 versions[i].group = id as Group;
                 self.nodes[id as usize].slots.push(versions[i].slot);
+                self.versions_live += 1;
             }
         }
         self.next_cidx = self.next_cidx.max(rec.next_cidx);

@@ -175,6 +175,11 @@ pub fn log_bytes_needed(max_group_bytes: u64, max_records: u64) -> u64 {
 pub struct Upstream {
     client: Client,
     region: Option<RedoRegion>,
+    /// The log may hold a group that is not fully applied (a commit failed
+    /// after it started writing the log): the next commit finishes that
+    /// group first, because writing a new log over it would make it
+    /// unreplayable while the backing store holds part of it.
+    log_pending: std::sync::atomic::AtomicBool,
 }
 
 impl Deref for Upstream {
@@ -195,6 +200,7 @@ impl Upstream {
         let mut up = Upstream {
             client,
             region: None,
+            log_pending: std::sync::atomic::AtomicBool::new(false),
         };
         let size = up.client.size();
         let aligned = size / BLOCK * BLOCK;
@@ -309,6 +315,16 @@ impl Upstream {
                 r.log_len
             );
         }
+        use std::sync::atomic::Ordering;
+        // A group an earlier commit logged but could not finish (an upstream
+        // error mid-apply) may be partly in place: finish it before its log
+        // is overwritten. If that fails too, this group is not started.
+        if self.log_pending.load(Ordering::Acquire) {
+            self.replay()
+                .await
+                .context("finishing the previous logged group")?;
+        }
+        self.log_pending.store(true, Ordering::Release);
         // Body first, header last, in one pass: the CRCs catch any tearing.
         self.write_all(r.start + BLOCK, &log[BLOCK as usize..])
             .await?;
@@ -318,6 +334,7 @@ impl Upstream {
         self.client.flush().await?;
         self.write_all(r.start, &[0u8; BLOCK as usize]).await?;
         self.client.flush().await?;
+        self.log_pending.store(false, Ordering::Release);
         Ok(())
     }
 
@@ -340,6 +357,8 @@ impl Upstream {
         self.client.flush().await?;
         self.write_all(r.start, &[0u8; BLOCK as usize]).await?;
         self.client.flush().await?;
+        self.log_pending
+            .store(false, std::sync::atomic::Ordering::Release);
         Ok(writes.len())
     }
 }

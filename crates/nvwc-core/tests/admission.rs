@@ -1,0 +1,264 @@
+//! Admission policies and bypass: what goes to the cache, what goes straight
+//! to the backing store, and I/O criticality inheritance (reissue).
+
+use bytes::Bytes;
+use nvwc_core::testkit::MemHarness;
+use nvwc_core::*;
+
+const BS: u64 = 4096;
+
+fn cfg(policy: WritePolicyKind, admission: AdmissionKind) -> Config {
+    let mut c = Config::new(BS as u32, 64, 1024 * BS, policy);
+    c.admission = admission;
+    c
+}
+
+fn write(offset: u64, byte: u8, len: u64) -> ReqOp<Bytes> {
+    ReqOp::Write {
+        offset,
+        data: Bytes::from(vec![byte; len as usize]),
+        fua: false,
+    }
+}
+
+fn tag(critical: bool) -> Tag {
+    Tag {
+        client: 0,
+        critical,
+        sync: false,
+    }
+}
+
+/// Every byte of `got` is `want` (reports the first wrong byte, not the block).
+#[track_caller]
+fn assert_block(got: Vec<u8>, want: u8, ctx: impl std::fmt::Display) {
+    assert_eq!(got.len(), BS as usize, "{ctx}");
+    if let Some(i) = got.iter().position(|&b| b != want) {
+        panic!("{ctx}: byte {i} is {}, want {want}", got[i]);
+    }
+}
+
+fn read(h: &mut MemHarness, id: ReqId, offset: u64, len: u32) -> Vec<u8> {
+    h.submit(id, ReqOp::Read { offset, len });
+    let r = h.wait(id, &mut |_| 0);
+    r.result.unwrap().unwrap().to_vec()
+}
+
+/// Under `critical`, a non-critical write to an uncached block goes to the
+/// backing store with FUA and never touches the cache; a critical one is cached.
+#[test]
+fn non_critical_writes_bypass_and_critical_writes_are_cached() {
+    let mut h = MemHarness::new(cfg(WritePolicyKind::WriteBack, AdmissionKind::Critical));
+    h.submit_tagged(1, write(0, 7, BS), tag(false));
+    let cmds: Vec<_> = h.inflight().iter().cloned().collect();
+    assert_eq!(cmds.len(), 1, "{cmds:?}");
+    assert_eq!(cmds[0].dev, Dev::Backing);
+    assert!(
+        matches!(cmds[0].op, IoOp::Write { fua: true, .. }),
+        "{cmds:?}"
+    );
+    h.wait(1, &mut |_| 0).result.unwrap();
+    assert_eq!(h.backing[0], 7, "bypassed data is on the backing store");
+    h.submit_tagged(2, write(8 * BS, 9, BS), tag(true));
+    h.wait(2, &mut |_| 0).result.unwrap();
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats().clone();
+    assert_eq!(st.bypassed_pieces, 1, "{st:?}");
+    assert_eq!(st.admitted_pieces, 1, "{st:?}");
+    assert_eq!(
+        st.cache_write_bytes.min(BS),
+        BS,
+        "the critical write was cached"
+    );
+    assert_block(read(&mut h, 3, 0, BS as u32), 7, "bypassed");
+    assert_block(read(&mut h, 4, 8 * BS, BS as u32), 9, "");
+}
+
+/// A rejected write to a block the cache holds is cached after all: going
+/// around the cache would leave the cached copy stale.
+#[test]
+fn bypass_never_leaves_a_stale_cached_copy() {
+    for policy in [WritePolicyKind::WriteBack, WritePolicyKind::WriteThrough] {
+        let mut h = MemHarness::new(cfg(policy, AdmissionKind::Critical));
+        h.submit_tagged(1, write(0, 1, BS), tag(true));
+        h.wait(1, &mut |_| 0).result.unwrap();
+        // Cached (dirty under write-back, clean under write-through); now a
+        // non-critical write to the same block.
+        h.submit_tagged(2, write(0, 2, BS), tag(false));
+        h.wait(2, &mut |_| 0).result.unwrap();
+        assert_block(read(&mut h, 3, 0, BS as u32), 2, policy);
+        h.submit(4, ReqOp::Flush);
+        h.wait(4, &mut |_| 0).result.unwrap();
+        h.reopen().unwrap();
+        assert_block(read(&mut h, 5, 0, BS as u32), 2, policy);
+    }
+}
+
+/// A block evicted from the cache whose old entry a durable commit still
+/// names is not bypassed: after a crash, recovery would bring the old
+/// version back over the bypassed data.
+#[test]
+fn a_block_recovery_could_resurrect_is_not_bypassed() {
+    let mut c = cfg(WritePolicyKind::WriteBack, AdmissionKind::Critical);
+    c.watermarks = Watermarks {
+        high: 0.0,
+        low: 0.0,
+    };
+    let mut h = MemHarness::new(c);
+    h.submit_tagged(1, write(0, 1, BS), tag(true));
+    h.wait(1, &mut |_| 0).result.unwrap();
+    h.submit(2, ReqOp::Flush);
+    h.wait(2, &mut |_| 0).result.unwrap();
+    h.settle(&mut |_| 0);
+    // Destaged (watermarks 0): clean; trim drops the clean copy, whose entry
+    // the last durable commit still names.
+    h.submit(
+        3,
+        ReqOp::Trim {
+            offset: 0,
+            len: BS as u32,
+        },
+    );
+    h.wait(3, &mut |_| 0).result.unwrap();
+    h.submit_tagged(4, write(0, 2, BS), tag(false));
+    h.wait(4, &mut |_| 0).result.unwrap();
+    let st = h.engine.stats().clone();
+    // Crash now (no FLUSH: an acknowledged bypass is durable, a cached one
+    // is not, so take the commit a FLUSH would take for the cached case).
+    if st.bypassed_pieces == 0 {
+        h.submit(5, ReqOp::Flush);
+        h.wait(5, &mut |_| 0).result.unwrap();
+    }
+    h.reopen().unwrap();
+    assert_block(read(&mut h, 6, 0, BS as u32), 2, "");
+    assert_eq!(st.bypassed_pieces, 0, "{st:?}");
+    assert_eq!(st.bypass_refused, 1, "{st:?}");
+}
+
+/// I/O criticality inheritance: a critical read waits behind a bypass write
+/// in flight; the write is reissued to the cache, completes from there, and
+/// its original backing completion, arriving later, is discarded: one reply
+/// per request, and the data is right everywhere.
+#[test]
+fn critical_waiter_reissues_an_outstanding_bypass_write() {
+    for (kind, reissues) in [
+        (AdmissionKind::CriticalPiIoi, true),
+        (AdmissionKind::Critical, false),
+    ] {
+        let mut h = MemHarness::new(cfg(WritePolicyKind::WriteBack, kind));
+        h.submit_tagged(1, write(0, 5, BS), tag(false));
+        assert_eq!(h.inflight().len(), 1);
+        h.submit_tagged(
+            2,
+            ReqOp::Read {
+                offset: 0,
+                len: BS as u32,
+            },
+            tag(true),
+        );
+        let cmds: Vec<_> = h.inflight().iter().cloned().collect();
+        let cache_writes = cmds
+            .iter()
+            .filter(|c| c.dev == Dev::Cache && matches!(c.op, IoOp::Write { .. }))
+            .count();
+        assert_eq!(cache_writes, reissues as usize, "{kind}: {cmds:?}");
+        if reissues {
+            // Complete the reissue first (index 1), keep the backing write back.
+            h.step(&mut |_| 1);
+            assert!(
+                h.replies.iter().any(|r| r.id == 1),
+                "write completed from the cache"
+            );
+            let r = h.wait(2, &mut |n| n - 1);
+            assert_block(r.result.unwrap().unwrap().to_vec(), 5, "critical read");
+            assert!(
+                h.inflight().iter().any(|c| c.dev == Dev::Backing),
+                "the original backing write is still in flight"
+            );
+        }
+        h.settle(&mut |_| 0);
+        let st = h.engine.stats().clone();
+        assert_eq!(st.reissued_writes, reissues as u64, "{kind}: {st:?}");
+        assert_eq!(st.discarded_completions, reissues as u64, "{kind}: {st:?}");
+        assert!(
+            st.inherited >= 1,
+            "{kind}: the holder inherited criticality"
+        );
+        let ones = h.replies.iter().filter(|r| r.id == 1).count()
+            + h.replies.iter().filter(|r| r.id == 2).count();
+        assert!(ones <= 2, "no duplicate replies: {:?}", h.replies);
+        h.replies.clear();
+        assert_eq!(h.backing[0], 5, "{kind}");
+        assert_block(read(&mut h, 3, 0, BS as u32), 5, kind);
+        h.submit(4, ReqOp::Flush);
+        h.wait(4, &mut |_| 0).result.unwrap();
+        h.reopen().unwrap();
+        assert_block(read(&mut h, 5, 0, BS as u32), 5, kind);
+    }
+}
+
+/// Ordered: a rejected write bypasses only while every completed write is
+/// on the backing store; journaled never bypasses.
+#[test]
+fn consistent_policies_bypass_only_when_it_keeps_their_guarantee() {
+    let mut h = MemHarness::new(cfg(WritePolicyKind::Ordered, AdmissionKind::Critical));
+    h.submit_tagged(1, write(0, 1, BS), tag(false));
+    h.wait(1, &mut |_| 0).result.unwrap();
+    assert_eq!(h.engine.stats().bypassed_pieces, 1, "nothing dirty: bypass");
+    h.submit_tagged(2, write(BS, 2, BS), tag(true));
+    h.wait(2, &mut |_| 0).result.unwrap();
+    h.submit_tagged(3, write(2 * BS, 3, BS), tag(false));
+    h.wait(3, &mut |_| 0).result.unwrap();
+    let st = h.engine.stats().clone();
+    assert_eq!(
+        st.bypassed_pieces, 1,
+        "w2 is dirty: w3 must not pass it: {st:?}"
+    );
+    assert_eq!(st.bypass_refused, 1, "{st:?}");
+    assert_eq!(
+        h.backing[2 * BS as usize],
+        0,
+        "w3 is in the cache, not on the backing store"
+    );
+
+    for policy in [WritePolicyKind::Journaled, WritePolicyKind::JournaledHints] {
+        let mut h = MemHarness::new(cfg(policy, AdmissionKind::Critical));
+        h.submit_tagged(1, write(0, 1, BS), tag(false));
+        h.wait(1, &mut |_| 0).result.unwrap();
+        let st = h.engine.stats().clone();
+        assert_eq!(
+            (st.bypassed_pieces, st.bypass_refused),
+            (0, 1),
+            "{policy}: {st:?}"
+        );
+    }
+}
+
+/// `wal` caches writes that touch a declared log range, `sync` FUA writes.
+#[test]
+fn wal_and_sync_policies_pick_their_writes() {
+    let mut c = cfg(WritePolicyKind::WriteBack, AdmissionKind::Wal);
+    c.wal_ranges = vec![(16 * BS, 4 * BS)];
+    let mut h = MemHarness::new(c);
+    h.submit(1, write(0, 1, BS));
+    h.submit(2, write(17 * BS, 2, BS));
+    h.wait(1, &mut |_| 0).result.unwrap();
+    h.wait(2, &mut |_| 0).result.unwrap();
+    let st = h.engine.stats().clone();
+    assert_eq!((st.bypassed_pieces, st.admitted_pieces), (1, 1), "{st:?}");
+
+    let mut h = MemHarness::new(cfg(WritePolicyKind::WriteBack, AdmissionKind::Sync));
+    h.submit(1, write(0, 1, BS));
+    h.submit(
+        2,
+        ReqOp::Write {
+            offset: 4 * BS,
+            data: Bytes::from(vec![2; BS as usize]),
+            fua: true,
+        },
+    );
+    h.wait(1, &mut |_| 0).result.unwrap();
+    h.wait(2, &mut |_| 0).result.unwrap();
+    let st = h.engine.stats().clone();
+    assert_eq!((st.bypassed_pieces, st.admitted_pieces), (1, 1), "{st:?}");
+}
