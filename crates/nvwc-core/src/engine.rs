@@ -260,16 +260,13 @@ enum IoCtx {
     PieceBackingWrite {
         piece: u32,
     },
-    /// An admission bypass: the piece's data written to the backing store with FUA.
+    /// An admission bypass: adjacent pieces of one request written to the
+    /// backing store with FUA as one write. A piece reissued to the cache
+    /// meanwhile moves to `orphans` (its block stays marked until this
+    /// completes, and the completion is discarded for it).
     BypassWrite {
-        piece: u32,
-        block: u32,
-    },
-    /// A bypass write whose piece was reissued to the cache (I/O criticality
-    /// inheritance): its completion is discarded. Until it arrives it counts
-    /// in the block's `destaging`, so no destage of the block can race it.
-    BypassOrphan {
-        block: u32,
+        pieces: Vec<(u32, u32)>,
+        orphans: Vec<u32>,
     },
     Fill {
         block: u32,
@@ -511,6 +508,9 @@ pub struct Engine<P: Payload> {
     bypassing: bool,
     /// Bypass writes in flight: block -> (piece, backing write).
     bypass_io: IdMap<u32, (u32, IoId)>,
+    /// Bypass pieces started in this `progress` round, not yet emitted:
+    /// adjacent pieces of one request become one backing write.
+    bypass_batch: Vec<(u32, u32)>,
     /// The write piece holding each busy block (the blocking object a
     /// waiter's dependency chain follows).
     holders: IdMap<u32, u32>,
@@ -607,6 +607,7 @@ impl<P: Payload> Engine<P> {
             admission,
             bypassing,
             bypass_io: IdMap::default(),
+            bypass_batch: Vec::new(),
             holders: IdMap::default(),
             retired_lbns: HashMap::new(),
             retired_lbn: IdMap::default(),
@@ -1111,19 +1112,14 @@ impl<P: Payload> Engine<P> {
                 self.on_piece_cache_write(piece, inplace, res.is_ok())
             }
             IoCtx::PieceBackingWrite { piece } => self.on_piece_io_done(piece, res.is_ok()),
-            IoCtx::BypassWrite { piece, block } => {
-                self.bypass_io.remove(&block);
-                self.on_piece_io_done(piece, res.is_ok())
-            }
-            IoCtx::BypassOrphan { block } => {
-                self.stats.discarded_completions += 1;
-                let blk = &mut self.blocks[block as usize];
-                assert!(
-                    blk.destaging > 0,
-                    "orphan bypass write without its block mark"
-                );
-                blk.destaging -= 1;
-                self.maybe_drop_block(block);
+            IoCtx::BypassWrite { pieces, orphans } => {
+                for (piece, block) in pieces {
+                    self.bypass_io.remove(&block);
+                    self.on_piece_io_done(piece, res.is_ok());
+                }
+                for block in orphans {
+                    self.on_orphan_done(block);
+                }
             }
             IoCtx::Fill { block, slot } => self.on_fill(block, slot, res.is_ok()),
             IoCtx::DestageRead {
@@ -1969,25 +1965,80 @@ impl<P: Payload> Engine<P> {
     /// the backing store, and the cache holds nothing of the block that
     /// recovery could put over it (`can_bypass`).
     fn bypass_piece(&mut self, p: u32, b: u32) {
-        let (lbn, start, end) = {
+        let (start, end) = {
             let pc = self.pieces.get(p);
-            (pc.lbn, pc.start, pc.end)
+            (pc.start, pc.end)
         };
         self.stats.bypassed_pieces += 1;
         self.stats.bypassed_bytes += (end - start) as u64;
-        let data = self.pieces.get(p).data.clone().unwrap();
         self.pieces.get_mut(p).ios = 1;
-        let io = self.emit(
-            Dev::Backing,
-            IoOp::Write {
-                offset: lbn * self.bs + start as u64,
-                data,
-                fua: true,
-            },
-            None,
-            IoCtx::BypassWrite { piece: p, block: b },
+        self.bypass_batch.push((p, b));
+    }
+
+    /// Emit the batched bypass pieces: each run of adjacent pieces of one
+    /// request is one backing write (a 256 KiB write is one command, not 64).
+    fn flush_bypass_batch(&mut self) {
+        if self.bypass_batch.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut self.bypass_batch);
+        let span = |pc: &Piece<P>, bs: u64| {
+            (
+                pc.req,
+                pc.lbn * bs + pc.start as u64,
+                pc.lbn * bs + pc.end as u64,
+            )
+        };
+        let mut i = 0;
+        while i < batch.len() {
+            let (req, start_off, mut end_off) = span(self.pieces.get(batch[i].0), self.bs);
+            let mut j = i + 1;
+            while j < batch.len() {
+                let (r, s, e) = span(self.pieces.get(batch[j].0), self.bs);
+                if r != req || s != end_off {
+                    break;
+                }
+                end_off = e;
+                j += 1;
+            }
+            let run = &batch[i..j];
+            let parts: Vec<P> = run
+                .iter()
+                .map(|&(p, _)| self.pieces.get(p).data.clone().unwrap())
+                .collect();
+            let data = P::concat(&parts);
+            debug_assert_eq!(data.len() as u64, end_off - start_off);
+            let io = self.emit(
+                Dev::Backing,
+                IoOp::Write {
+                    offset: start_off,
+                    data,
+                    fua: true,
+                },
+                None,
+                IoCtx::BypassWrite {
+                    pieces: run.to_vec(),
+                    orphans: Vec::new(),
+                },
+            );
+            for &(p, b) in run {
+                self.bypass_io.insert(b, (p, io));
+            }
+            i = j;
+        }
+    }
+
+    /// The backing write of a reissued bypass piece completed: its result is
+    /// discarded, and block `b` may be destaged again.
+    fn on_orphan_done(&mut self, b: u32) {
+        self.stats.discarded_completions += 1;
+        let blk = &mut self.blocks[b as usize];
+        assert!(
+            blk.destaging > 0,
+            "orphan bypass write without its block mark"
         );
-        self.bypass_io.insert(b, (p, io));
+        blk.destaging -= 1;
+        self.maybe_drop_block(b);
     }
 
     /// A critical request waits for busy block `b`: follow the dependency
@@ -2005,6 +2056,9 @@ impl<P: Payload> Engine<P> {
             pc.critical = true;
             self.stats.inherited += 1;
         }
+        // A bypass piece still in this round's batch has no backing write
+        // yet: emit the batch, then treat it like any write in flight.
+        self.flush_bypass_batch();
         if let Some(&(p, io)) = self.bypass_io.get(&b) {
             assert_eq!(p, h, "bypass write of a block another piece holds");
             if self.admission.reissue() {
@@ -2048,11 +2102,17 @@ impl<P: Payload> Engine<P> {
         let Some(s) = self.alloc_slot(lbn) else {
             return;
         };
-        let old = self.ios.insert(io, IoCtx::BypassOrphan { block: b });
-        assert!(
-            matches!(old, Some(IoCtx::BypassWrite { piece, .. }) if piece == p),
-            "reissued a bypass write that is not in flight"
-        );
+        match self.ios.get_mut(&io) {
+            Some(IoCtx::BypassWrite { pieces, orphans }) => {
+                let at = pieces
+                    .iter()
+                    .position(|&(x, _)| x == p)
+                    .expect("reissued piece is part of its bypass write");
+                pieces.swap_remove(at);
+                orphans.push(b);
+            }
+            _ => panic!("reissued a bypass write that is not in flight"),
+        }
         self.bypass_io.remove(&b);
         self.blocks[b as usize].destaging += 1;
         self.stats.reissued_writes += 1;
@@ -2502,6 +2562,7 @@ impl<P: Payload> Engine<P> {
                 break;
             }
         }
+        self.flush_bypass_batch();
     }
 
     /// Evict clean blocks to keep `free_reserve` slots (plus one per stalled writer) ready.

@@ -262,3 +262,58 @@ fn wal_and_sync_policies_pick_their_writes() {
     let st = h.engine.stats().clone();
     assert_eq!((st.bypassed_pieces, st.admitted_pieces), (1, 1), "{st:?}");
 }
+
+/// The pieces of one bypassed request go out as one backing write; a critical
+/// waiter on one of its blocks reissues just that piece, and the shared
+/// backing write then completes the other pieces only.
+#[test]
+fn a_bypassed_request_is_one_backing_write_and_reissues_piecewise() {
+    let mut h = MemHarness::new(cfg(
+        WritePolicyKind::WriteBack,
+        AdmissionKind::CriticalPiIoi,
+    ));
+    h.submit_tagged(1, write(4 * BS, 3, 4 * BS), tag(false));
+    let cmds: Vec<_> = h.inflight().iter().cloned().collect();
+    assert_eq!(cmds.len(), 1, "{cmds:?}");
+    assert!(
+        matches!(&cmds[0].op, IoOp::Write { offset, data, fua: true } if *offset == 4 * BS && data.len() as u64 == 4 * BS),
+        "{cmds:?}"
+    );
+    // A critical read of the third block: that piece is reissued.
+    h.submit_tagged(
+        2,
+        ReqOp::Read {
+            offset: 6 * BS,
+            len: BS as u32,
+        },
+        tag(true),
+    );
+    assert_eq!(h.engine.stats().reissued_writes, 1);
+    // Finish the reissue and the read before the backing write.
+    let r = h.wait(2, &mut |n| n - 1);
+    assert_block(r.result.unwrap().unwrap().to_vec(), 3, "critical read");
+    assert!(
+        !h.replies.iter().any(|r| r.id == 1),
+        "the other pieces wait for the backing write"
+    );
+    let r = h.wait(1, &mut |_| 0);
+    r.result.unwrap();
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats().clone();
+    assert_eq!(
+        (
+            st.bypassed_pieces,
+            st.reissued_writes,
+            st.discarded_completions
+        ),
+        (4, 1, 1),
+        "{st:?}"
+    );
+    for (i, lbn) in (4..8).enumerate() {
+        assert_block(
+            read(&mut h, 10 + i as u64, lbn * BS, BS as u32),
+            3,
+            format!("block {lbn}"),
+        );
+    }
+}

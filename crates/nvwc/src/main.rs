@@ -36,6 +36,8 @@ enum Cmd {
     Serve(serve::Args),
     /// Print a running server's state as JSON.
     Status(serve::CtlArgs),
+    /// Mark a connection's requests critical (or not) for `--admission`.
+    Hint(serve::HintArgs),
     /// Write back everything dirty on a running server (it keeps serving).
     Flush(serve::CtlArgs),
     /// Write back everything dirty, then stop the server: the backing store is complete on its own.
@@ -67,6 +69,7 @@ fn main() -> ExitCode {
         Cmd::Serve(a) => serve::run(a),
         Cmd::Recover(a) => serve::recover(a),
         Cmd::Status(a) => serve::control("status", a),
+        Cmd::Hint(a) => serve::hint(a),
         Cmd::Flush(a) => serve::control("flush", a),
         Cmd::Detach(a) => serve::control("detach", a),
         Cmd::Vopr(a) => vopr::run(a),

@@ -102,6 +102,15 @@ pub struct Args {
     /// Serve the export read-only.
     #[arg(long)]
     read_only: bool,
+    /// Admission policy: which writes go to the cache (`all`, `sync`, `wal`,
+    /// `critical`, `critical+pi`, `critical+pi+ioi`); the others go straight
+    /// to the backing store with FUA when the write policy allows it.
+    #[arg(long, default_value = "all")]
+    admission: String,
+    /// A write-ahead-log byte range for `--admission wal`, `START:LEN`
+    /// (sizes like 0:64M); repeatable.
+    #[arg(long = "wal-range", value_name = "START:LEN", value_parser = parse_range)]
+    wal_range: Vec<(u64, u64)>,
     /// Control socket for `nvwc status`, `nvwc flush` and `nvwc detach`.
     #[arg(long, default_value = "nvwc-data/nvwc.ctl")]
     control: PathBuf,
@@ -109,7 +118,9 @@ pub struct Args {
     #[arg(long)]
     metrics: Option<String>,
     /// Another export, repeatable: `NAME=BACKING[,cache=PATH][,cache-size=SIZE]`
-    /// `[,size=SIZE][,policy=P][,replacement=R][,read-only]`. Each export has
+    /// `[,size=SIZE][,policy=P][,replacement=R][,read-only][,critical]`; or
+    /// `NAME:critical` to mark an export's requests critical for admission
+    /// (`:critical` for the default export). Each export has
     /// its own engine, cache and backing; unset keys come from the flags above,
     /// and the cache defaults to `cache-NAME.img` beside `--cache`. The export
     /// built from `--backing`/`--cache` answers to the empty name.
@@ -140,6 +151,21 @@ pub struct Args {
     /// commit whenever they need to.
     #[arg(long)]
     commit_changes: Option<u32>,
+}
+
+/// Parse a byte range `START:LEN` (sizes as in [`parse_size`]).
+pub fn parse_range(s: &str) -> Result<(u64, u64), String> {
+    let (a, b) = s
+        .split_once(':')
+        .ok_or_else(|| format!("expected START:LEN, got {s:?}"))?;
+    let (start, len) = (parse_size(a)?, parse_size(b)?);
+    if len == 0 {
+        return Err(format!("empty range {s:?}"));
+    }
+    start
+        .checked_add(len)
+        .ok_or_else(|| format!("range {s:?} overflows"))?;
+    Ok((start, len))
 }
 
 /// Parse sizes like `4096`, `4K`, `64M`, `8G`, `1T`.
@@ -410,7 +436,14 @@ impl Device {
 struct NvwcExport {
     host: Arc<host::Host>,
     info: ExportInfo,
-    lat: Latency,
+    /// Request latency per class: `[normal, critical]` (admission hints).
+    lat: [Latency; 2],
+    /// Every request of this export is critical (`--export NAME:critical`).
+    critical: bool,
+    /// Connections marked critical by `nvwc hint` (looked up only while
+    /// `hinted` is non-zero, so unhinted serving takes no lock).
+    hints: Mutex<std::collections::HashSet<u64>>,
+    hinted: AtomicU64,
 }
 
 /// Upper bounds (µs) of the latency histogram buckets; the last is +Inf.
@@ -448,7 +481,31 @@ fn nbd_err(e: ReqError) -> NbdError {
 }
 
 impl NvwcExport {
-    async fn call(&self, op: ReqOp<Bytes>) -> NbdResult<Option<Bytes>> {
+    /// The admission tag of a request on connection `conn`.
+    fn tag(&self, conn: u64) -> Tag {
+        let critical = self.critical
+            || self.hinted.load(Ordering::Relaxed) > 0
+                && self.hints.lock().unwrap().contains(&conn);
+        Tag {
+            client: conn as u32,
+            critical,
+            sync: false,
+        }
+    }
+
+    /// Set or clear a connection's critical hint.
+    fn set_hint(&self, conn: u64, on: bool) {
+        let mut h = self.hints.lock().unwrap();
+        if on {
+            h.insert(conn);
+        } else {
+            h.remove(&conn);
+        }
+        self.hinted.store(h.len() as u64, Ordering::Relaxed);
+    }
+
+    async fn call(&self, ctx: &RequestCtx, op: ReqOp<Bytes>) -> NbdResult<Option<Bytes>> {
+        let tag = self.tag(ctx.conn_id);
         let kind = match &op {
             ReqOp::Read { .. } => 0,
             ReqOp::Write { .. } => 1,
@@ -457,11 +514,11 @@ impl NvwcExport {
             ReqOp::WriteZeroes { .. } => 4,
         };
         let t = Instant::now();
-        let r = match self.host.call(op).await {
+        let r = match self.host.call(op, tag).await {
             Ok(reply) => reply.result.map_err(nbd_err),
             Err(e) => Err(nbd_err(e)),
         };
-        self.lat.record(kind, t.elapsed().as_micros() as u64);
+        self.lat[tag.critical as usize].record(kind, t.elapsed().as_micros() as u64);
         r
     }
 
@@ -484,7 +541,8 @@ macro_rules! stat_fields {
             backing_read_bytes backing_writes backing_write_bytes backing_flushes backing_groups fetches populates
             stalled_writes stall_ns admission_stalls evictions destaged_blocks destage_plans destage_failures commits commit_failures
             io_errors patches_created patch_merges patch_reads patch_fetches patch_direct_writes patch_discards
-            patch_fallbacks patch_waits patch_fetch_errors patched_blocks patch_bytes dirty_blocks cached_blocks free_slots)
+            patch_fallbacks patch_waits patch_fetch_errors admitted_pieces bypassed_pieces bypassed_bytes bypass_refused
+            reissued_writes discarded_completions inherited patched_blocks patch_bytes dirty_blocks cached_blocks free_slots)
     };
 }
 
@@ -500,7 +558,7 @@ fn json_string(s: &str) -> String {
 }
 
 /// `nvwc status`: `{"exports":[{"name":...,"export_size":...,"description":...,"stats":{...},"policy":{...}},...]}`.
-fn status_json(exports: &[Arc<NvwcExport>]) -> String {
+fn status_json(exports: &[Arc<NvwcExport>], conns: &Conns) -> String {
     let items: Vec<String> = exports
         .iter()
         .map(|e| {
@@ -512,16 +570,38 @@ fn status_json(exports: &[Arc<NvwcExport>]) -> String {
                     .join(",")
             };
             format!(
-                "{{\"name\":{},\"export_size\":{},\"description\":{},\"stats\":{{{}}},\"policy\":{{{}}}}}",
+                "{{\"name\":{},\"export_size\":{},\"description\":{},\"critical\":{},\"stats\":{{{}}},\"policy\":{{{}}}}}",
                 json_string(&e.info.name),
                 e.info.size,
                 json_string(&e.info.description),
+                e.critical,
                 kv(&stats_pairs(&st)),
                 kv(&pc)
             )
         })
         .collect();
-    format!("{{\"exports\":[{}]}}", items.join(","))
+    let cs: Vec<String> = conns
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(id, (peer, export))| {
+            let critical = export.as_ref().is_some_and(|x| {
+                exports.iter().any(|e| {
+                    &e.info.name == x && (e.critical || e.hints.lock().unwrap().contains(id))
+                })
+            });
+            format!(
+                "{{\"id\":{id},\"peer\":{},\"export\":{},\"critical\":{critical}}}",
+                json_string(peer),
+                export.as_deref().map_or("null".to_string(), json_string)
+            )
+        })
+        .collect();
+    format!(
+        "{{\"exports\":[{}],\"connections\":[{}]}}",
+        items.join(","),
+        cs.join(",")
+    )
 }
 
 /// Prometheus text format; every series has an `export` label.
@@ -558,24 +638,30 @@ fn metrics_text(exports: &[Arc<NvwcExport>]) -> String {
     o += "# TYPE nvwc_request_latency_seconds histogram\n";
     for (e, _) in &snaps {
         let l = label(e);
-        for (i, op) in OPS.iter().enumerate() {
-            let mut cum = 0;
-            for (b, bound) in LAT_BOUNDS_US.iter().enumerate() {
-                cum += e.lat.counts[i][b].load(Ordering::Relaxed);
+        // `class`: the admission class of the request (critical by an export
+        // or connection hint, or normal).
+        for (lat, class) in e.lat.iter().zip(["normal", "critical"]) {
+            for (i, op) in OPS.iter().enumerate() {
+                let mut cum = 0;
+                for (b, bound) in LAT_BOUNDS_US.iter().enumerate() {
+                    cum += lat.counts[i][b].load(Ordering::Relaxed);
+                    o += &format!(
+                        "nvwc_request_latency_seconds_bucket{{{l},class=\"{class}\",op=\"{op}\",le=\"{}\"}} {cum}\n",
+                        *bound as f64 / 1e6
+                    );
+                }
+                cum += lat.counts[i][LAT_BOUNDS_US.len()].load(Ordering::Relaxed);
                 o += &format!(
-                    "nvwc_request_latency_seconds_bucket{{{l},op=\"{op}\",le=\"{}\"}} {cum}\n",
-                    *bound as f64 / 1e6
+                    "nvwc_request_latency_seconds_bucket{{{l},class=\"{class}\",op=\"{op}\",le=\"+Inf\"}} {cum}\n"
+                );
+                o += &format!(
+                    "nvwc_request_latency_seconds_sum{{{l},class=\"{class}\",op=\"{op}\"}} {}\n",
+                    lat.sums_us[i].load(Ordering::Relaxed) as f64 / 1e6
+                );
+                o += &format!(
+                    "nvwc_request_latency_seconds_count{{{l},class=\"{class}\",op=\"{op}\"}} {cum}\n"
                 );
             }
-            cum += e.lat.counts[i][LAT_BOUNDS_US.len()].load(Ordering::Relaxed);
-            o += &format!(
-                "nvwc_request_latency_seconds_bucket{{{l},op=\"{op}\",le=\"+Inf\"}} {cum}\n"
-            );
-            o += &format!(
-                "nvwc_request_latency_seconds_sum{{{l},op=\"{op}\"}} {}\n",
-                e.lat.sums_us[i].load(Ordering::Relaxed) as f64 / 1e6
-            );
-            o += &format!("nvwc_request_latency_seconds_count{{{l},op=\"{op}\"}} {cum}\n");
         }
     }
     o
@@ -587,6 +673,7 @@ async fn control_loop(
     path: PathBuf,
     exports: Arc<Vec<Arc<NvwcExport>>>,
     stop: Arc<tokio::sync::Notify>,
+    conns: Conns,
 ) -> Result<()> {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
     let _ = std::fs::remove_file(&path);
@@ -594,7 +681,7 @@ async fn control_loop(
         .with_context(|| format!("control socket {}", path.display()))?;
     loop {
         let (conn, _) = l.accept().await?;
-        let (exports, stop) = (exports.clone(), stop.clone());
+        let (exports, stop, conns) = (exports.clone(), stop.clone(), conns.clone());
         tokio::spawn(async move {
             let (r, mut w) = conn.into_split();
             let mut line = String::new();
@@ -602,7 +689,8 @@ async fn control_loop(
                 return;
             }
             let reply = match line.trim() {
-                "status" => status_json(&exports),
+                "status" => status_json(&exports, &conns),
+                l if l.starts_with("hint ") => control_hint(&l[5..], &exports, &conns),
                 cmd @ ("flush" | "detach") => {
                     log!(info, "control", command = cmd);
                     let (mut dirty, mut destaged, mut err) = (0, 0, false);
@@ -625,7 +713,9 @@ async fn control_loop(
                     }
                 }
                 other => {
-                    format!("{{\"error\":\"unknown command {other:?} (status, flush, detach)\"}}")
+                    format!(
+                        "{{\"error\":\"unknown command {other:?} (status, flush, detach, hint)\"}}"
+                    )
                 }
             };
             let _ = w.write_all(format!("{reply}\n").as_bytes()).await;
@@ -650,6 +740,33 @@ async fn metrics_loop(addr: String, exports: Arc<Vec<Arc<NvwcExport>>>) -> Resul
             let _ = conn.write_all(resp.as_bytes()).await;
         });
     }
+}
+
+/// `nvwc hint`: mark a connection's requests critical (or not) for admission.
+#[derive(clap::Args, Debug)]
+pub struct HintArgs {
+    /// The connection id (`nvwc status` lists them under "connections").
+    #[arg(long)]
+    connection: u64,
+    /// `on` or `off`.
+    #[arg(long)]
+    critical: String,
+    /// Check that the connection is on this export.
+    #[arg(long)]
+    export: Option<String>,
+    #[command(flatten)]
+    ctl: CtlArgs,
+}
+
+pub fn hint(a: HintArgs) -> Result<std::process::ExitCode> {
+    if a.critical != "on" && a.critical != "off" {
+        bail!("--critical must be on or off, not {:?}", a.critical);
+    }
+    let mut cmd = format!("hint {} {}", a.connection, a.critical);
+    if let Some(e) = &a.export {
+        cmd += &format!(" {e}");
+    }
+    control(&cmd, a.ctl)
 }
 
 /// `nvwc status`, `nvwc flush`, `nvwc detach`: talk to a running server's control socket.
@@ -683,50 +800,50 @@ impl Export for NvwcExport {
     fn info(&self) -> ExportInfo {
         self.info.clone()
     }
-    fn read(&self, _ctx: RequestCtx, offset: u64, len: u32) -> BoxFuture<'_, NbdResult<Bytes>> {
+    fn read(&self, ctx: RequestCtx, offset: u64, len: u32) -> BoxFuture<'_, NbdResult<Bytes>> {
         Box::pin(async move {
             Ok(self
-                .call(ReqOp::Read { offset, len })
+                .call(&ctx, ReqOp::Read { offset, len })
                 .await?
                 .unwrap_or_default())
         })
     }
     fn write(
         &self,
-        _ctx: RequestCtx,
+        ctx: RequestCtx,
         offset: u64,
         data: Bytes,
         fua: bool,
     ) -> BoxFuture<'_, NbdResult<()>> {
         Box::pin(async move {
-            self.call(ReqOp::Write { offset, data, fua })
+            self.call(&ctx, ReqOp::Write { offset, data, fua })
                 .await
                 .map(|_| ())
         })
     }
-    fn flush(&self, _ctx: RequestCtx) -> BoxFuture<'_, NbdResult<()>> {
-        Box::pin(async move { self.call(ReqOp::Flush).await.map(|_| ()) })
+    fn flush(&self, ctx: RequestCtx) -> BoxFuture<'_, NbdResult<()>> {
+        Box::pin(async move { self.call(&ctx, ReqOp::Flush).await.map(|_| ()) })
     }
     fn trim(
         &self,
-        _ctx: RequestCtx,
+        ctx: RequestCtx,
         offset: u64,
         len: u32,
         fua: bool,
     ) -> BoxFuture<'_, NbdResult<()>> {
         Box::pin(async move {
             for (offset, len) in self.pieces(offset, len) {
-                self.call(ReqOp::Trim { offset, len }).await?;
+                self.call(&ctx, ReqOp::Trim { offset, len }).await?;
             }
             if fua {
-                self.call(ReqOp::Flush).await?;
+                self.call(&ctx, ReqOp::Flush).await?;
             }
             Ok(())
         })
     }
     fn write_zeroes(
         &self,
-        _ctx: RequestCtx,
+        ctx: RequestCtx,
         offset: u64,
         len: u32,
         flags: WriteZeroesFlags,
@@ -737,21 +854,24 @@ impl Export for NvwcExport {
                 return Err(NbdError::new(nvwc_nbd::ErrorCode::NotSup, "no fast zero"));
             }
             for (offset, len) in self.pieces(offset, len) {
-                self.call(ReqOp::WriteZeroes {
-                    offset,
-                    len,
-                    fua: flags.fua,
-                })
+                self.call(
+                    &ctx,
+                    ReqOp::WriteZeroes {
+                        offset,
+                        len,
+                        fua: flags.fua,
+                    },
+                )
                 .await?;
             }
             Ok(())
         })
     }
-    fn cache(&self, _ctx: RequestCtx, offset: u64, len: u32) -> BoxFuture<'_, NbdResult<()>> {
+    fn cache(&self, ctx: RequestCtx, offset: u64, len: u32) -> BoxFuture<'_, NbdResult<()>> {
         // A read fills the cache (read-allocate).
         Box::pin(async move {
             for (offset, len) in self.pieces(offset, len) {
-                self.call(ReqOp::Read { offset, len }).await?;
+                self.call(&ctx, ReqOp::Read { offset, len }).await?;
             }
             Ok(())
         })
@@ -844,6 +964,8 @@ struct ExportSpec {
     write_policy: String,
     replacement: String,
     read_only: bool,
+    /// Every request is critical (admission hint).
+    critical: bool,
 }
 
 /// Parse `NAME=BACKING[,cache=PATH][,cache-size=S][,size=S][,policy=P][,replacement=R][,read-only]`.
@@ -882,6 +1004,7 @@ fn parse_export(s: &str, a: &Args) -> Result<ExportSpec, String> {
         write_policy: a.write_policy.clone(),
         replacement: a.replacement.clone(),
         read_only: a.read_only,
+        critical: false,
     };
     for kv in parts {
         let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
@@ -892,9 +1015,10 @@ fn parse_export(s: &str, a: &Args) -> Result<ExportSpec, String> {
             "policy" | "write-policy" => e.write_policy = v.to_string(),
             "replacement" => e.replacement = v.to_string(),
             "read-only" if v.is_empty() || v == "true" => e.read_only = true,
+            "critical" if v.is_empty() || v == "true" => e.critical = true,
             _ => {
                 return Err(format!(
-                    "--export {s:?}: unknown key {k:?} (cache, cache-size, size, policy, replacement, read-only)"
+                    "--export {s:?}: unknown key {k:?} (cache, cache-size, size, policy, replacement, read-only, critical)"
                 ))
             }
         }
@@ -1024,6 +1148,11 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
     cfg.patch_mem_bytes = a.patch_mem;
     cfg.patch_direct = a.patch_direct;
     cfg.rewrite_in_place = a.rewrite_in_place;
+    cfg.admission = a
+        .admission
+        .parse()
+        .map_err(|err| anyhow::anyhow!("--admission: {err}"))?;
+    cfg.wal_ranges = a.wal_range.clone();
     cfg.autocommit_ns = a.commit_interval_ms.max(1) * 1_000_000;
     cfg.autocommit_changes = a
         .commit_changes
@@ -1083,7 +1212,10 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
     Ok(Arc::new(NvwcExport {
         host,
         info,
-        lat: Latency::default(),
+        lat: Default::default(),
+        critical: e.critical,
+        hints: Mutex::default(),
+        hinted: AtomicU64::new(0),
     }))
 }
 
@@ -1104,9 +1236,16 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
             write_policy: a.write_policy.clone(),
             replacement: a.replacement.clone(),
             read_only: a.read_only,
+            critical: false,
         });
     }
+    // `NAME:critical` marks an export (given here or by another --export).
+    let mut critical_names = Vec::new();
     for s in &a.export {
+        if let Some(name) = s.strip_suffix(":critical").filter(|n| !n.contains('=')) {
+            critical_names.push(name.to_string());
+            continue;
+        }
         let e = parse_export(s, &a).map_err(anyhow::Error::msg)?;
         if specs.iter().any(|x: &ExportSpec| x.name == e.name) {
             bail!("--export {:?}: duplicate export name", e.name);
@@ -1122,6 +1261,12 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
             );
         }
         specs.push(e);
+    }
+    for n in &critical_names {
+        let Some(x) = specs.iter_mut().find(|x| &x.name == n) else {
+            bail!("--export {n}:critical: no export of that name");
+        };
+        x.critical = true;
     }
     if let Some(d) = &a.default_export {
         if !specs.iter().any(|x| &x.name == d) {
@@ -1145,7 +1290,12 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
 
     let ex = exports.clone();
     let code = rt.block_on(async move {
-        let mut b = nvwc_nbd::Server::builder().on_event(log_server_event);
+        let conns: Conns = Arc::default();
+        let c2 = conns.clone();
+        let mut b = nvwc_nbd::Server::builder().on_event(move |ev| {
+            track_connection(&c2, &ev);
+            log_server_event(ev)
+        });
         for e in ex.iter() {
             b = b.export(e.clone());
         }
@@ -1154,7 +1304,7 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
         }
         let server = b.build()?;
         let stop = Arc::new(tokio::sync::Notify::new());
-        let ctl = tokio::spawn(control_loop(ctl_path, ex.clone(), stop.clone()));
+        let ctl = tokio::spawn(control_loop(ctl_path, ex.clone(), stop.clone(), conns));
         if let Some(m) = metrics_addr {
             tokio::spawn(metrics_loop(m, ex.clone()));
         }
@@ -1214,6 +1364,83 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
         }
     }
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Live connections: id -> (peer, export once the handshake chose one).
+type Conns = Arc<Mutex<std::collections::BTreeMap<u64, (String, Option<String>)>>>;
+
+/// Keep [`Conns`] up to date (the hook runs on the connection's task: quick).
+fn track_connection(conns: &Conns, ev: &nvwc_nbd::ServerEvent) {
+    use nvwc_nbd::ServerEvent as E;
+    let mut c = conns.lock().unwrap();
+    match ev {
+        E::Connected { conn_id, peer } => {
+            c.insert(*conn_id, (peer.clone(), None));
+        }
+        E::Ready {
+            conn_id, export, ..
+        } => {
+            if let Some(x) = c.get_mut(conn_id) {
+                x.1 = Some(export.to_string());
+            }
+        }
+        E::Disconnected { conn_id, .. } => {
+            c.remove(conn_id);
+        }
+        E::RequestError { .. } => {}
+    }
+}
+
+/// `hint CONN on|off [EXPORT]` on the control socket.
+fn control_hint(args: &str, exports: &[Arc<NvwcExport>], conns: &Conns) -> String {
+    let mut it = args.splitn(3, ' ');
+    let (Some(conn), Some(onoff)) = (it.next(), it.next()) else {
+        return "{\"error\":\"usage: hint CONNECTION on|off [EXPORT]\"}".into();
+    };
+    let Ok(conn) = conn.parse::<u64>() else {
+        return format!(
+            "{{\"error\":{}}}",
+            json_string(&format!("bad connection id {conn:?}"))
+        );
+    };
+    let on = match onoff {
+        "on" => true,
+        "off" => false,
+        x => {
+            return format!(
+                "{{\"error\":{}}}",
+                json_string(&format!("expected on or off, got {x:?}"))
+            )
+        }
+    };
+    let want = it.next();
+    let Some(export) = conns.lock().unwrap().get(&conn).and_then(|c| c.1.clone()) else {
+        return format!("{{\"error\":\"no connection {conn} in transmission (see nvwc status)\"}}");
+    };
+    if want.is_some_and(|w| w != export) {
+        return format!(
+            "{{\"error\":{}}}",
+            json_string(&format!(
+                "connection {conn} is on export {export:?}, not {:?}",
+                want.unwrap()
+            ))
+        );
+    }
+    let Some(e) = exports.iter().find(|e| e.info.name == export) else {
+        return "{\"error\":\"export gone\"}".into();
+    };
+    e.set_hint(conn, on);
+    log!(
+        info,
+        "hint",
+        connection = conn,
+        export = &export,
+        critical = on
+    );
+    format!(
+        "{{\"ok\":true,\"connection\":{conn},\"export\":{},\"critical\":{on}}}",
+        json_string(&export)
+    )
 }
 
 /// Log the NBD server's connection events.

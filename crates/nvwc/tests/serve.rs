@@ -829,3 +829,127 @@ fn several_exports_and_json_logs() {
     assert_eq!(events.get("stopped"), Some(&3), "{events:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Admission in the live server: with `--admission critical`, a plain
+/// client's writes go straight to the backing file; after `nvwc hint` marks
+/// its connection critical they are cached; `--export :critical` marks a
+/// whole export. Status shows the counters and the connections.
+#[test]
+fn admission_hints_per_connection_and_export() {
+    if !tool("qemu-io") {
+        return;
+    }
+    let dir = tempdir("admission");
+    let nvwc = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_nvwc"))
+            .current_dir(&dir)
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let stat = |name: &str| -> u64 {
+        let (ok, st) = nvwc(&["status"]);
+        assert!(ok, "{st}");
+        let key = format!("\"{name}\":");
+        let at = st.find(&key).unwrap_or_else(|| panic!("{name} in {st}")) + key.len();
+        st[at..].split([',', '}']).next().unwrap().parse().unwrap()
+    };
+    let args = [
+        "--size",
+        "64M",
+        "--cache-size",
+        "8M",
+        "--admission",
+        "critical",
+    ];
+    let s = start_with(&dir, &args);
+    qemu_io(&dir, &["write -P 0x11 0 64k"]);
+    assert_eq!(stat("bypassed_pieces"), 16);
+    assert_eq!(stat("admitted_pieces"), 0);
+    let backing = std::fs::read(dir.join("nvwc-data/backing.img")).unwrap();
+    assert!(
+        backing[..65536].iter().all(|&b| b == 0x11),
+        "a bypassed write is on the backing file when acknowledged"
+    );
+    // A long-lived client: hint its connection, then it writes.
+    let mut q = Command::new("qemu-io")
+        .args([
+            "-t",
+            "writeback",
+            "-f",
+            "raw",
+            "-c",
+            "sleep 3000",
+            "-c",
+            "write -P 0x22 1M 64k",
+        ])
+        .arg(uri(&dir))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t = Instant::now();
+    let id = loop {
+        let (_, st) = nvwc(&["status"]);
+        if let Some(at) = st.find("\"connections\":[{\"id\":") {
+            let rest = &st[at + "\"connections\":[{\"id\":".len()..];
+            break rest.split(',').next().unwrap().to_string();
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "no connection in status: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (ok, out) = nvwc(&[
+        "hint",
+        "--connection",
+        &id,
+        "--critical",
+        "on",
+        "--export",
+        "",
+    ]);
+    assert!(ok && out.contains("\"critical\":true"), "{out}");
+    let (_, st) = nvwc(&["status"]);
+    assert!(
+        st.contains(&format!("{{\"id\":{id},")) && st.contains("\"critical\":true}"),
+        "{st}"
+    );
+    assert!(q.wait().unwrap().success());
+    assert_eq!(
+        stat("admitted_pieces"),
+        16,
+        "the hinted connection's write was cached"
+    );
+    assert_eq!(stat("bypassed_pieces"), 16);
+    // Bad hints are refused with a reason.
+    let (ok, out) = nvwc(&["hint", "--connection", "999999", "--critical", "on"]);
+    assert!(!ok && out.contains("no connection 999999"), "{out}");
+    let (ok, out) = nvwc(&["hint", "--connection", &id, "--critical", "maybe"]);
+    assert!(!ok && out.contains("on or off"), "{out}");
+    qemu_io(&dir, &["read -P 0x11 0 64k", "read -P 0x22 1M 64k"]);
+    drop(s);
+
+    // A critical export: every write is admitted.
+    let mut args2 = args.to_vec();
+    args2.extend(["--export", ":critical"]);
+    let s = start_with(&dir, &args2);
+    qemu_io(
+        &dir,
+        &[
+            "write -P 0x33 2M 64k",
+            "read -P 0x11 0 64k",
+            "read -P 0x22 1M 64k",
+        ],
+    );
+    assert_eq!(stat("admitted_pieces"), 16);
+    assert_eq!(stat("bypassed_pieces"), 0);
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -117,7 +117,7 @@ impl Host {
     }
 
     /// Submit a request and wait for its reply.
-    pub async fn call(&self, op: ReqOp<Bytes>) -> Result<Reply<Bytes>, ReqError> {
+    pub async fn call(&self, op: ReqOp<Bytes>, tag: Tag) -> Result<Reply<Bytes>, ReqError> {
         // Degraded (the cache device failed, see `fault.rs`): read-only.
         if self.cache_dev.fault.failed() && !matches!(op, ReqOp::Read { .. }) {
             return Err(ReqError::Io);
@@ -127,14 +127,7 @@ impl Host {
             let id = c.next_id;
             c.next_id += 1;
             let now = self.now();
-            c.eng.handle_request(
-                now,
-                Request {
-                    id,
-                    op,
-                    tag: Tag::default(),
-                },
-            );
+            c.eng.handle_request(now, Request { id, op, tag });
             if let Some(r) = self.pump(&mut c, id) {
                 return Ok(r);
             }
