@@ -213,6 +213,11 @@ struct Piece<P> {
     bypass: bool,
     /// A critical request issued it or waits behind it (inherited).
     critical: bool,
+    /// Counted in `active_pieces` (a bypass piece in flight to the backing
+    /// store is not: it only waits for that device, and counting it would
+    /// let a burst of slow bypass writes hold every place a cached write
+    /// needs to start).
+    counted: bool,
 }
 
 #[derive(Debug)]
@@ -1165,6 +1170,45 @@ impl<P: Payload> Engine<P> {
         self.progress();
     }
 
+    /// A critical waiter depends on client request `id` (which the driver
+    /// issued earlier and which has not completed): I/O criticality
+    /// inheritance for dependencies the engine cannot see, such as a process
+    /// waiting for a page under writeback (the simulator's application
+    /// model). The request's bypass writes in flight are reissued to the
+    /// cache when the admission policy reissues; its pieces not started yet
+    /// are cached rather than bypassed and count as critical. Does nothing
+    /// for an unknown or finished request.
+    pub fn inherit_request(&mut self, now: u64, id: ReqId) {
+        self.set_now(now);
+        if !self.bypassing || !self.reqs.contains_key(&id) {
+            return;
+        }
+        let queued: Vec<u32> = self
+            .piece_queue
+            .iter()
+            .chain(self.waiters.values().flatten())
+            .copied()
+            .filter(|&p| self.pieces.get(p).req == id)
+            .collect();
+        for p in queued {
+            let pc = self.pieces.get_mut(p);
+            pc.critical = true;
+            if self.admission.reissue() {
+                pc.bypass = false;
+            }
+        }
+        let inflight: Vec<u32> = self
+            .bypass_io
+            .iter()
+            .filter(|(_, &(p, _))| self.pieces.get(p).req == id)
+            .map(|(&b, _)| b)
+            .collect();
+        for b in inflight {
+            self.inherit(b);
+        }
+        self.progress();
+    }
+
     /// Write back everything dirty (`nvwc flush`, `nvwc detach`); see [`Engine::dirty_versions`].
     pub fn start_drain(&mut self, now: u64) {
         self.set_now(now);
@@ -1592,6 +1636,7 @@ impl<P: Payload> Engine<P> {
                 reserved: false,
                 bypass,
                 critical: tag.critical,
+                counted: true,
                 req: id,
                 lbn,
                 start: (s - bstart) as u32,
@@ -1971,7 +2016,10 @@ impl<P: Payload> Engine<P> {
         };
         self.stats.bypassed_pieces += 1;
         self.stats.bypassed_bytes += (end - start) as u64;
-        self.pieces.get_mut(p).ios = 1;
+        let pc = self.pieces.get_mut(p);
+        pc.ios = 1;
+        pc.counted = false;
+        self.active_pieces -= 1;
         self.bypass_batch.push((p, b));
     }
 
@@ -2359,7 +2407,9 @@ impl<P: Payload> Engine<P> {
     fn finish_write_piece(&mut self, p: u32) {
         self.release_reservation(p);
         let pc = self.pieces.remove(p);
-        self.active_pieces -= 1;
+        if pc.counted {
+            self.active_pieces -= 1;
+        }
         let b = self.block_of(pc.lbn);
         self.release_block(b);
         let r = self

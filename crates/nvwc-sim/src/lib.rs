@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod addr;
+pub mod app;
 pub mod device;
 pub mod driver;
 pub mod hitratio;

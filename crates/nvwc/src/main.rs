@@ -11,6 +11,7 @@ mod grid;
 mod loadtest;
 mod mrc;
 mod repro;
+mod repro_adm;
 mod repro_nbw;
 mod serve;
 mod sim;

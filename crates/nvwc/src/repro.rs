@@ -46,6 +46,12 @@ pub struct Args {
     /// Smaller runs (for tests): fewer requests and points.
     #[arg(long)]
     pub quick: bool,
+    /// `admission`: the application model, `postgres` or `redis`.
+    #[arg(long)]
+    pub app: Option<String>,
+    /// `admission`: also write one JSON object per run here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
 }
 
 /// `../shared/traces` if it exists here, else the one beside the source tree.
@@ -66,7 +72,8 @@ pub fn run(mut a: Args) -> Result<ExitCode> {
         a.traces = Some(default_traces());
     }
     let traces = a.traces.clone().expect("set");
-    if !traces.is_dir() {
+    // The admission reproduction runs application models, not traces.
+    if a.name != "admission" && !traces.is_dir() {
         bail!(
             "trace directory {} not found (give --traces DIR)",
             traces.display()
@@ -78,8 +85,9 @@ pub fn run(mut a: Args) -> Result<ExitCode> {
         "stack-model" => stack_model(&a)?,
         "write-policies" => write_policies(&a)?,
         "non-blocking-writes" => crate::repro_nbw::non_blocking_writes(&a)?,
+        "admission" => crate::repro_adm::admission(&a)?,
         other => bail!(
-            "unknown reproduction {other:?} (stack-model, write-policies, non-blocking-writes)"
+            "unknown reproduction {other:?} (stack-model, write-policies, non-blocking-writes, admission)"
         ),
     };
     let md = md.replace(

@@ -424,3 +424,56 @@ fn oracle_general_conversion_and_hit_ratio_model_agree_with_textbook_lru() {
     assert_eq!(trace_requests(&long), 9000);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// `nvwc repro admission --quick` for both application models: one JSON
+/// object per run with the documented keys, every policy per configuration,
+/// and a report with both apps.
+#[test]
+fn repro_admission_quick() {
+    let out = tmpdir("repro-adm");
+    for app in ["postgres", "redis"] {
+        let json = out.join(format!("{app}.json"));
+        let st = nvwc()
+            .args(["repro", "admission", "--quick", "--app", app, "--out"])
+            .arg(&out)
+            .arg("--json")
+            .arg(&json)
+            .status()
+            .unwrap();
+        assert!(st.success(), "{app}");
+        let text = std::fs::read_to_string(&json).unwrap();
+        let runs: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(runs.len() % 6, 0, "six policies per configuration");
+        for r in &runs {
+            for k in [
+                "app",
+                "policy",
+                "nvwc_bytes",
+                "throughput",
+                "cached_write_bytes",
+                "latency_ms_p99",
+                "latency_ms_p999",
+            ] {
+                assert!(r.get(k).is_some(), "{app}: run lacks {k}: {r}");
+            }
+            assert_eq!(r["app"], app);
+            assert!(r["throughput"].as_f64().unwrap() > 0.0, "{r}");
+        }
+        // ALL caches every write; the critical policies cache less.
+        let all = runs.iter().find(|r| r["policy"] == "ALL").unwrap();
+        let cp = runs.iter().find(|r| r["policy"] == "CP").unwrap();
+        assert!(
+            cp["cached_write_bytes"].as_u64() < all["cached_write_bytes"].as_u64(),
+            "{app}: CP cached {} vs ALL {}",
+            cp["cached_write_bytes"],
+            all["cached_write_bytes"]
+        );
+    }
+    let md = std::fs::read_to_string(out.join("admission.md")).unwrap();
+    for h in ["## postgres", "## redis", "CP+PI+IOI", "Beside the paper"] {
+        assert!(md.contains(h), "report lacks {h}");
+    }
+}
