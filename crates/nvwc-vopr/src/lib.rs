@@ -54,8 +54,9 @@ pub struct Options {
     pub fetch: Option<FetchMode>,
     /// Fixed admission policy; random per seed (all six) when `None`. Every
     /// request carries random `critical` and `sync` hints, so rejected
-    /// writes bypass the cache at random, and critical requests that wait
-    /// behind a bypass write in flight race its reissue.
+    /// writes bypass the cache at random; critical requests that wait
+    /// behind a bypass write in flight, and random `inherit_request` calls,
+    /// race reissues against the original completions.
     pub admission: Option<AdmissionKind>,
 }
 
@@ -374,6 +375,15 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
         now = now.max(t);
         match ev {
             Ev::Client => {
+                // A critical waiter the engine cannot see (the simulator's
+                // application model does this): I/O inheritance for a random
+                // request in flight, racing its bypass write's completion.
+                if !outstanding.is_empty() && rng.gen_bool(0.2) {
+                    let mut ids: Vec<u64> = outstanding.keys().copied().collect();
+                    ids.sort_unstable();
+                    let id = ids[rng.gen_range(0..ids.len())];
+                    eng.inherit_request(now, id);
+                }
                 while outstanding.len() < qd && issued < n_ops {
                     issued += 1;
                     let id = issued as u64;
