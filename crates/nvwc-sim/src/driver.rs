@@ -371,6 +371,31 @@ struct Counts {
 }
 
 /// Device commands the engine has issued so far (for the stall proxy).
+/// The device command for an engine command with id `id`, and the length a
+/// read returns; `None` for group markers (no device work).
+pub(crate) fn dev_op(id: u64, op: &IoOp<Phantom>) -> Option<(DevOp, Option<u32>)> {
+    Some(match *op {
+        IoOp::Read { offset, len } => (DevOp::read(id, offset, len as u64), Some(len)),
+        IoOp::Write {
+            offset,
+            ref data,
+            fua,
+        } => (
+            DevOp {
+                id,
+                kind: DevOpKind::Write,
+                offset,
+                len: data.0 as u64,
+                fua,
+            },
+            None,
+        ),
+        IoOp::Flush => (DevOp::flush(id), None),
+        IoOp::Trim { offset, len } => (DevOp::trim(id, offset, len as u64), None),
+        IoOp::GroupBegin { .. } | IoOp::GroupEnd { .. } => return None,
+    })
+}
+
 fn io_count(s: &nvwc_core::Stats) -> u64 {
     s.cache_reads + s.cache_writes + s.backing_reads + s.backing_writes
 }
@@ -933,24 +958,9 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
             Dev::Cache => {
                 self.counts.cache_ops += 1;
                 let id = self.dev_op_id();
-                let (op, read_len) = match cmd.op {
-                    IoOp::Read { offset, len } => (DevOp::read(id, offset, len as u64), Some(len)),
-                    IoOp::Write { offset, data, fua } => (
-                        DevOp {
-                            id,
-                            kind: DevOpKind::Write,
-                            offset,
-                            len: data.0 as u64,
-                            fua,
-                        },
-                        None,
-                    ),
-                    IoOp::Flush => (DevOp::flush(id), None),
-                    IoOp::Trim { offset, len } => (DevOp::trim(id, offset, len as u64), None),
-                    IoOp::GroupBegin { .. } | IoOp::GroupEnd { .. } => {
-                        self.immediate.push_back(cmd.id);
-                        return;
-                    }
+                let Some((op, read_len)) = dev_op(id, &cmd.op) else {
+                    self.immediate.push_back(cmd.id);
+                    return;
                 };
                 if matches!(op.kind, DevOpKind::Read | DevOpKind::Write) && op.len == 0 {
                     self.immediate.push_back(cmd.id);

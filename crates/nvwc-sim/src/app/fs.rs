@@ -127,6 +127,20 @@ impl PageCache {
         io.pending.clear();
     }
 
+    /// Linux's flusher as a process: every second, write back (async) the
+    /// pages dirty for 5 s or more. `pc` is the process's program counter.
+    pub fn flusher(&mut self, rt: &mut Rt, io: &mut ProcIo, pc: &mut u32) -> Step {
+        if *pc == 0 {
+            *pc = 1;
+            return Step::Compute(SEC);
+        }
+        self.flush_old(io, rt.now, 5 * SEC, 1 << 16);
+        self.prologue(rt, io).unwrap_or_else(|| {
+            *pc = 1;
+            Step::Compute(SEC)
+        })
+    }
+
     /// Run first at every step of a process: register its last async write,
     /// emit its queued steps, then wait for its pending requests. `None`:
     /// the process goes on with its program.

@@ -48,7 +48,7 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 use hdrhistogram::Histogram;
 use nvwc_core::{
-    AdmissionKind, Config, Dev, Engine, IoOp, Phantom, ReplacementKind, ReqId, ReqOp, Request, Tag,
+    AdmissionKind, Config, Dev, Engine, Phantom, ReplacementKind, ReqId, ReqOp, Request, Tag,
     WritePolicyKind,
 };
 use serde::Serialize;
@@ -496,6 +496,23 @@ pub fn run(name: &str, model: &mut dyn Model, cfg: &AppConfig) -> Result<AppResu
     let debug = std::env::var_os("NVWC_APP_DEBUG").is_some();
     let mut timeout_served: Option<Nanos> = None;
 
+    macro_rules! pump {
+        () => {
+            pump(
+                &mut eng,
+                &mut cache,
+                &mut backing,
+                &mut devops,
+                &mut next_devop,
+                &mut rt,
+                &mut io_waiters,
+                &mut ready,
+                model,
+                &mut procs,
+            )
+        };
+    }
+
     // Follow the dependency chain from critical process `p` (see the module docs).
     macro_rules! propagate {
         ($p:expr) => {{
@@ -692,18 +709,7 @@ pub fn run(name: &str, model: &mut dyn Model, cfg: &AppConfig) -> Result<AppResu
                 }
             }
             // Engine outputs after the process ran.
-            pump(
-                &mut eng,
-                &mut cache,
-                &mut backing,
-                &mut devops,
-                &mut next_devop,
-                &mut rt,
-                &mut io_waiters,
-                &mut ready,
-                model,
-                &mut procs,
-            );
+            pump!();
         }
         if stats0.is_none() && rt.now >= cfg.warmup_ns {
             stats0 = Some(eng.stats());
@@ -723,18 +729,7 @@ pub fn run(name: &str, model: &mut dyn Model, cfg: &AppConfig) -> Result<AppResu
             Some(_) if timeout_served != Some(rt.now) => {
                 timeout_served = Some(rt.now);
                 eng.handle_timeout(rt.now);
-                pump(
-                    &mut eng,
-                    &mut cache,
-                    &mut backing,
-                    &mut devops,
-                    &mut next_devop,
-                    &mut rt,
-                    &mut io_waiters,
-                    &mut ready,
-                    model,
-                    &mut procs,
-                );
+                pump!();
                 continue;
             }
             _ => {}
@@ -813,18 +808,7 @@ pub fn run(name: &str, model: &mut dyn Model, cfg: &AppConfig) -> Result<AppResu
                 ready.push_back(p);
             }
         }
-        pump(
-            &mut eng,
-            &mut cache,
-            &mut backing,
-            &mut devops,
-            &mut next_devop,
-            &mut rt,
-            &mut io_waiters,
-            &mut ready,
-            model,
-            &mut procs,
-        );
+        pump!();
     }
     if std::env::var_os("NVWC_APP_DEBUG").is_some() {
         for pr in &procs {
@@ -919,23 +903,13 @@ fn pump(
             any = true;
             let id = *next_devop;
             *next_devop += 1;
-            let (op, rl) = match cmd.op {
-                IoOp::Read { offset, len } => (DevOp::read(id, offset, len as u64), Some(len)),
-                IoOp::Write { offset, data, fua } => (
-                    DevOp {
-                        id,
-                        kind: DevOpKind::Write,
-                        offset,
-                        len: data.0 as u64,
-                        fua,
-                    },
-                    None,
-                ),
-                IoOp::Flush => (DevOp::flush(id), None),
-                IoOp::Trim { .. } | IoOp::GroupBegin { .. } | IoOp::GroupEnd { .. } => {
-                    eng.handle_completion(rt.now, cmd.id, Ok(None));
-                    continue;
-                }
+            // A trim has nothing to do on these models (write-back never
+            // sends one to a device it does not own; group markers are free).
+            let Some((op, rl)) =
+                crate::driver::dev_op(id, &cmd.op).filter(|(op, _)| op.kind != DevOpKind::Trim)
+            else {
+                eng.handle_completion(rt.now, cmd.id, Ok(None));
+                continue;
             };
             devops.insert(id, (cmd.id, rl));
             match cmd.dev {

@@ -544,20 +544,14 @@ impl Postgres {
         }
     }
 
-    /// Linux's flusher: every second, pages dirty for 5 s or more, async.
+    /// Linux's flusher (see [`PageCache::flusher`]).
     fn kworker(&mut self, rt: &mut Rt, me: Pid) -> Step {
-        if self.loc[me].pc == 0 {
-            self.loc[me].pc = 1;
-            return Step::Compute(SEC);
-        }
-        self.loc[me].pc = 0;
-        let mut io = std::mem::take(&mut self.loc[me].io);
-        self.cache.flush_old(&mut io, rt.now, 5 * SEC, 1 << 16);
-        let pro = self.cache.prologue(rt, &mut io);
+        let l = &mut self.loc[me];
+        let mut io = std::mem::take(&mut l.io);
+        let mut pc = l.pc;
+        let st = self.cache.flusher(rt, &mut io, &mut pc);
         self.loc[me].io = io;
-        pro.unwrap_or_else(|| {
-            self.loc[me].pc = 1;
-            Step::Compute(SEC)
-        })
+        self.loc[me].pc = pc;
+        st
     }
 }

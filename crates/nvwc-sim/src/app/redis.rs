@@ -200,20 +200,13 @@ impl Model for Redis {
                 2,
             )
         } else {
-            // kworker: every second, pages dirty for 5 s or more, async.
-            if self.loc[me].pc == 0 {
-                self.loc[me].pc = 1;
-                return Step::Compute(SEC);
-            }
-            self.loc[me].pc = 0;
+            // kworker: Linux's flusher.
             let mut io = std::mem::take(&mut self.loc[me].io);
-            self.cache.flush_old(&mut io, rt.now, 5 * SEC, 1 << 16);
-            let pro = self.cache.prologue(rt, &mut io);
+            let mut pc = self.loc[me].pc;
+            let st = self.cache.flusher(rt, &mut io, &mut pc);
             self.loc[me].io = io;
-            pro.unwrap_or_else(|| {
-                self.loc[me].pc = 1;
-                Step::Compute(SEC)
-            })
+            self.loc[me].pc = pc;
+            st
         }
     }
 }
