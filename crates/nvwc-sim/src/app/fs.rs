@@ -191,6 +191,15 @@ pub struct JournalConds {
     pub unlocked: CondId,
 }
 
+impl JournalConds {
+    /// Conditions 0, 1 and 2 (both models put the journal's first).
+    pub const FIRST: JournalConds = JournalConds {
+        commit_done: 0,
+        commit_req: 1,
+        unlocked: 2,
+    };
+}
+
 /// jbd2 (see the module docs).
 pub struct Journal {
     pub conds: JournalConds,

@@ -104,9 +104,9 @@ impl Default for PgParams {
 const WAL_LOCK: usize = 0;
 /// Inode mutex of relation `i` is lock `1 + i`.
 const RELATIONS: u64 = 8;
-const COMMIT_DONE: CondId = 0;
-const COMMIT_REQ: CondId = 1;
-const TXN_UNLOCKED: CondId = 2;
+const COMMIT_DONE: CondId = JournalConds::FIRST.commit_done;
+const COMMIT_REQ: CondId = JournalConds::FIRST.commit_req;
+const TXN_UNLOCKED: CondId = JournalConds::FIRST.unlocked;
 
 /// A set of pages with uniform random removal.
 #[derive(Default)]
@@ -183,15 +183,7 @@ impl Postgres {
             loc: vec![Local::default(); n],
             pool_dirty: PageSet::default(),
             cache: PageCache::new(PAGE),
-            jbd2: Journal::new(
-                JournalConds {
-                    commit_done: COMMIT_DONE,
-                    commit_req: COMMIT_REQ,
-                    unlocked: TXN_UNLOCKED,
-                },
-                JOURNAL_AT,
-                JOURNAL_BYTES,
-            ),
+            jbd2: Journal::new(JournalConds::FIRST, JOURNAL_AT, JOURNAL_BYTES),
             insert_lsn: 0,
             flushed_lsn: 0,
             wal_since_ckpt: 0,

@@ -74,9 +74,9 @@ impl Default for RedisParams {
     }
 }
 
-const COMMIT_DONE: CondId = 0;
-const COMMIT_REQ: CondId = 1;
-const TXN_UNLOCKED: CondId = 2;
+const COMMIT_DONE: CondId = JournalConds::FIRST.commit_done;
+const COMMIT_REQ: CondId = JournalConds::FIRST.commit_req;
+const TXN_UNLOCKED: CondId = JournalConds::FIRST.unlocked;
 const ARRIVAL: CondId = 3;
 /// Reply condition of client `i` is `REPLY + i`.
 const REPLY: CondId = 4;
@@ -110,15 +110,7 @@ impl Redis {
             loc: vec![Local::default(); n],
             p,
             cache: PageCache::new(PAGE),
-            jbd2: Journal::new(
-                JournalConds {
-                    commit_done: COMMIT_DONE,
-                    commit_req: COMMIT_REQ,
-                    unlocked: TXN_UNLOCKED,
-                },
-                JOURNAL_AT,
-                JOURNAL_BYTES,
-            ),
+            jbd2: Journal::new(JournalConds::FIRST, JOURNAL_AT, JOURNAL_BYTES),
             queue: VecDeque::new(),
             aof_len: 0,
             aof_synced: 0,
