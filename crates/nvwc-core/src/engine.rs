@@ -1193,8 +1193,10 @@ impl<P: Payload> Engine<P> {
         for p in queued {
             let pc = self.pieces.get_mut(p);
             pc.critical = true;
-            if self.admission.reissue() {
+            if self.admission.reissue() && pc.bypass {
                 pc.bypass = false;
+                // Now cached: a FUA reply waits for a commit.
+                self.reqs.get_mut(&id).expect("checked above").cached = true;
             }
         }
         let inflight: Vec<u32> = self
@@ -1622,7 +1624,9 @@ impl<P: Payload> Engine<P> {
                 group,
                 fua,
                 installed: Vec::new(),
-                cached: false,
+                // A request the admission policy admitted is cached whole;
+                // a rejected one only where a piece cannot bypass.
+                cached: !bypass,
             },
         );
         for lbn in first..=last {
@@ -1857,14 +1861,13 @@ impl<P: Payload> Engine<P> {
             if bypass {
                 self.stats.bypass_refused += 1;
                 self.pieces.get_mut(p).bypass = false;
+                let req = self.pieces.get(p).req;
+                self.reqs
+                    .get_mut(&req)
+                    .expect("piece of unknown request")
+                    .cached = true;
             } else {
                 self.stats.admitted_pieces += 1;
-            }
-        }
-        if !self.policy.synchronous_backing() {
-            let req = self.pieces.get(p).req;
-            if let Some(r) = self.reqs.get_mut(&req) {
-                r.cached = true;
             }
         }
         if self.policy.synchronous_backing() {

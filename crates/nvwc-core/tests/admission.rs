@@ -317,3 +317,34 @@ fn a_bypassed_request_is_one_backing_write_and_reissues_piecewise() {
         );
     }
 }
+
+/// `inherit_request` on a rejected FUA write still queued behind its block
+/// turns it into a cached write; its reply then waits for a metadata commit,
+/// so it survives a crash right after the reply (the VOPR found a version
+/// that replied at once).
+#[test]
+fn inherited_fua_write_is_durable_when_acknowledged() {
+    let mut h = MemHarness::new(cfg(
+        WritePolicyKind::WriteBack,
+        AdmissionKind::CriticalPiIoi,
+    ));
+    h.submit_tagged(1, write(0, 1, BS), tag(false));
+    h.submit_tagged(
+        2,
+        ReqOp::Write {
+            offset: 0,
+            data: Bytes::from(vec![2; BS as usize]),
+            fua: true,
+        },
+        tag(false),
+    );
+    h.engine.inherit_request(h.now, 2);
+    h.wait(2, &mut |_| 0).result.unwrap();
+    let st = h.engine.stats().clone();
+    assert_eq!(
+        st.bypassed_pieces, 1,
+        "only the first write bypassed: {st:?}"
+    );
+    h.reopen().unwrap();
+    assert_block(read(&mut h, 3, 0, BS as u32), 2, "FUA write after a crash");
+}
