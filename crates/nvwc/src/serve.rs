@@ -1292,8 +1292,15 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
     let code = rt.block_on(async move {
         let conns: Conns = Arc::default();
         let c2 = conns.clone();
+        let ex2 = ex.clone();
         let mut b = nvwc_nbd::Server::builder().on_event(move |ev| {
             track_connection(&c2, &ev);
+            if let nvwc_nbd::ServerEvent::Disconnected { conn_id, .. } = &ev {
+                // A gone connection's hint goes with it (ids are never reused).
+                for e in ex2.iter().filter(|e| e.hinted.load(Ordering::Relaxed) > 0) {
+                    e.set_hint(*conn_id, false);
+                }
+            }
             log_server_event(ev)
         });
         for e in ex.iter() {
