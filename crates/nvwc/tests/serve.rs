@@ -927,6 +927,14 @@ fn admission_hints_per_connection_and_export() {
         16,
         "the hinted connection's write was cached"
     );
+    let t = Instant::now();
+    while !nvwc(&["status"]).1.contains("\"connections\":[]") {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "a gone connection stays listed"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(stat("bypassed_pieces"), 16);
     // Bad hints are refused with a reason.
     let (ok, out) = nvwc(&["hint", "--connection", "999999", "--critical", "on"]);
