@@ -349,8 +349,10 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
         ev_seq += 1;
         events.push(Reverse((t, ev_seq, e)));
     };
-    let mut inflight: HashMap<u64, InFlight> = HashMap::new();
-    let mut outstanding: HashMap<u64, u32> = HashMap::new(); // req id -> op index
+    // Ordered maps: the crash walks what is in flight, drawing randomness per
+    // command, so iteration order must not depend on a hasher's seed.
+    let mut inflight: BTreeMap<u64, InFlight> = BTreeMap::new();
+    let mut outstanding: BTreeMap<u64, u32> = BTreeMap::new(); // req id -> op index
     let mut issued = 0usize;
     let mut timeout_at: Option<u64> = None;
     let mut now = 0u64;
@@ -379,9 +381,8 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
                 // application model does this): I/O inheritance for a random
                 // request in flight, racing its bypass write's completion.
                 if !outstanding.is_empty() && rng.gen_bool(0.2) {
-                    let mut ids: Vec<u64> = outstanding.keys().copied().collect();
-                    ids.sort_unstable();
-                    let id = ids[rng.gen_range(0..ids.len())];
+                    let k = rng.gen_range(0..outstanding.len());
+                    let id = *outstanding.keys().nth(k).expect("k < len");
                     eng.inherit_request(now, id);
                 }
                 while outstanding.len() < qd && issued < n_ops {
@@ -704,7 +705,7 @@ fn collect_events(
 fn drain_replies(
     eng: &mut Engine<Bytes>,
     oracle: &mut Oracle,
-    outstanding: &mut HashMap<u64, u32>,
+    outstanding: &mut BTreeMap<u64, u32>,
     _out: &mut SeedOutcome,
     verbose: bool,
     now: u64,
