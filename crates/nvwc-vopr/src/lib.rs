@@ -899,25 +899,10 @@ fn check_recovered(
         );
         pending += 1;
     }
-    let mut guard = 0u64;
-    while pending > 0 || !eng.is_idle() {
-        guard += 1;
-        if guard > 10_000_000 {
-            o.violations.push(format!(
-                "(b) recovered engine did not finish reading back (seed {seed})"
-            ));
-            return;
-        }
-        now += 1000;
-        let mut did = false;
-        while let Some(cmd) = eng.poll_io() {
-            did = true;
-            let res = instant_io(&cmd, &mut cache, &mut backing);
-            eng.handle_completion(now, cmd.id, res);
-        }
-        while let Some(r) = eng.poll_reply() {
-            did = true;
-            pending -= 1;
+    let pending = std::cell::Cell::new(pending);
+    let see = |seen: Seen<'_>, o: &mut Oracle| {
+        if let Seen::Reply(r) = seen {
+            pending.set(pending.get() - 1);
             let b = r.id - 1;
             match r.result {
                 Ok(Some(d)) => got[(b * bs) as usize..((b + 1) * bs) as usize].copy_from_slice(&d),
@@ -925,23 +910,30 @@ fn check_recovered(
                     o.violations.push(format!(
                         "(b) read of block {b} after recovery failed: {other:?}"
                     ));
-                    return;
+                    return Err(());
                 }
             }
         }
-        if !did {
-            match eng.poll_timeout() {
-                Some(t) => {
-                    now = now.max(t);
-                    eng.handle_timeout(now);
-                }
-                None if pending > 0 => {
-                    o.violations.push("(b) recovered engine stalled".into());
-                    return;
-                }
-                None => break,
-            }
+        Ok(())
+    };
+    let done = |e: &Engine<Bytes>| pending.get() == 0 && e.is_idle();
+    match run_instant(
+        &mut eng,
+        &mut now,
+        &mut cache,
+        &mut backing,
+        "reading back",
+        seed,
+        o,
+        see,
+        done,
+    ) {
+        None => return,
+        Some(false) if pending.get() > 0 => {
+            o.violations.push("(b) recovered engine stalled".into());
+            return;
         }
+        Some(_) => {}
     }
     let sectors = cfg.backing_size / SECTOR as u64;
     for s in 0..sectors {
@@ -1045,53 +1037,86 @@ fn drain_after_recovery(
     let cfg = &prefix_cfg;
     eng.start_drain(now);
     let mut checks = 0u32;
-    let mut guard = 0u64;
-    loop {
-        guard += 1;
-        if guard > 10_000_000 {
-            o.violations.push(format!(
-                "(b) recovered engine did not finish draining (seed {seed})"
-            ));
-            return;
+    let see = |seen: Seen<'_>, o: &mut Oracle| {
+        let Seen::Io(cmd, backing) = seen else {
+            return Ok(());
+        };
+        let changed =
+            cmd.dev == Dev::Backing && matches!(cmd.op, IoOp::Write { .. } | IoOp::GroupEnd { .. });
+        if changed && checks < 500 {
+            checks += 1;
+            let before = o.violations.len();
+            let mut scratch = SeedOutcome::default();
+            check_backing_alone(cfg, backing.visible(), true, o, &mut scratch);
+            if o.violations.len() > before {
+                for v in &mut o.violations[before..] {
+                    *v = format!("(c) cache lost while draining after recovery: {v}");
+                }
+                return Err(());
+            }
         }
-        now += 1000;
+        Ok(())
+    };
+    let done = |e: &Engine<Bytes>| e.dirty_versions() == 0 && e.is_idle();
+    run_instant(
+        eng, &mut now, cache, backing, "draining", seed, o, see, done,
+    );
+}
+
+/// What [`run_instant`] shows its caller: a command just completed (with the
+/// backing store after it), or a reply.
+enum Seen<'a> {
+    Io(&'a IoCmd<Bytes>, &'a Disk),
+    Reply(Reply<Bytes>),
+}
+
+/// Drive a recovered engine with devices that complete at once, 1 µs per
+/// round, until `done` holds or nothing is left to do (`Some(done reached)`).
+/// `see` watches every completed command and every reply; `Err` from it
+/// stops the run (it recorded the violation) and so does a run that never
+/// ends (`None` both times).
+#[allow(clippy::too_many_arguments)]
+fn run_instant(
+    eng: &mut Engine<Bytes>,
+    now: &mut u64,
+    cache: &mut Disk,
+    backing: &mut Disk,
+    what: &str,
+    seed: u64,
+    o: &mut Oracle,
+    mut see: impl FnMut(Seen<'_>, &mut Oracle) -> Result<(), ()>,
+    done: impl Fn(&Engine<Bytes>) -> bool,
+) -> Option<bool> {
+    for _ in 0..10_000_000u64 {
+        if done(eng) {
+            return Some(true);
+        }
+        *now += 1000;
         let mut did = false;
         while let Some(cmd) = eng.poll_io() {
             did = true;
-            let on_backing = cmd.dev == Dev::Backing;
             let res = instant_io(&cmd, cache, backing);
-            let changed =
-                on_backing && matches!(cmd.op, IoOp::Write { .. } | IoOp::GroupEnd { .. });
-            eng.handle_completion(now, cmd.id, res);
-            if changed && checks < 500 {
-                checks += 1;
-                let before = o.violations.len();
-                let mut scratch = SeedOutcome::default();
-                check_backing_alone(cfg, backing.visible(), true, o, &mut scratch);
-                if o.violations.len() > before {
-                    for v in &mut o.violations[before..] {
-                        *v = format!("(c) cache lost while draining after recovery: {v}");
-                    }
-                    return;
-                }
-            }
+            eng.handle_completion(*now, cmd.id, res);
+            see(Seen::Io(&cmd, backing), o).ok()?;
         }
-        while eng.poll_reply().is_some() {
+        while let Some(r) = eng.poll_reply() {
             did = true;
+            see(Seen::Reply(r), o).ok()?;
         }
         if !did {
             match eng.poll_timeout() {
                 Some(t) => {
-                    now = now.max(t);
-                    eng.handle_timeout(now);
+                    *now = (*now).max(t);
+                    eng.handle_timeout(*now);
                 }
-                None => break,
+                None => return Some(done(eng)),
             }
         }
-        if eng.dirty_versions() == 0 && eng.is_idle() {
-            break;
-        }
     }
+    o.violations.push(format!(
+        "(b) recovered engine did not finish {what} (seed {seed})"
+    ));
+    None
 }
 
 fn check_backing_alone(
