@@ -112,6 +112,21 @@ impl PageCache {
         }
     }
 
+    /// `fsync` of the file holding pages `range`: its dirty pages become
+    /// synchronous writes (runs of at most `max_run` pages) the process then
+    /// waits for; returns its first step, if any.
+    pub fn fsync_range(
+        &mut self,
+        rt: &mut Rt,
+        io: &mut ProcIo,
+        range: std::ops::Range<u64>,
+        max_run: usize,
+    ) -> Option<Step> {
+        let pages: Vec<u64> = self.dirty.range(range).map(|(&p, _)| p).collect();
+        self.queue_pages(io, &pages, true, max_run);
+        self.prologue(rt, io)
+    }
+
     /// Flusher pass: queue async write-back of pages dirty for `expire` or
     /// more (at most `max` pages).
     pub fn flush_old(&mut self, io: &mut ProcIo, now: Nanos, expire: Nanos, max: usize) {

@@ -492,15 +492,10 @@ impl Postgres {
                 31 => {
                     let r = *self.loc[me].rels.last().expect("relation");
                     let per = DATA_PAGES / RELATIONS;
-                    let pages: Vec<u64> = self
-                        .cache
-                        .dirty
-                        .range(r * per..(r + 1) * per)
-                        .map(|(&p, _)| p)
-                        .collect();
                     let mut io = std::mem::take(&mut self.loc[me].io);
-                    self.cache.queue_pages(&mut io, &pages, true, 8);
-                    let pro = self.cache.prologue(rt, &mut io);
+                    let pro = self
+                        .cache
+                        .fsync_range(rt, &mut io, r * per..(r + 1) * per, 8);
                     self.loc[me].io = io;
                     self.loc[me].pc = 32;
                     if let Some(st) = pro {

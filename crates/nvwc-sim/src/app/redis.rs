@@ -341,10 +341,8 @@ impl Redis {
                     // fsync: whatever of the file is still dirty.
                     let lo = at / PAGE;
                     let hi = (at + self.p.dataset_bytes) / PAGE;
-                    let pages: Vec<u64> = self.cache.dirty.range(lo..hi).map(|(&p, _)| p).collect();
                     let mut io = std::mem::take(&mut self.loc[me].io);
-                    self.cache.queue_pages(&mut io, &pages, true, 256);
-                    let pro = self.cache.prologue(rt, &mut io);
+                    let pro = self.cache.fsync_range(rt, &mut io, lo..hi, 256);
                     self.loc[me].io = io;
                     self.loc[me].pc = 4;
                     if let Some(st) = pro {
