@@ -310,8 +310,11 @@ enum IoCtx {
         slot: u32,
         took: bool,
     },
-    /// Backing FLUSH that makes direct patch writes durable.
-    PatchDirectFlush,
+    /// Backing FLUSH that makes completed direct patch writes durable, for a
+    /// client FLUSH (`req`) or at the end of a drain or shutdown (`None`).
+    DirectCover {
+        req: Option<ReqId>,
+    },
     /// Backing write of one patch (`patch_direct`).
     PatchDirect {
         block: u32,
@@ -503,10 +506,11 @@ pub struct Engine<P: Payload> {
     patch_barrier: bool,
     /// FLUSHes waiting for patch sets older than their sequence number: (id, explicit, seq).
     patch_flushes: Vec<(ReqId, bool, u64)>,
-    /// Blocks whose direct patch writes are done, waiting for (or covered by
-    /// the in-flight) backing FLUSH: (block, set id, took the block busy).
-    patch_direct_written: Vec<(u32, u64, bool)>,
-    patch_direct_flushing: Vec<(u32, u64, bool)>,
+    /// Direct patch writes completed (and their patch sets dropped) since the
+    /// last backing FLUSH was issued: the next client FLUSH issues one first.
+    direct_unflushed: bool,
+    /// Backing FLUSHes in flight for `direct_unflushed` writes.
+    direct_cover_inflight: u32,
     /// Admission policy; the state below is kept only when it can reject
     /// writes (`bypassing`), so the `all` fast path pays nothing.
     admission: Box<dyn Admission>,
@@ -687,8 +691,8 @@ impl<P: Payload> Engine<P> {
             patch_retry: Vec::new(),
             patch_barrier: false,
             patch_flushes: Vec::new(),
-            patch_direct_written: Vec::new(),
-            patch_direct_flushing: Vec::new(),
+            direct_unflushed: false,
+            direct_cover_inflight: 0,
             cfg,
         }
     }
@@ -944,9 +948,12 @@ impl<P: Payload> Engine<P> {
     pub fn layout(&self) -> Layout {
         self.layout
     }
-    /// Dirty versions in the cache, plus patched blocks (dirty data in RAM).
+    /// Dirty versions in the cache, plus patched blocks (dirty data in RAM),
+    /// plus one while direct patch writes wait for a backing FLUSH.
     pub fn dirty_versions(&self) -> u64 {
-        self.dirty_slots + self.patches.len() as u64
+        self.dirty_slots
+            + self.patches.len() as u64
+            + u64::from(self.direct_unflushed || self.direct_cover_inflight > 0)
     }
     /// Highest durable commit.
     pub fn durable_commit(&self) -> u64 {
@@ -1141,7 +1148,7 @@ impl<P: Payload> Engine<P> {
             IoCtx::PatchInstall { block, slot, took } => {
                 self.on_patch_install(block, slot, took, res.is_ok())
             }
-            IoCtx::PatchDirectFlush => self.on_patch_direct_flush(res.is_ok()),
+            IoCtx::DirectCover { req } => self.on_direct_cover(req, res.is_ok()),
             IoCtx::PatchDirect {
                 block,
                 id,
@@ -1218,6 +1225,13 @@ impl<P: Payload> Engine<P> {
         self.policy.on_consistency_point(now, true);
         self.materialize_all();
         self.progress();
+    }
+
+    /// The drain the driver asked for is over (it saw `dirty_versions() == 0`
+    /// with the engine idle): back to the write policy's usual destaging.
+    /// Without this, every later write would be destaged at once.
+    pub fn end_drain(&mut self) {
+        self.drain = false;
     }
 
     /// Begin a clean shutdown: new requests fail with `Shutdown`; once nothing is
@@ -2524,6 +2538,59 @@ impl<P: Payload> Engine<P> {
 
     /// The rest of a FLUSH, once no patch older than it is left.
     fn flush_after_patches(&mut self, id: ReqId, _explicit: bool) {
+        if self.direct_unflushed || self.direct_cover_inflight > 0 {
+            // Direct patch writes acknowledged before this FLUSH sit in the
+            // backing store's volatile cache (or a backing FLUSH that covers
+            // them is still in flight): a backing FLUSH issued now covers
+            // them all, and the commit follows it (`on_direct_cover`).
+            self.issue_direct_cover(Some(id));
+            return;
+        }
+        self.flush_commit(id);
+    }
+
+    fn issue_direct_cover(&mut self, req: Option<ReqId>) {
+        self.direct_unflushed = false;
+        self.direct_cover_inflight += 1;
+        self.emit(Dev::Backing, IoOp::Flush, None, IoCtx::DirectCover { req });
+    }
+
+    fn on_direct_cover(&mut self, req: Option<ReqId>, ok: bool) {
+        self.direct_cover_inflight -= 1;
+        if !ok {
+            // The writes may still be volatile: the next FLUSH tries again.
+            self.direct_unflushed = true;
+            if req.is_none() && self.retry_at.is_none() {
+                self.retry_at = Some(self.now + self.cfg.retry_ns);
+            }
+            self.out_event.push_back(Event::BackgroundError {
+                what: "backing flush after direct patch writes",
+            });
+        }
+        match req {
+            Some(id) if ok => self.flush_commit(id),
+            Some(id) => self.reply(id, Err(ReqError::Io), 0),
+            None => {}
+        }
+    }
+
+    /// A drain or shutdown leaves direct patch writes durable on the backing
+    /// store once no patch is left.
+    fn cover_direct_at_end(&mut self) -> bool {
+        if (self.drain || self.shutting_down)
+            && self.direct_unflushed
+            && self.direct_cover_inflight == 0
+            && self.patches.is_empty()
+            && self.retry_at.is_none()
+        {
+            self.issue_direct_cover(None);
+            return true;
+        }
+        false
+    }
+
+    /// The FLUSH's commit: every acknowledged write named by a durable commit.
+    fn flush_commit(&mut self, id: ReqId) {
         if self.meta_dirty.is_empty() && self.commit.is_none() && !self.unsynced_overwrites {
             // Every acknowledged write is already named by a durable commit,
             // and its bytes were flushed by it.
@@ -2610,6 +2677,7 @@ impl<P: Payload> Engine<P> {
             changed |= self.admit();
             changed |= self.patch_progress();
             changed |= self.plan();
+            changed |= self.cover_direct_at_end();
             changed |= self.maybe_commit();
             if !changed {
                 break;
@@ -2951,6 +3019,8 @@ impl<P: Payload> Engine<P> {
             && self.reqs.is_empty()
             && self.plans.is_empty()
             && self.patches.is_empty()
+            && !self.direct_unflushed
+            && self.direct_cover_inflight == 0
             && self.commit_asap;
         if !(self.commit_asap
             || !self.commit_waiters.is_empty()

@@ -270,6 +270,8 @@ pub struct Layer {
     failed: AtomicBool,
     errors: AtomicU64,
     export: String,
+    /// `backing_device_error` lines: one per second at most.
+    err_log: crate::serve::log::Throttle,
 }
 
 impl Layer {
@@ -296,6 +298,7 @@ impl Layer {
             overlay: volatile.then(Mutex::default),
             failed: AtomicBool::new(false),
             errors: AtomicU64::new(0),
+            err_log: crate::serve::log::Throttle::new(),
             export: export.to_string(),
         })
     }
@@ -334,12 +337,15 @@ impl Layer {
                     action = "degraded to read-only: writes and FLUSH now fail with EIO; replace the cache device and restart"
                 );
             } else if self.role == Role::Backing {
-                log!(
-                    warn,
-                    "backing_device_error",
-                    export = &self.export,
-                    error = e.to_string()
-                );
+                if let Some(held) = self.err_log.pass() {
+                    log!(
+                        warn,
+                        "backing_device_error",
+                        export = &self.export,
+                        error = e.to_string(),
+                        suppressed = held
+                    );
+                }
             }
         }
         r

@@ -695,7 +695,7 @@ async fn control_loop(
                     log!(info, "control", command = cmd);
                     let (mut dirty, mut destaged, mut err) = (0, 0, false);
                     for e in exports.iter() {
-                        match e.host.drain().await {
+                        match e.host.drain(cmd == "detach").await {
                             Some(st) => {
                                 dirty += st.dirty_blocks;
                                 destaged += st.destaged_blocks;

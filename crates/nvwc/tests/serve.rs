@@ -576,6 +576,17 @@ fn control_socket_flush_and_detach() {
         );
         let fl = nvwc("flush");
         assert!(fl.contains("\"dirty_blocks\":0"), "{policy}: flush: {fl}");
+        // A finished flush does not leave the engine draining: under
+        // write-back a later small write stays dirty in the cache.
+        qemu_io(&dir, &["write -P 0x6d 9M 64k"]);
+        if policy == "write-back" {
+            std::thread::sleep(Duration::from_millis(500));
+            let st = nvwc("status");
+            assert!(
+                !st.contains("\"dirty_blocks\":0,"),
+                "{policy}: a write after `nvwc flush` was destaged at once: {st}"
+            );
+        }
         let de = nvwc("detach");
         assert!(de.contains("\"ok\":true"), "{policy}: detach: {de}");
         let t = Instant::now();
@@ -596,6 +607,8 @@ fn control_socket_flush_and_detach() {
                 "read -P 0x6b 0 3M",
                 "-c",
                 "read -P 0x6c 5M 100k",
+                "-c",
+                "read -P 0x6d 9M 64k",
             ])
             .arg(&img)
             .output()

@@ -19,8 +19,10 @@
 //!   from the backing store, apply the parts, write it to a fresh slot and
 //!   install it as a dirty version of the patch set's group. With
 //!   `Config::patch_direct` (write-back only) the parts are written to the
-//!   backing store instead (no fetch, no slot), then one backing FLUSH covers
-//!   every block written so far before the patches are dropped.
+//!   backing store instead (no fetch, no slot) and the patches are dropped
+//!   when those writes complete. They are then in the backing store's
+//!   volatile cache: the next client FLUSH issues a backing FLUSH before its
+//!   commit, and so does the end of a drain or a shutdown.
 //! * **When.** `Async`: at once. `AsyncBg`: queued, at most
 //!   `fetch_bg_inflight` in flight. `Lazy`: only when needed. In every mode:
 //!   a read not covered by the patches; a FLUSH or checkpoint (for every set
@@ -41,7 +43,10 @@
 //! arrives up to date (fetch, apply, write a version), and only then takes the
 //! usual path (a commit that started after those versions were written), so by
 //! its reply every patch acknowledged before it is in a durable commit (or, with
-//! `patch_direct`, on the backing store and flushed). We chose this over a patch
+//! `patch_direct`, on the backing store, and a backing FLUSH issued after
+//! that write completed has completed). `kill -9` after a direct write
+//! completes keeps its bytes (they are in the backing store's cache, and no
+//! cache version of the block exists to shadow them). We chose this over a patch
 //! log on the cache device: it keeps one on-disk format and one recovery path,
 //! and costs one backing read per patched block at the FLUSH, in parallel.
 //!
@@ -408,33 +413,17 @@ impl<P: Payload> Engine<P> {
             }
             return;
         }
-        // Written, not yet durable: one backing FLUSH covers every block
-        // written so far (`patch_progress`); the block stays busy until then.
-        self.patch_direct_written.push((b, id, took));
-    }
-
-    /// The backing FLUSH after direct patch writes completed.
-    pub(super) fn on_patch_direct_flush(&mut self, ok: bool) {
-        for (b, id, took) in std::mem::take(&mut self.patch_direct_flushing) {
-            let ps = self
-                .patches
-                .get(&b)
-                .expect("patched block busy until its flush");
-            assert_eq!(ps.id, id);
-            if !ok {
-                self.patch_failed(b);
-                if took {
-                    self.release_block(b);
-                }
-                continue;
-            }
-            let group = ps.group;
-            let waiters = self.remove_patch_set(b, false);
-            if group != NO_GROUP {
-                self.policy.on_patch_done(group);
-            }
-            self.rerun_waiters(b, waiters, took);
+        // On the backing store, not yet durable there: the patch set goes
+        // now (a read of the block reads these bytes back from the backing
+        // store), and the next client FLUSH issues a backing FLUSH before its
+        // commit (`Engine::flush_after_patches`).
+        self.direct_unflushed = true;
+        let group = ps.group;
+        let waiters = self.remove_patch_set(b, false);
+        if group != NO_GROUP {
+            self.policy.on_patch_done(group);
         }
+        self.rerun_waiters(b, waiters, took);
     }
 
     /// Run the pieces that waited for block `b`, then give up the block if the
@@ -547,11 +536,6 @@ impl<P: Payload> Engine<P> {
             return false;
         }
         let mut changed = false;
-        if self.patch_direct_flushing.is_empty() && !self.patch_direct_written.is_empty() {
-            self.patch_direct_flushing = std::mem::take(&mut self.patch_direct_written);
-            self.emit(Dev::Backing, IoOp::Flush, None, IoCtx::PatchDirectFlush);
-            changed = true;
-        }
         if self.retry_at.is_none() && !self.patch_retry.is_empty() {
             for b in std::mem::take(&mut self.patch_retry) {
                 if let Some(ps) = self.patches.get_mut(&b) {
@@ -581,7 +565,9 @@ impl<P: Payload> Engine<P> {
                 self.patch_bg.push_back(b);
             }
         }
-        while self.patch_bg_inflight < limit {
+        // After a failure nothing new starts in the background until
+        // `retry_at`: a backing store that is down is not hammered.
+        while self.retry_at.is_none() && self.patch_bg_inflight < limit {
             let Some(b) = self.patch_bg.pop_front() else {
                 break;
             };

@@ -41,6 +41,9 @@ struct Core {
     /// Requests whose reply did not come out of their own pump.
     waiting: HashMap<ReqId, oneshot::Sender<Reply<Bytes>>>,
     drains: Vec<oneshot::Sender<Stats>>,
+    /// A finished drain leaves the engine draining (`nvwc detach`: the server
+    /// stops next, so later writes go straight on to the backing store).
+    keep_draining: bool,
     shutdown: Option<mpsc::Sender<Stats>>,
     /// The deadline the timer thread sleeps for (`None`: it sleeps a second).
     timer_at: Option<u64>,
@@ -57,6 +60,8 @@ pub struct Host {
     t0: Instant,
     /// Export name, for logs.
     name: String,
+    /// `background_error` lines: one per second at most.
+    bg_log: super::log::Throttle,
 }
 
 impl Host {
@@ -77,6 +82,7 @@ impl Host {
                 next_id: 1,
                 waiting: HashMap::new(),
                 drains: Vec::new(),
+                keep_draining: false,
                 shutdown: None,
                 timer_at: None,
                 stopped: false,
@@ -87,6 +93,7 @@ impl Host {
             backing_q,
             t0: Instant::now(),
             name: name.to_string(),
+            bg_log: super::log::Throttle::new(),
         });
         spawn_pool(&host, cache_dev, cache_rx, cache_threads);
         spawn_pool(&host, backing_dev, backing_rx, backing_threads);
@@ -147,10 +154,13 @@ impl Host {
         (c.eng.stats(), pc)
     }
 
-    /// Write back everything dirty; resolves when nothing is dirty.
-    pub async fn drain(&self) -> Option<Stats> {
+    /// Write back everything dirty; resolves when nothing is dirty. `keep`:
+    /// stay in drain mode afterwards (detach); otherwise the write policy's
+    /// usual destaging resumes (flush).
+    pub async fn drain(&self, keep: bool) -> Option<Stats> {
         let rx = {
             let mut c = self.lock();
+            c.keep_draining |= keep;
             let now = self.now();
             c.eng.start_drain(now);
             let (tx, rx) = oneshot::channel();
@@ -232,7 +242,15 @@ impl Host {
             }
             while let Some(ev) = c.eng.poll_event() {
                 if let Event::BackgroundError { what } = ev {
-                    log!(warn, "background_error", export = &self.name, what = what);
+                    if let Some(held) = self.bg_log.pass() {
+                        log!(
+                            warn,
+                            "background_error",
+                            export = &self.name,
+                            what = what,
+                            suppressed = held
+                        );
+                    }
                 }
             }
             let now = self.now();
@@ -245,6 +263,9 @@ impl Host {
             }
         }
         if !c.drains.is_empty() && c.eng.dirty_versions() == 0 && c.eng.is_idle() {
+            if !c.keep_draining {
+                c.eng.end_drain();
+            }
             let st = c.eng.stats();
             for d in c.drains.drain(..) {
                 let _ = d.send(st.clone());

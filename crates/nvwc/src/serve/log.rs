@@ -9,7 +9,7 @@
 
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Severity, most severe first.
@@ -203,6 +203,43 @@ pub fn format_line(
         }
     }
     o
+}
+
+/// Rate limit for an event that can repeat for every failing I/O (a backing
+/// store that went away): at most one line per second; the next line that
+/// passes says how many were held back (`suppressed=N`).
+#[derive(Debug, Default)]
+pub struct Throttle {
+    last_ms: AtomicU64,
+    held: AtomicU64,
+}
+
+impl Throttle {
+    pub const fn new() -> Self {
+        Throttle {
+            last_ms: AtomicU64::new(0),
+            held: AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(lines held back since the last one)` when a line may go out now.
+    pub fn pass(&self) -> Option<u64> {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(1, |d| d.as_millis() as u64)
+            .max(1);
+        let last = self.last_ms.load(Ordering::Relaxed);
+        if (last != 0 && now < last + 1000)
+            || self
+                .last_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_err()
+        {
+            self.held.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(self.held.swap(0, Ordering::Relaxed))
+    }
 }
 
 /// Write one event (if its level is enabled).
