@@ -505,6 +505,46 @@ async fn many_clients_concurrent_integrity() {
     .await
 }
 
+/// Large writes (whose next header the server reads unbuffered) pipelined
+/// with small writes, reads and flushes on one connection keep the stream in
+/// sync and the data intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_large_and_small_requests_stay_in_sync() {
+    bounded(async {
+        let m = mem("", 8 * MIB);
+        let ts = TestServer::start(vec![m.clone()]).await;
+        let c = Arc::new(Client::connect(&ts.uri("")).await.unwrap());
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..48u64 {
+            let c = c.clone();
+            set.spawn(async move {
+                let (off, len) = match i % 3 {
+                    0 => (i * 128 * 1024, 64 * 1024),
+                    1 => (i * 128 * 1024 + 70 * 1024, 512),
+                    _ => (i * 128 * 1024 + 80 * 1024, 20 * 1024),
+                };
+                let d = random_bytes(len, 7000 + i);
+                c.write(off, d.clone(), false).await.unwrap();
+                if i % 4 == 0 {
+                    c.flush().await.unwrap();
+                }
+                assert_eq!(c.read(off, len as u32).await.unwrap(), d);
+                (off, len, i)
+            });
+        }
+        let mut done = Vec::new();
+        while let Some(r) = set.join_next().await {
+            done.push(r.unwrap());
+        }
+        for (off, len, i) in done {
+            assert_eq!(m.contents(off, len), random_bytes(len, 7000 + i));
+        }
+        c.disconnect().await.unwrap();
+        ts.server.shutdown().await;
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tcp_loopback_listener() {
     bounded(async {

@@ -23,6 +23,8 @@ use crate::proto::{
 };
 
 const IO_BUF: usize = 128 * 1024;
+/// A write at least this large makes the next header be read unbuffered.
+const LARGE_WRITE: u32 = 16 * 1024;
 /// Most extents we send in one `BLOCK_STATUS` chunk (spec: SHOULD NOT exceed 2^20).
 const MAX_EXTENTS: usize = 1 << 20;
 
@@ -198,11 +200,22 @@ where
     // once (a cache hit) costs no task spawn; one that must wait is spawned.
     let noop = std::task::Waker::from(Arc::new(NoopWake));
 
+    // After a large write, the next header is read straight from the socket
+    // when nothing is buffered: a buffered read would pull most of the next
+    // payload into the read buffer, and `read_payload` would copy it again.
+    let mut after_large_write = false;
     let end = loop {
         let mut hb = [0u8; RequestHeader::LEN];
+        let direct = after_large_write && rd.buffer().is_empty();
         let read = tokio::select! {
             biased;
-            r = rd.read_exact(&mut hb) => r,
+            r = async {
+                if direct {
+                    rd.get_mut().read_exact(&mut hb).await
+                } else {
+                    rd.read_exact(&mut hb).await
+                }
+            } => r,
             // The writer died (client gone): stop.
             _ = tx.closed() => break End::Hard("client-gone"),
             // Shutting down and nothing in flight: close.
@@ -224,6 +237,7 @@ where
         // when the request is rejected.
         let mut payload = None;
         let mut bytes_permit = None;
+        after_large_write = hdr.command == Command::Write && hdr.length >= LARGE_WRITE;
         if hdr.command == Command::Write {
             let len = hdr.length;
             if len > conn.info.max_block && len > SAFE_PAYLOAD_LEN {
