@@ -40,6 +40,13 @@ impl WritePolicyKind {
             WritePolicyKind::JournaledHints => "journaled-hints",
         }
     }
+    /// `journaled` or `journaled-hints`.
+    pub fn journaled(self) -> bool {
+        matches!(
+            self,
+            WritePolicyKind::Journaled | WritePolicyKind::JournaledHints
+        )
+    }
     /// Numeric code stored in the superblock.
     pub fn code(self) -> u32 {
         match self {

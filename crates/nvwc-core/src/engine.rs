@@ -1046,7 +1046,9 @@ impl<P: Payload> Engine<P> {
                 if len == 0 {
                     return self.reply_data(req.id, P::zeroes(0));
                 }
-                self.start_rw(req.id, offset, len as u64, None, false, req.tag, false);
+                self.start_rw(
+                    req.id, offset, len as u64, None, false, req.tag, false, true,
+                );
             }
             ReqOp::Write { offset, data, fua } => {
                 self.stats.writes += 1;
@@ -1537,7 +1539,19 @@ impl<P: Payload> Engine<P> {
             // No group to join and no slot to reserve: a piece that is cached
             // after all (its block is cached) takes a spare slot or waits for
             // one like any stalled writer, which write-back can always free.
-            self.start_rw(id, offset, len, Some(data), fua, tag, true);
+            self.start_rw(id, offset, len, Some(data), fua, tag, true, true);
+            return;
+        }
+        if bypass && self.journal_bypass_ok(first, last) {
+            // Journaled: the write takes no transaction and runs now, ahead
+            // of anything queued after it (see `journal_bypass_ok`).
+            let pieces = self.start_rw(id, offset, len, Some(data), fua, tag, true, false);
+            assert_eq!(self.piece_queue.len(), pieces.len());
+            self.piece_queue.clear();
+            for p in pieces {
+                self.active_pieces += 1;
+                self.start_piece(p);
+            }
             return;
         }
         let need = if self.policy.synchronous_backing() {
@@ -1579,7 +1593,16 @@ impl<P: Payload> Engine<P> {
                 self.stats.stalled_writes += a.pieces;
                 self.stats.stall_ns += (self.now - since) * a.pieces;
             }
-            let pieces = self.start_rw(a.id, a.offset, a.len, Some(a.data), a.fua, a.tag, a.bypass);
+            let pieces = self.start_rw(
+                a.id,
+                a.offset,
+                a.len,
+                Some(a.data),
+                a.fua,
+                a.tag,
+                a.bypass,
+                true,
+            );
             // The first `need` pieces each hold one reservation.
             for &k in pieces.iter().take(a.need as usize) {
                 self.pieces.get_mut(k).reserved = true;
@@ -1598,6 +1621,8 @@ impl<P: Payload> Engine<P> {
     }
 
     /// Split a request into block pieces and queue them; returns the pieces.
+    /// A write joins its write-policy group unless `grouped` is false (a
+    /// journaled bypass, `journal_bypass_ok`).
     #[allow(clippy::too_many_arguments)]
     fn start_rw(
         &mut self,
@@ -1608,9 +1633,16 @@ impl<P: Payload> Engine<P> {
         fua: bool,
         tag: Tag,
         bypass: bool,
+        grouped: bool,
     ) -> Vec<u32> {
         let write = data.is_some();
-        let (seq, group) = if write {
+        let (seq, group) = if write && !grouped {
+            assert!(bypass && self.policy.kind().journaled());
+            // Decided by `admit_write` with `journal_bypass_ok`: the write
+            // belongs to no transaction (and so has no sequence number: the
+            // transactions' sequence ranges never cover it).
+            (0, NO_GROUP)
+        } else if write {
             let seq = self.next_seq;
             self.next_seq += 1;
             let g = if self.policy.synchronous_backing() {
@@ -1869,7 +1901,7 @@ impl<P: Payload> Engine<P> {
         }
         let bypass = self.pieces.get(p).bypass;
         if self.bypassing && !self.policy.synchronous_backing() {
-            if bypass && self.can_bypass(b) {
+            if bypass && self.can_bypass(p, b) {
                 return self.bypass_piece(p, b);
             }
             if bypass {
@@ -1998,13 +2030,28 @@ impl<P: Payload> Engine<P> {
     /// that the write policy decides (`WritePolicy::bypass_ok`); under ordered
     /// no destage plan or patch may be in flight either, so every write
     /// completed before this one is already durable on the backing store.
-    fn can_bypass(&self, b: u32) -> bool {
+    ///
+    /// Journaled decides at admission (`journal_bypass_ok`): a piece without
+    /// a transaction bypasses, and the block conditions MUST still hold (its
+    /// pieces ran at once); a piece with one is cached.
+    fn can_bypass(&self, p: u32, b: u32) -> bool {
         let blk = &self.blocks[b as usize];
         let local = blk.latest == NIL
             && blk.shadows == 0
             && blk.destaging == 0
             && !self.patches.contains_key(&b)
             && !self.retired_lbns.contains_key(&blk.lbn());
+        if self.policy.kind().journaled() {
+            if self.pieces.get(p).group != NO_GROUP {
+                return false;
+            }
+            assert!(
+                local,
+                "journaled bypass of block {} admitted, but the block changed before it ran",
+                blk.lbn()
+            );
+            return true;
+        }
         local
             && match self.policy.kind() {
                 WritePolicyKind::WriteBack => true,
@@ -2015,6 +2062,46 @@ impl<P: Payload> Engine<P> {
                         && self.policy.bypass_ok()
                 }
             }
+    }
+
+    /// May a rejected write of blocks `first..=last` bypass under journaled?
+    ///
+    /// Only while the journal is empty (`WritePolicy::bypass_ok`: every
+    /// transaction before the open one checkpointed, no checkpoint or its
+    /// commit in flight, and the open one never written), nothing is destaged
+    /// or patched, nothing waits for admission or a place to run, and every
+    /// block passes `can_bypass`'s block conditions and is not held by a
+    /// write. Then every write acknowledged before this one is durable on
+    /// the backing store, and the write becomes a transaction of its own,
+    /// ahead of every write of the open transaction: its pieces run at once
+    /// (a read in flight on one of its blocks drops its cache fill, as for
+    /// any write), so the conditions still hold when they do. Writes that
+    /// complete after it are checkpointed after it is durable (it is written
+    /// with FUA and acknowledged only then); writes concurrent with it may
+    /// reach the backing store before or after it, as concurrency allows.
+    fn journal_bypass_ok(&self, first: u64, last: u64) -> bool {
+        if !(self.policy.kind().journaled()
+            && self.policy.bypass_ok()
+            && self.destage_inflight == 0
+            && self.plans.is_empty()
+            && self.patches.is_empty()
+            && self.admit_queue.is_empty()
+            && self.piece_queue.is_empty())
+        {
+            return false;
+        }
+        (first..=last).all(|lbn| {
+            let Some(b) = self.index.get(lbn, |id| self.blocks[id as usize].lbn()) else {
+                return !self.retired_lbns.contains_key(&lbn);
+            };
+            let blk = &self.blocks[b as usize];
+            !blk.busy
+                && blk.latest == NIL
+                && blk.shadows == 0
+                && blk.destaging == 0
+                && !self.waiters.contains_key(&b)
+                && !self.retired_lbns.contains_key(&lbn)
+        })
     }
 
     /// Write a rejected piece straight to the backing store, with FUA: it is

@@ -66,7 +66,9 @@ pub struct Reply<P> {
     pub id: ReqId,
     /// `Ok(Some(data))` for reads, `Ok(None)` otherwise.
     pub result: Result<Option<P>, ReqError>,
-    /// For writes: the sequence number the engine gave the write (issue order); 0 otherwise.
+    /// For writes: the sequence number the engine gave the write (issue
+    /// order); 0 otherwise, and for a journaled write that bypassed the cache
+    /// (it belongs to no transaction).
     pub seq: u64,
 }
 

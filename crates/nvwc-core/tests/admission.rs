@@ -198,7 +198,7 @@ fn critical_waiter_reissues_an_outstanding_bypass_write() {
 }
 
 /// Ordered: a rejected write bypasses only while every completed write is
-/// on the backing store; journaled never bypasses.
+/// on the backing store; journaled only while the journal is empty.
 #[test]
 fn consistent_policies_bypass_only_when_it_keeps_their_guarantee() {
     let mut h = MemHarness::new(cfg(WritePolicyKind::Ordered, AdmissionKind::Critical));
@@ -221,16 +221,60 @@ fn consistent_policies_bypass_only_when_it_keeps_their_guarantee() {
         "w3 is in the cache, not on the backing store"
     );
 
+    // Journaled: only while the journal is empty, and then the write belongs
+    // to no transaction (its reply carries no sequence number).
     for policy in [WritePolicyKind::Journaled, WritePolicyKind::JournaledHints] {
         let mut h = MemHarness::new(cfg(policy, AdmissionKind::Critical));
         h.submit_tagged(1, write(0, 1, BS), tag(false));
-        h.wait(1, &mut |_| 0).result.unwrap();
+        let cmds: Vec<_> = h.inflight().iter().cloned().collect();
+        assert!(
+            matches!(
+                cmds.as_slice(),
+                [IoCmd {
+                    dev: Dev::Backing,
+                    op: IoOp::Write { fua: true, .. },
+                    ..
+                }]
+            ),
+            "{policy}: empty journal: one FUA backing write: {cmds:?}"
+        );
+        let r = h.wait(1, &mut |_| 0);
+        assert!(r.result.is_ok() && r.seq == 0, "{policy}: {r:?}");
+        assert_eq!(h.backing[0], 1, "{policy}");
+        // A cached write opens the journal: the next rejected write joins it.
+        h.submit_tagged(2, write(BS, 2, BS), tag(true));
+        h.wait(2, &mut |_| 0).result.unwrap();
+        h.submit_tagged(3, write(2 * BS, 3, BS), tag(false));
+        let r = h.wait(3, &mut |_| 0);
+        assert!(r.result.is_ok() && r.seq != 0, "{policy}: {r:?}");
         let st = h.engine.stats().clone();
         assert_eq!(
             (st.bypassed_pieces, st.bypass_refused),
-            (0, 1),
+            (1, 1),
             "{policy}: {st:?}"
         );
+        assert_eq!(
+            h.backing[2 * BS as usize],
+            0,
+            "{policy}: w3 is in the cache"
+        );
+        // Once everything is checkpointed the journal is empty again.
+        h.submit(4, ReqOp::Checkpoint);
+        h.wait(4, &mut |_| 0).result.unwrap();
+        h.settle(&mut |_| 0);
+        assert_eq!(h.backing[2 * BS as usize], 3, "{policy}: checkpointed");
+        h.submit_tagged(5, write(3 * BS, 5, BS), tag(false));
+        let r = h.wait(5, &mut |_| 0);
+        assert!(r.result.is_ok() && r.seq == 0, "{policy}: {r:?}");
+        assert_eq!(h.engine.stats().bypassed_pieces, 2, "{policy}");
+        assert_eq!(h.backing[3 * BS as usize], 5, "{policy}");
+        for (i, want) in [1u8, 2, 3, 5].into_iter().enumerate() {
+            assert_block(
+                read(&mut h, 10 + i as u64, i as u64 * BS, BS as u32),
+                want,
+                policy,
+            );
+        }
     }
 }
 

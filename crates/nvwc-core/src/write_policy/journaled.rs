@@ -171,8 +171,22 @@ impl Journaled {
 }
 
 impl WritePolicy for Journaled {
+    /// The journal is empty: every transaction before the open one is
+    /// checkpointed (and gone), no checkpoint or commit is in flight, and the
+    /// open transaction has never had a write (so its sequence range starts
+    /// after a write that bypasses now). The engine then lets a rejected
+    /// write bypass as a transaction of its own (`Engine::journal_bypass_ok`).
     fn bypass_ok(&self) -> bool {
-        false
+        !self.ckpt_in_flight
+            && !self.awaiting_commit
+            && self.committing_upto.is_none()
+            && self.txns.len() == 1
+            && self.txns.front().is_some_and(|t| {
+                t.state == TxnState::Open
+                    && t.first_seq == 0
+                    && t.inflight == 0
+                    && t.slots.is_empty()
+            })
     }
     fn kind(&self) -> WritePolicyKind {
         if self.hints {

@@ -156,8 +156,10 @@ pub trait WritePolicy: Send {
     /// backing store between flushes: yes. Ordered: only while every
     /// completed write is already on the backing store (no version belongs
     /// to a node), since the bypassed write must land after all of them.
-    /// Journaled: no (a bypassed write would be a transaction of its own
-    /// checkpointed out of turn; see ARCHITECTURE.md).
+    /// Journaled: only while the journal is empty (nothing written since the
+    /// last checkpoint), when the bypassed write can be a transaction of its
+    /// own ahead of the open one; the engine decides that at admission
+    /// (`Engine::journal_bypass_ok`; see ARCHITECTURE.md).
     fn bypass_ok(&self) -> bool {
         true
     }
