@@ -2230,9 +2230,12 @@ impl<P: Payload> Engine<P> {
     /// the piece completes when its cache write does, as a dirty version,
     /// and the backing write's completion is discarded when it comes.
     ///
-    /// Only under write-back (under ordered a bypass completes once durable on
-    /// the backing store and later writes are ordered after it; a cached copy
-    /// could not be acknowledged earlier without breaking that), only for a
+    /// Only under write-back. Under ordered, the orphaned backing write is a
+    /// write the dependency graph does not know: a later version of the block
+    /// can be destaged in a wave, and later waves after it, before the orphan
+    /// lands with the older bytes (tried: the test
+    /// `an_orphaned_bypass_write_never_lands_over_a_later_destage` fails with
+    /// ordered reissue). Only for a
     /// whole-block piece (a partial one would need the block's other bytes),
     /// and only when a spare slot is free. Otherwise the waiter waits.
     ///
