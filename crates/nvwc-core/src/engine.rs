@@ -3103,8 +3103,15 @@ impl<P: Payload> Engine<P> {
             .oldest_change
             .is_some_and(|t| self.now >= t.saturating_add(self.cfg.autocommit_ns))
             || self.meta_dirty.len() >= self.cfg.autocommit_changes as usize;
-        let reclaim =
-            self.retired_pending > 0 && (self.free_slots.len() as u64) < self.free_wanted();
+        // Reclaim when writers need slots, and also before they have to
+        // wait: once free slots fall below an eighth of the cache and a
+        // commit would release at least a thirty-second of it, that commit
+        // starts while the free slots still absorb writes.
+        let free = self.free_slots.len() as u64;
+        let cap = self.cfg.capacity_blocks;
+        let reclaim = self.retired_pending > 0
+            && (free < self.free_wanted()
+                || free < cap / 8 && self.retired_pending >= (cap / 32).max(1));
         let shutdown = self.shutting_down
             && self.reqs.is_empty()
             && self.plans.is_empty()

@@ -245,16 +245,26 @@ fn an_orphaned_bypass_write_never_lands_over_a_later_destage() {
             "{policy}: both complete while the orphan is in flight iff reissued: {:?}",
             h.replies
         );
-        assert_eq!(h.engine.stats().reissued_writes, reissues as u64, "{policy}");
+        assert_eq!(
+            h.engine.stats().reissued_writes,
+            reissues as u64,
+            "{policy}"
+        );
         h.submit_tagged(3, write(0, 6, BS), tag(true));
         h.submit(4, ReqOp::Flush);
         others_first(&mut h);
         // Now the orphan, then whatever it released.
         h.settle(&mut |_| 0);
         let st = h.engine.stats().clone();
-        assert_eq!(st.discarded_completions, reissues as u64, "{policy}: {st:?}");
+        assert_eq!(
+            st.discarded_completions, reissues as u64,
+            "{policy}: {st:?}"
+        );
         assert_eq!(h.engine.dirty_versions(), 0, "{policy}: destaged");
-        assert_eq!(h.backing[0], 6, "{policy}: the orphan landed over the newer version");
+        assert_eq!(
+            h.backing[0], 6,
+            "{policy}: the orphan landed over the newer version"
+        );
         assert_block(read(&mut h, 5, 0, BS as u32), 6, policy);
     }
 }

@@ -146,9 +146,11 @@ pub struct Args {
     /// `kill -9` can take of writes no FLUSH covered.
     #[arg(long, default_value_t = 1000)]
     commit_interval_ms: u64,
-    /// Also commit once this many cache entries changed (default: a quarter
-    /// of the cache's blocks, at least 4096). FLUSH, FUA and reclaiming space
-    /// commit whenever they need to.
+    /// Also commit once this many cache entries changed (default: the
+    /// cache's block count, at least 4096, so in practice the interval
+    /// decides). FLUSH, FUA and reclaiming space commit whenever they need
+    /// to. Every commit syncs the cache device and makes the next rewrite of
+    /// each block go to a fresh slot, so frequent commits cost throughput.
     #[arg(long)]
     commit_changes: Option<u32>,
 }
@@ -1156,7 +1158,7 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
     cfg.autocommit_ns = a.commit_interval_ms.max(1) * 1_000_000;
     cfg.autocommit_changes = a
         .commit_changes
-        .unwrap_or((capacity / 4).clamp(4096, u64::from(u32::MAX)) as u32)
+        .unwrap_or(capacity.clamp(4096, u64::from(u32::MAX)) as u32)
         .max(1);
     cfg.validate()?;
     let eng = open_engine(cfg.clone(), &cache, cache_new, &e.name)?;
