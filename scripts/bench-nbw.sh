@@ -8,6 +8,9 @@
 # async, async-bg, lazy, and lazy with direct patch write-back (no fetch at all).
 # One line per cell; ratio = the mode's IOPS / blocking's IOPS (medians of REPS).
 # Usage: scripts/bench-nbw.sh [RUNTIME_SECONDS=5] [REPS=3]   (MODES="blocking lazy" to run fewer)
+# Env: BACKING_THREADS (nbdkit --threads, default nbdkit's 16: the emulated
+# backing store serves at most that many delayed reads at once, which bounds
+# how fast lazy's background fetches can retire patches).
 # Env: PATCH_MEM (nvwc --patch-mem, default the server's 64M). Lazy's gain lasts
 # while the patches fit: once patch memory is full, writers wait for fetches
 # to retire patches, so a sustained run is bounded by the backing read rate
@@ -45,7 +48,7 @@ for block in 4k 64k; do
       vals=()
       for r in $(seq "$REPS"); do
         rm -f "$W"/*.img "$W"/*.sock; truncate -s 8G "$W/backing.img"
-        nbdkit -U "$W/d.sock" -f --exit-with-parent --filter=delay file "$W/backing.img" delay-read=1ms & PIDS+=($!); wait_sock "$W/d.sock"
+        nbdkit -U "$W/d.sock" -f --exit-with-parent --threads "${BACKING_THREADS:-16}" --filter=delay file "$W/backing.img" delay-read=1ms & PIDS+=($!); wait_sock "$W/d.sock"
         (cd "$W" && exec "$NVWC" serve --backing "nbd+unix:///?socket=$W/d.sock" --cache cache.img --cache-size 1G \
             --block-size "$block" --write-policy write-back --fetch "$fetch" "${extra[@]}" --patch-mem "${PATCH_MEM:-64M}" \
             --listen none --unix n.sock --control n.ctl >/dev/null 2>&1) & PIDS+=($!); wait_sock "$W/n.sock"

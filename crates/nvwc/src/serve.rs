@@ -90,6 +90,12 @@ pub struct Args {
     /// RAM for patches; at the limit partial writes fall back to blocking.
     #[arg(long, default_value = "64M", value_parser = parse_size)]
     patch_mem: u64,
+    /// Background fetches (async-bg, and lazy's patch cleaning) in flight at
+    /// most. Match it to the backing store's parallelism: below it, lazy
+    /// retires patches no faster than blocking fetches. (An upstream NBD
+    /// backing store is driven by 64 worker threads, a file by 4.)
+    #[arg(long, default_value_t = 64)]
+    fetch_inflight: u32,
     /// Write-back only: write a patched block back as partial writes to the
     /// backing store, with no fetch.
     #[arg(long)]
@@ -1149,6 +1155,7 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
         .map_err(|err| anyhow::anyhow!("--fetch: {err}"))?;
     cfg.patch_mem_bytes = a.patch_mem;
     cfg.patch_direct = a.patch_direct;
+    cfg.fetch_bg_inflight = a.fetch_inflight;
     cfg.rewrite_in_place = a.rewrite_in_place;
     cfg.admission = a
         .admission
@@ -1183,7 +1190,7 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
         cache_dev,
         backing_dev,
         2,
-        if upstream { 16 } else { 4 },
+        if upstream { 64 } else { 4 },
         &e.name,
     );
     let mut info = ExportInfo::new(e.name.clone(), usable).with_all_features();
