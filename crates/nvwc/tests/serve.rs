@@ -35,12 +35,82 @@ impl Drop for Server {
     }
 }
 
-fn start(dir: &Path, policy: &str) -> Server {
-    start_with(
-        dir,
-        &[
-            "--size",
-            "64M",
+/// Where a test server's backing store lives: its own file (created with
+/// `--size`), or an upstream nbdkit `file` export on a unix socket (the
+/// write-policy paper's networked storage), which outlives server restarts.
+enum Backing {
+    File(&'static str),
+    Upstream(Child, String),
+}
+
+impl Backing {
+    /// `upstream`: start `nbdkit file` on `dir/up.img` of `size` bytes.
+    fn new(dir: &Path, upstream: bool, size: &'static str) -> Backing {
+        if !upstream {
+            return Backing::File(size);
+        }
+        must(&format!("truncate -s {size} {}/up.img", dir.display()));
+        let sock = dir.join("up.sock");
+        let _ = std::fs::remove_file(&sock);
+        // One nbdkit thread: nbdkit 1.32 can abort when a client is killed
+        // while several of its workers still send replies (the tests kill -9).
+        let child = Command::new("nbdkit")
+            .args(["-U"])
+            .arg(&sock)
+            .args(["-f", "--exit-with-parent", "--threads", "1", "file"])
+            .arg(dir.join("up.img"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nbdkit");
+        let t = Instant::now();
+        while !sock.exists() {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "nbdkit did not start"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Backing::Upstream(child, format!("nbd+unix:///?socket={}", sock.display()))
+    }
+
+    fn args(&self) -> Vec<String> {
+        match self {
+            Backing::File(size) => vec!["--size".into(), size.to_string()],
+            Backing::Upstream(_, uri) => vec!["--backing".into(), uri.clone()],
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Backing::File(_) => "file",
+            Backing::Upstream(..) => "upstream",
+        }
+    }
+}
+
+impl Drop for Backing {
+    fn drop(&mut self) {
+        if let Backing::Upstream(child, _) = self {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Both backing kinds, when the upstream one can run (nbdkit installed).
+fn backing_kinds() -> Vec<bool> {
+    if tool("nbdkit") {
+        vec![false, true]
+    } else {
+        vec![false]
+    }
+}
+
+fn start(dir: &Path, policy: &str, backing: &Backing) -> Server {
+    let mut args = backing.args();
+    args.extend(
+        [
             "--cache-size",
             "8M",
             "--write-policy",
@@ -49,8 +119,11 @@ fn start(dir: &Path, policy: &str) -> Server {
             "16",
             "--txn-age-ms",
             "20",
-        ],
-    )
+        ]
+        .map(String::from),
+    );
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    start_with(dir, &refs)
 }
 
 fn uri(dir: &Path) -> String {
@@ -92,15 +165,22 @@ fn real_clients_every_policy_and_kill9_recovery() {
     if !tool("qemu-io") || !tool("nbdinfo") {
         return;
     }
-    for policy in [
-        "write-through",
-        "write-back",
-        "ordered",
-        "journaled",
-        "journaled-hints",
-    ] {
-        let dir = tempdir(policy);
-        let s = start(&dir, policy);
+    for (upstream, policy) in backing_kinds().into_iter().flat_map(|u| {
+        [
+            "write-through",
+            "write-back",
+            "ordered",
+            "journaled",
+            "journaled-hints",
+        ]
+        .map(|p| (u, p))
+    }) {
+        let dir = tempdir(&format!("{policy}-{upstream}"));
+        let backing = Backing::new(&dir, upstream, "64M");
+        let policy_name = format!("{policy} over {}", backing.name());
+        let policy = policy_name.as_str();
+        let pol = policy.split(' ').next().unwrap();
+        let s = start(&dir, pol, &backing);
         for flag in ["flush", "fua", "multi-conn", "trim", "zero"] {
             let ok = Command::new("nbdinfo")
                 .args(["--can", flag])
@@ -138,7 +218,7 @@ fn real_clients_every_policy_and_kill9_recovery() {
         qemu_io(&dir, &refs);
         // Crash the server: everything flushed must come back.
         drop(s);
-        let s = start(&dir, policy);
+        let s = start(&dir, pol, &backing);
         let mut check: Vec<String> = (0..12)
             .map(|i| format!("read -P {} {}M 1M", 0x10 + i, i))
             .collect();
@@ -160,6 +240,7 @@ fn real_clients_every_policy_and_kill9_recovery() {
             "{policy}: wrong pattern not detected: {t}"
         );
         drop(s);
+        drop(backing);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
@@ -270,11 +351,15 @@ fn ext4_round_trip_across_restart() {
         eprintln!("SKIP: needs root and /dev/fuse");
         return;
     }
-    for policy in ["write-back", "journaled"] {
-        let dir = tempdir(&format!("fs-{policy}"));
+    for (upstream, policy) in backing_kinds()
+        .into_iter()
+        .flat_map(|u| ["write-back", "journaled"].map(|p| (u, p)))
+    {
+        let dir = tempdir(&format!("fs-{policy}-{upstream}"));
         let mnt = dir.join("mnt");
         std::fs::create_dir_all(&mnt).unwrap();
-        let s = start(&dir, policy);
+        let backing = Backing::new(&dir, upstream, "64M");
+        let s = start(&dir, policy, &backing);
         {
             let a = Attached::new(&dir);
             must(&format!("mkfs.ext4 -q -F {}", a.loopdev));
@@ -286,19 +371,21 @@ fn ext4_round_trip_across_restart() {
             must(&format!("umount {}", mnt.display()));
         }
         stop(s);
-        let s = start(&dir, policy);
+        let s = start(&dir, policy, &backing);
         {
             let a = Attached::new(&dir);
             let out = must(&format!("e2fsck -fn {}", a.loopdev));
             assert!(
                 out.contains("clean") || out.contains("Pass 5"),
-                "{policy}: e2fsck: {out}"
+                "{policy} over {}: e2fsck: {out}",
+                backing.name()
             );
             must(&format!("mount {} {}", a.loopdev, mnt.display()));
             must(&format!("cd {} && md5sum -c ../sums", mnt.display()));
             must(&format!("umount {}", mnt.display()));
         }
         stop(s);
+        drop(backing);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
@@ -310,55 +397,58 @@ fn nbdcopy_and_fio_verify() {
     if !tool("nbdcopy") || !tool("fio") {
         return;
     }
-    let dir = tempdir("copy");
-    // 256 MiB (the acceptance size) through a 64 MiB cache: the copy
-    // in destages and evicts all along, the copy out reads mostly misses.
-    let s = start_with(
-        &dir,
-        &[
-            "--size",
-            "512M",
-            "--cache-size",
-            "64M",
-            "--write-policy",
-            "write-back",
-        ],
-    );
-    let src = dir.join("src.bin");
-    let back = dir.join("back.bin");
-    let t0 = Instant::now();
-    must(&format!("head -c 256M /dev/urandom > {}", src.display()));
-    must(&format!(
-        "nbdcopy --connections=4 {} '{}'",
-        src.display(),
-        uri(&dir)
-    ));
-    must(&format!(
-        "nbdcopy --connections=4 '{}' {}",
-        uri(&dir),
-        back.display()
-    ));
-    let a = must(&format!("head -c 256M {} | md5sum", back.display()));
-    let b = must(&format!("md5sum < {}", src.display()));
-    assert_eq!(
-        a.split_whitespace().next(),
-        b.split_whitespace().next(),
-        "nbdcopy round trip differs"
-    );
-    eprintln!("nbdcopy 256 MiB in and out: {:?}", t0.elapsed());
-    let sock = dir.join("nvwc-data/nvwc.sock");
-    for (rw, bs) in [("randwrite", "4k"), ("randrw", "64k")] {
-        let out = must(&format!(
-            "fio --name=v --ioengine=nbd --uri='nbd+unix:///?socket={}' --rw={rw} --bs={bs} --size=16M --iodepth=16 --verify=crc32c --verify_state_save=0 --do_verify=1 --verify_fatal=1 --offset=16M 2>&1",
-            sock.display()
+    for upstream in backing_kinds() {
+        let dir = tempdir(&format!("copy-{upstream}"));
+        let backing = Backing::new(&dir, upstream, "512M");
+        let what = backing.name();
+        // 256 MiB (the acceptance size) through a 64 MiB cache: the
+        // copy in destages and evicts all along, the copy out reads mostly
+        // misses.
+        let mut args = backing.args();
+        args.extend(["--cache-size", "64M", "--write-policy", "write-back"].map(String::from));
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        let s = start_with(&dir, &refs);
+        let src = dir.join("src.bin");
+        let back = dir.join("back.bin");
+        let t0 = Instant::now();
+        must(&format!("head -c 256M /dev/urandom > {}", src.display()));
+        must(&format!(
+            "nbdcopy --connections=4 {} '{}'",
+            src.display(),
+            uri(&dir)
         ));
-        assert!(
-            out.contains("err= 0") && !out.contains("verify: bad"),
-            "fio {rw} {bs}: {out}"
+        must(&format!(
+            "nbdcopy --connections=4 '{}' {}",
+            uri(&dir),
+            back.display()
+        ));
+        let a = must(&format!("head -c 256M {} | md5sum", back.display()));
+        let b = must(&format!("md5sum < {}", src.display()));
+        assert_eq!(
+            a.split_whitespace().next(),
+            b.split_whitespace().next(),
+            "{what}: nbdcopy round trip differs"
         );
+        eprintln!("{what}: nbdcopy 256 MiB in and out: {:?}", t0.elapsed());
+        let sock = dir.join("nvwc-data/nvwc.sock");
+        // Over data the copy left (offset 16M): a stale or misplaced block
+        // fails the crc32c check.
+        for rw in ["randwrite", "randrw"] {
+            for bs in ["4k", "64k"] {
+                let out = must(&format!(
+                    "fio --name=v --ioengine=nbd --uri='nbd+unix:///?socket={}' --rw={rw} --bs={bs} --size=16M --iodepth=16 --verify=crc32c --verify_state_save=0 --do_verify=1 --verify_fatal=1 --offset=16M 2>&1",
+                    sock.display()
+                ));
+                assert!(
+                    out.contains("err= 0") && !out.contains("verify: bad"),
+                    "{what}: fio {rw} {bs}: {out}"
+                );
+            }
+        }
+        drop(s);
+        drop(backing);
+        let _ = std::fs::remove_dir_all(&dir);
     }
-    drop(s);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Upstream mode: the backing store is an nbdkit `file` export on a unix
@@ -554,7 +644,7 @@ fn control_socket_flush_and_detach() {
     }
     for policy in ["write-back", "ordered", "journaled"] {
         let dir = tempdir(&format!("ctl-{policy}"));
-        let mut s = start(&dir, policy);
+        let mut s = start(&dir, policy, &Backing::File("64M"));
         qemu_io(&dir, &["write -P 0x6b 0 3M", "write -P 0x6c 5M 100k"]);
         let nvwc = |cmd: &str| {
             let out = Command::new(env!("CARGO_BIN_EXE_nvwc"))
