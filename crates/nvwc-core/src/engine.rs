@@ -213,6 +213,9 @@ struct Piece<P> {
     bypass: bool,
     /// A critical request issued it or waits behind it (inherited).
     critical: bool,
+    /// The class the request's tag gave it (critical or normal), for the
+    /// per-class admission counters; inheritance does not change it.
+    tag_critical: bool,
     /// Counted in `active_pieces` (a bypass piece in flight to the backing
     /// store is not: it only waits for that device, and counting it would
     /// let a burst of slow bypass writes hold every place a cached write
@@ -1686,6 +1689,7 @@ impl<P: Payload> Engine<P> {
                 reserved: false,
                 bypass,
                 critical: tag.critical,
+                tag_critical: tag.critical,
                 counted: true,
                 req: id,
                 lbn,
@@ -1913,7 +1917,7 @@ impl<P: Payload> Engine<P> {
                     .expect("piece of unknown request")
                     .cached = true;
             } else {
-                self.stats.admitted_pieces += 1;
+                self.count_admitted(p);
             }
         }
         if self.policy.synchronous_backing() {
@@ -1939,10 +1943,9 @@ impl<P: Payload> Engine<P> {
             // A rejected write under write-through keeps the cache out of it:
             // the old copy (if any) is gone above, and no new one is made.
             if bypass {
-                self.stats.bypassed_pieces += 1;
-                self.stats.bypassed_bytes += (end - start) as u64;
+                self.count_bypassed(p);
             } else if self.bypassing {
-                self.stats.admitted_pieces += 1;
+                self.count_admitted(p);
             }
             if full
                 && !bypass
@@ -2017,6 +2020,25 @@ impl<P: Payload> Engine<P> {
                     from_cache: false,
                 },
             );
+        }
+    }
+
+    /// Admission counters: every class, and the critical class alone (the
+    /// class the request's tag gave the piece).
+    fn count_admitted(&mut self, p: u32) {
+        self.stats.admitted_pieces += 1;
+        if self.pieces.get(p).tag_critical {
+            self.stats.critical_admitted_pieces += 1;
+        }
+    }
+
+    fn count_bypassed(&mut self, p: u32) {
+        let pc = self.pieces.get(p);
+        let (bytes, critical) = ((pc.end - pc.start) as u64, pc.tag_critical);
+        self.stats.bypassed_pieces += 1;
+        self.stats.bypassed_bytes += bytes;
+        if critical {
+            self.stats.critical_bypassed_pieces += 1;
         }
     }
 
@@ -2114,12 +2136,7 @@ impl<P: Payload> Engine<P> {
     /// the backing store, and the cache holds nothing of the block that
     /// recovery could put over it (`can_bypass`).
     fn bypass_piece(&mut self, p: u32, b: u32) {
-        let (start, end) = {
-            let pc = self.pieces.get(p);
-            (pc.start, pc.end)
-        };
-        self.stats.bypassed_pieces += 1;
-        self.stats.bypassed_bytes += (end - start) as u64;
+        self.count_bypassed(p);
         let pc = self.pieces.get_mut(p);
         pc.ios = 1;
         pc.counted = false;
@@ -2271,6 +2288,9 @@ impl<P: Payload> Engine<P> {
         self.bypass_io.remove(&b);
         self.blocks[b as usize].destaging += 1;
         self.stats.reissued_writes += 1;
+        if self.pieces.get(p).tag_critical {
+            self.stats.critical_reissued_writes += 1;
+        }
         let req = self.pieces.get(p).req;
         self.reqs
             .get_mut(&req)

@@ -77,6 +77,11 @@ pub struct Stats {
     /// a critical waiter, and original backing completions discarded.
     pub reissued_writes: u64,
     pub discarded_completions: u64,
+    /// The admission counters above for critical requests alone (by the
+    /// request's tag; the normal class is the total minus these).
+    pub critical_admitted_pieces: u64,
+    pub critical_bypassed_pieces: u64,
+    pub critical_reissued_writes: u64,
     /// Cascading dependencies: writes that inherited criticality from a
     /// critical request waiting behind them.
     pub inherited: u64,

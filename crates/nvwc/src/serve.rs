@@ -550,7 +550,8 @@ macro_rules! stat_fields {
             stalled_writes stall_ns admission_stalls evictions destaged_blocks destage_plans destage_failures commits commit_failures
             io_errors patches_created patch_merges patch_reads patch_fetches patch_direct_writes patch_discards
             patch_fallbacks patch_waits patch_fetch_errors admitted_pieces bypassed_pieces bypassed_bytes bypass_refused
-            reissued_writes discarded_completions inherited patched_blocks patch_bytes dirty_blocks cached_blocks free_slots)
+            reissued_writes discarded_completions critical_admitted_pieces critical_bypassed_pieces
+            critical_reissued_writes inherited patched_blocks patch_bytes dirty_blocks cached_blocks free_slots)
     };
 }
 
@@ -641,6 +642,23 @@ fn metrics_text(exports: &[Arc<NvwcExport>]) -> String {
     for (e, (_, pc)) in &snaps {
         for (k, v) in pc {
             o += &format!("# TYPE nvwc_{k} gauge\nnvwc_{k}{{{}}} {v}\n", label(e));
+        }
+    }
+    // Admission outcomes per class (critical by an export or connection
+    // hint, or normal): pieces admitted, bypassed, and reissued to the cache.
+    o += "# TYPE nvwc_admission_pieces counter\n";
+    for (e, (st, _)) in &snaps {
+        for (outcome, all, crit) in [
+            ("admitted", st.admitted_pieces, st.critical_admitted_pieces),
+            ("bypassed", st.bypassed_pieces, st.critical_bypassed_pieces),
+            ("reissued", st.reissued_writes, st.critical_reissued_writes),
+        ] {
+            for (class, v) in [("critical", crit), ("normal", all - crit)] {
+                o += &format!(
+                    "nvwc_admission_pieces{{{},class=\"{class}\",outcome=\"{outcome}\"}} {v}\n",
+                    label(e)
+                );
+            }
         }
     }
     o += "# TYPE nvwc_request_latency_seconds histogram\n";

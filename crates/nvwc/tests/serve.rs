@@ -962,6 +962,32 @@ fn admission_hints_per_connection_and_export() {
         let at = st.find(&key).unwrap_or_else(|| panic!("{name} in {st}")) + key.len();
         st[at..].split([',', '}']).next().unwrap().parse().unwrap()
     };
+    // A free loopback port for the Prometheus endpoint.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    let maddr = format!("127.0.0.1:{port}");
+    let scrape = || -> String {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(&maddr).expect("metrics endpoint");
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut body = String::new();
+        c.read_to_string(&mut body).unwrap();
+        assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+        body
+    };
+    // The value of one series (whole line before the value must match).
+    let series = |body: &str, name: &str| -> u64 {
+        body.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("{name} not in metrics:\n{body}"))
+            .parse()
+            .unwrap()
+    };
     let args = [
         "--size",
         "64M",
@@ -969,11 +995,14 @@ fn admission_hints_per_connection_and_export() {
         "8M",
         "--admission",
         "critical",
+        "--metrics",
+        &maddr,
     ];
     let s = start_with(&dir, &args);
     qemu_io(&dir, &["write -P 0x11 0 64k"]);
     assert_eq!(stat("bypassed_pieces"), 16);
     assert_eq!(stat("admitted_pieces"), 0);
+    assert_eq!(stat("critical_bypassed_pieces"), 0);
     let backing = std::fs::read(dir.join("nvwc-data/backing.img")).unwrap();
     assert!(
         backing[..65536].iter().all(|&b| b == 0x11),
@@ -1030,6 +1059,24 @@ fn admission_hints_per_connection_and_export() {
         16,
         "the hinted connection's write was cached"
     );
+    assert_eq!(stat("critical_admitted_pieces"), 16);
+    // Per-class metrics: the normal client's write bypassed, the critical
+    // one's admitted; a latency histogram for each class.
+    let m = scrape();
+    let l = |class: &str, outcome: &str| {
+        format!("nvwc_admission_pieces{{export=\"\",class=\"{class}\",outcome=\"{outcome}\"}}")
+    };
+    assert_eq!(series(&m, &l("normal", "bypassed")), 16);
+    assert_eq!(series(&m, &l("normal", "admitted")), 0);
+    assert_eq!(series(&m, &l("critical", "admitted")), 16);
+    assert_eq!(series(&m, &l("critical", "bypassed")), 0);
+    assert_eq!(series(&m, &l("critical", "reissued")), 0);
+    for class in ["critical", "normal"] {
+        let count = format!(
+            "nvwc_request_latency_seconds_count{{export=\"\",class=\"{class}\",op=\"write\"}}"
+        );
+        assert!(series(&m, &count) >= 1, "{class} write latency: {m}");
+    }
     let t = Instant::now();
     while !nvwc(&["status"]).1.contains("\"connections\":[]") {
         assert!(
@@ -1048,7 +1095,7 @@ fn admission_hints_per_connection_and_export() {
     drop(s);
 
     // A critical export: every write is admitted.
-    let mut args2 = args.to_vec();
+    let mut args2 = args[..6].to_vec();
     args2.extend(["--export", ":critical"]);
     let s = start_with(&dir, &args2);
     qemu_io(
