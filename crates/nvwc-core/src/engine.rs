@@ -41,13 +41,14 @@ use nvwc_replacement::{BlockId, Replacement};
 use crate::admission::{self, Admission, WriteInfo};
 use crate::config::{AdmissionKind, Config, ConfigError, FetchMode, WritePolicyKind};
 use crate::index::{FreeSet, IdMap, LbnIndex};
-use crate::layout::{self, CommitRecord, Entry, FormatError, Layout, F_DIRTY, F_VALID};
+use crate::layout::{self, CommitRecord, Entry, FormatError, Layout, F_DIRTY, F_PARTIAL, F_VALID};
 use crate::payload::Payload;
 use crate::slab::Slab;
 use crate::stats::Stats;
 use crate::types::*;
 use crate::write_policy::{self, Group, Plan, PlanCtx, PolicyEvent, RecoveredVersion, WritePolicy};
 
+mod partial;
 mod patch;
 use patch::PatchSet;
 
@@ -216,6 +217,9 @@ struct Piece<P> {
     /// The class the request's tag gave it (critical or normal), for the
     /// per-class admission counters; inheritance does not change it.
     tag_critical: bool,
+    /// The new version this write makes is partial, valid only in this byte
+    /// range (a write over a partial version, see [`partial`]); `None`: whole.
+    valid: Option<(u32, u32)>,
     /// Counted in `active_pieces` (a bypass piece in flight to the backing
     /// store is not: it only waits for that device, and counting it would
     /// let a burst of slow bypass writes hold every place a cached write
@@ -307,11 +311,37 @@ enum IoCtx {
         id: u64,
         bg: bool,
     },
-    /// Cache write of a patched block brought up to date.
+    /// Cache write of a patched block brought up to date, or (`partial`) of
+    /// its one patch into a fresh slot, as a partial version.
     PatchInstall {
         block: u32,
         slot: u32,
         took: bool,
+        partial: bool,
+    },
+    /// A read of a partial version that needs bytes outside its valid range
+    /// `[lo, hi)`: first the backing store's bytes, then `SplitCache`.
+    SplitRead {
+        piece: u32,
+        lo: u32,
+        hi: u32,
+    },
+    /// The partial version's bytes `[at, ..)` for that read, from the cache.
+    SplitCache {
+        piece: u32,
+        at: u32,
+    },
+    /// A partial write over a partial version whose range it cannot join:
+    /// the whole block from the backing store, then `RmwMerge`.
+    RmwFetch {
+        piece: u32,
+        lo: u32,
+        hi: u32,
+    },
+    /// The old partial version's valid bytes `[lo, ..)`, laid over the fetched block.
+    RmwMerge {
+        piece: u32,
+        lo: u32,
     },
     /// Backing FLUSH that makes completed direct patch writes durable, for a
     /// client FLUSH (`req`) or at the end of a drain or shutdown (`None`).
@@ -497,6 +527,12 @@ pub struct Engine<P: Payload> {
     stats: Stats,
     /// Patched blocks (see [`patch`]), oldest first in `patch_order` by first sequence number.
     patches: IdMap<u32, PatchSet<P>>,
+    /// Valid byte range of each partial version, by slot (see [`partial`]);
+    /// a slot not in here holds its whole block.
+    partial: IdMap<u32, (u32, u32)>,
+    /// Lazy patches may be persisted as partial versions (a cache formatted
+    /// at `FORMAT_VERSION` 2 or later: older readers do not know `F_PARTIAL`).
+    partial_ok: bool,
     patch_order: BTreeSet<(u64, u32)>,
     patch_bytes: u64,
     next_patch_id: u64,
@@ -686,6 +722,8 @@ impl<P: Payload> Engine<P> {
             now: 0,
             stats: Stats::default(),
             patches: IdMap::default(),
+            partial: IdMap::default(),
+            partial_ok: true,
             patch_order: BTreeSet::new(),
             patch_bytes: 0,
             next_patch_id: 1,
@@ -723,6 +761,7 @@ impl<P: Payload> Engine<P> {
             (None, None) => return Err(FormatError::NoCommit.into()),
         };
         let mut e = Self::build(cfg);
+        e.partial_ok = sb.version >= 2;
         let l = e.layout;
         if (image.table.len() as u64) < l.table_bytes {
             return Err(FormatError::Short.into());
@@ -791,6 +830,7 @@ impl<P: Payload> Engine<P> {
                 lo: ent.lo,
                 hi: ent.hi,
                 dirty: ent.flags & F_DIRTY != 0,
+                partial: ent.flags & F_PARTIAL != 0,
                 latest: false,
                 group: NO_GROUP,
                 discard: false,
@@ -847,6 +887,13 @@ impl<P: Payload> Engine<P> {
             }
             slot.state = SlotState::Valid;
             slot.set_dirty(dirty);
+            if v.partial {
+                assert!(
+                    v.lo < v.hi && v.hi as u64 <= e.bs,
+                    "partial entry with a bad range"
+                );
+                e.partial.insert(s, (v.lo, v.hi));
+            }
             e.set_group(s, if dirty { v.group } else { NO_GROUP });
             if dirty {
                 e.dirty_slots += 1;
@@ -1150,9 +1197,16 @@ impl<P: Payload> Engine<P> {
             IoCtx::PlanFinish { plan } => self.on_plan_finish(plan, res.is_ok()),
             IoCtx::Commit => self.on_commit_io(res.is_ok()),
             IoCtx::PatchFetch { block, id, bg } => self.on_patch_fetch(block, id, bg, res),
-            IoCtx::PatchInstall { block, slot, took } => {
-                self.on_patch_install(block, slot, took, res.is_ok())
-            }
+            IoCtx::PatchInstall {
+                block,
+                slot,
+                took,
+                partial,
+            } => self.on_patch_install(block, slot, took, partial, res.is_ok()),
+            IoCtx::SplitRead { piece, lo, hi } => self.on_split_read(piece, lo, hi, res),
+            IoCtx::SplitCache { piece, at } => self.on_split_cache(piece, at, res),
+            IoCtx::RmwFetch { piece, lo, hi } => self.on_rmw_fetch(piece, lo, hi, res),
+            IoCtx::RmwMerge { piece, lo } => self.on_rmw_merge(piece, lo, res),
             IoCtx::DirectCover { req } => self.on_direct_cover(req, res.is_ok()),
             IoCtx::PatchDirect {
                 block,
@@ -1425,6 +1479,7 @@ impl<P: Payload> Engine<P> {
         assert_eq!(slot.state, SlotState::Writing);
         slot.state = SlotState::Free;
         self.free_slots.push(s);
+        self.partial.remove(&s);
     }
 
     /// Release a version: it stops being readable; the slot is reused once no
@@ -1437,6 +1492,8 @@ impl<P: Payload> Engine<P> {
             "retiring a slot that is not valid"
         );
         slot.state = SlotState::Retired;
+        self.partial.remove(&s);
+        let slot = &mut self.slots[s as usize];
         let owner = std::mem::replace(&mut slot.block, NIL);
         let was_shadow = slot.shadow();
         slot.set_shadow(false);
@@ -1690,6 +1747,7 @@ impl<P: Payload> Engine<P> {
                 bypass,
                 critical: tag.critical,
                 tag_critical: tag.critical,
+                valid: None,
                 counted: true,
                 req: id,
                 lbn,
@@ -1751,6 +1809,11 @@ impl<P: Payload> Engine<P> {
         };
         if blk.latest != NIL {
             let s = blk.latest;
+            if let Some(&(lo, hi)) = self.partial.get(&s) {
+                if start < lo || end > hi {
+                    return self.partial_read(p, s, lo, hi);
+                }
+            }
             let rid = blk.rid;
             self.stats.read_hits += 1;
             self.repl.touch(BlockId(rid), false);
@@ -1959,7 +2022,8 @@ impl<P: Payload> Engine<P> {
         if latest == NIL && self.patch_write(p, b) {
             return;
         }
-        if latest != NIL && self.inplace_ok(latest, group) {
+        if latest != NIL && self.inplace_ok(latest, group) && self.within_valid(latest, start, end)
+        {
             let data = self.pieces.get(p).data.clone().unwrap();
             self.stats.overwrites += 1;
             let pc = self.pieces.get_mut(p);
@@ -1987,6 +2051,8 @@ impl<P: Payload> Engine<P> {
             let d = self.pieces.get(p).data.clone();
             self.pieces.get_mut(p).buf = d;
             let _ = self.alloc_and_write(p);
+        } else if latest != NIL && self.partial.contains_key(&latest) {
+            self.partial_rmw(p, latest);
         } else if latest != NIL {
             self.slots[latest as usize].refs += 1;
             let pc = self.pieces.get_mut(p);
@@ -2422,6 +2488,9 @@ impl<P: Payload> Engine<P> {
             let b = self.block_of(lbn);
             let (a, e) = (self.pieces.get(p).start, self.pieces.get(p).end);
             self.install(b, s, lbn, seq, group, true, (a, e));
+            if let Some(v) = self.pieces.get(p).valid {
+                self.partial.insert(s, v);
+            }
             let req = self.pieces.get(p).req;
             self.reqs
                 .get_mut(&req)
@@ -2489,6 +2558,9 @@ impl<P: Payload> Engine<P> {
         }
         self.set_range(s, (lo, hi));
         self.set_group(s, group);
+        // A new version holds its whole block unless the caller marks it
+        // partial right after (`Engine::partial`).
+        self.partial.remove(&s);
         {
             let slot = &mut self.slots[s as usize];
 
@@ -2948,6 +3020,11 @@ impl<P: Payload> Engine<P> {
             } else {
                 (0, self.bs as u32)
             };
+            // A partial version holds only its valid bytes; the backing
+            // store already has the rest of the block (`partial`).
+            let (vlo, vhi) = self.valid_range(s);
+            let (lo, hi) = (lo.max(vlo), hi.min(vhi));
+            assert!(lo < hi, "destage of slot {s} has nothing to copy");
             let off = self.layout.slot_offset(s) + lo as u64;
             self.emit(
                 Dev::Cache,
@@ -3082,7 +3159,11 @@ impl<P: Payload> Engine<P> {
             let slot = self.slots[s as usize];
             if slot.state == SlotState::Valid && self.is_latest(s) && slot.dirty() {
                 let b = slot.block;
-                let full = self.range_of(s) == (0, self.bs as u32);
+                // Written whole: its dirty range covers every byte it holds.
+                let full = {
+                    let ((lo, hi), (vlo, vhi)) = (self.range_of(s), self.valid_range(s));
+                    lo <= vlo && hi >= vhi
+                };
                 let alone = self.blocks[b as usize].shadows == 0
                     && per_block.get(&b).copied().unwrap_or(0) == 1;
                 let g = self.set_group(s, NO_GROUP);
@@ -3230,9 +3311,15 @@ impl<P: Payload> Engine<P> {
                             commit: tag,
                             aux0,
                             aux1,
-                            lo: self.range_of(s as u32).0,
-                            hi: self.range_of(s as u32).1,
-                            flags: F_VALID | if slot.dirty() { F_DIRTY } else { 0 },
+                            lo: self.entry_range(s as u32).0,
+                            hi: self.entry_range(s as u32).1,
+                            flags: F_VALID
+                                | if slot.dirty() { F_DIRTY } else { 0 }
+                                | if self.partial.contains_key(&(s as u32)) {
+                                    F_PARTIAL
+                                } else {
+                                    0
+                                },
                         }
                     } else {
                         Entry {

@@ -20,8 +20,11 @@ use crate::config::{Config, WritePolicyKind};
 pub const SB_MAGIC: &[u8; 8] = b"NVWCSB01";
 /// Commit record magic.
 pub const CR_MAGIC: &[u8; 8] = b"NVWCCR01";
-/// Format version.
-pub const FORMAT_VERSION: u32 = 1;
+/// Format version written at format time. Version 2 added `F_PARTIAL`;
+/// version 1 caches are still opened (and never get partial entries).
+pub const FORMAT_VERSION: u32 = 2;
+/// Oldest format version this build opens.
+pub const FORMAT_VERSION_MIN: u32 = 1;
 /// Bytes per slot entry.
 pub const ENTRY_BYTES: u64 = 64;
 /// Bytes per metadata page.
@@ -39,6 +42,9 @@ pub const TABLE_OFFSET: u64 = 3 * 4096;
 pub const F_VALID: u32 = 1;
 /// Entry flag: the version is dirty (not yet on the backing store).
 pub const F_DIRTY: u32 = 2;
+/// Entry flag (format 2): a partial version. Only `lo..hi` of the slot is
+/// the block's data; the backing store holds the rest of the block.
+pub const F_PARTIAL: u32 = 4;
 
 /// Geometry of a cache device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -179,7 +185,7 @@ impl Superblock {
             write_policy: get32(b, 40),
             uuid: get64(b, 48),
         };
-        if sb.version != FORMAT_VERSION {
+        if !(FORMAT_VERSION_MIN..=FORMAT_VERSION).contains(&sb.version) {
             return Err(FormatError::Version(sb.version));
         }
         Ok(sb)

@@ -64,6 +64,12 @@ pub struct Stats {
     pub patch_waits: u64,
     /// Failed fetches of patched blocks (reported to the FLUSH that needed them; retried).
     pub patch_fetch_errors: u64,
+    /// Lazy patch sets persisted as partial versions, with no fetch; reads of
+    /// a partial version that needed backing bytes outside its range; partial
+    /// writes over one that needed a fetch (their range could not join).
+    pub patch_persists: u64,
+    pub partial_read_fetches: u64,
+    pub partial_write_fetches: u64,
     /// Admission: write pieces cached because the admission policy admitted
     /// them, pieces it rejected that went straight to the backing store
     /// (bypass, with FUA), their bytes, and rejected pieces cached anyway

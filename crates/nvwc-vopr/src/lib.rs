@@ -73,8 +73,9 @@ pub struct SeedOutcome {
     pub config: String,
     /// Patch activity before the crash: patched blocks made, merges,
     /// reads served from patches, blocks brought up to date (fetch or direct),
-    /// fallbacks to fetch-before-write.
-    pub patches: [u64; 5],
+    /// fallbacks to fetch-before-write, patches persisted as partial
+    /// versions, reads and writes of partial versions that needed a fetch.
+    pub patches: [u64; 8],
     /// Admission activity before the crash: pieces bypassed, rejected pieces
     /// cached because a bypass was unsafe, reissues, discarded completions.
     pub admission: [u64; 4],
@@ -608,6 +609,9 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
             st.patch_reads,
             st.patch_fetches + st.patch_direct_writes,
             st.patch_fallbacks,
+            st.patch_persists,
+            st.partial_read_fetches,
+            st.partial_write_fetches,
         ];
         out.admission = [
             st.bypassed_pieces,
@@ -1280,7 +1284,7 @@ pub struct PolicySummary {
     /// Seeds failing each check: (a), (b), (c), and anything else (panic, deadlock).
     pub by_check: [u64; 4],
     /// Sums of [`SeedOutcome::patches`].
-    pub patches: [u64; 5],
+    pub patches: [u64; 8],
     /// Sums of [`SeedOutcome::admission`].
     pub admission: [u64; 4],
 }
@@ -1298,7 +1302,7 @@ pub fn run_many(
     let next = AtomicU64::new(first);
     let done = AtomicU64::new(0);
     let results: Mutex<BTreeMap<u64, SeedOutcome>> = Mutex::new(BTreeMap::new());
-    let agg = Mutex::new((0u64, 0u64, 0u64, [0u64; 4], [0u64; 5], [0u64; 4]));
+    let agg = Mutex::new((0u64, 0u64, 0u64, [0u64; 4], [0u64; 8], [0u64; 4]));
     std::panic::set_hook(Box::new(|info| {
         let loc = info
             .location()

@@ -549,7 +549,7 @@ macro_rules! stat_fields {
             backing_read_bytes backing_writes backing_write_bytes backing_flushes backing_groups fetches populates
             stalled_writes stall_ns admission_stalls evictions destaged_blocks destage_plans destage_failures commits commit_failures
             io_errors patches_created patch_merges patch_reads patch_fetches patch_direct_writes patch_discards
-            patch_fallbacks patch_waits patch_fetch_errors admitted_pieces bypassed_pieces bypassed_bytes bypass_refused
+            patch_fallbacks patch_waits patch_fetch_errors patch_persists partial_read_fetches partial_write_fetches admitted_pieces bypassed_pieces bypassed_bytes bypass_refused
             reissued_writes discarded_completions critical_admitted_pieces critical_bypassed_pieces
             critical_reissued_writes inherited patched_blocks patch_bytes dirty_blocks cached_blocks free_slots)
     };

@@ -118,10 +118,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
             "  failing seeds by check: (a) reads={ca} (b) flush-contract={cb} (c) cache-lost={cc} other={other}; seeds with forced journal closes={}; stale acknowledged writes after cache loss={}",
             s.forced_close_seeds, s.stale_writes
         );
-        let [pc, pm, pr, pf, pb] = s.patches;
+        let [pc, pm, pr, pf, pb, pp, prf, pwf] = s.patches;
         if pc + pb > 0 {
             println!(
-                "  patches: created={pc} merged={pm} reads_from_patches={pr} brought_up_to_date={pf} fallbacks={pb}"
+                "  patches: created={pc} merged={pm} reads_from_patches={pr} brought_up_to_date={pf} fallbacks={pb} persisted_partial={pp} partial_read_fetches={prf} partial_write_fetches={pwf}"
             );
         }
         let [ab, ar, ai, ad] = s.admission;

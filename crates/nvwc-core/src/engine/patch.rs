@@ -17,7 +17,11 @@
 //!   from RAM; any other read waits until the block is brought up to date.
 //! * **Bringing a block up to date** ("materialising"): read the whole block
 //!   from the backing store, apply the parts, write it to a fresh slot and
-//!   install it as a dirty version of the patch set's group. With
+//!   install it as a dirty version of the patch set's group. Under `Lazy`,
+//!   a set with one part and nothing waiting on it is instead **persisted**:
+//!   its part is written into a fresh slot at its offset and installed as a
+//!   *partial version* (valid only in the part's range, `F_PARTIAL` on disk;
+//!   see [`super::partial`]), with no fetch at all. With
 //!   `Config::patch_direct` (write-back only) the parts are written to the
 //!   backing store instead (no fetch, no slot) and the patches are dropped
 //!   when those writes complete. They are then in the backing store's
@@ -40,16 +44,20 @@
 //! a patch (NBD allows it): `kill -9` or losing the cache device loses it, as
 //! it would lose any write not yet flushed. A FUA write never becomes a patch.
 //! A FLUSH (or checkpoint) first brings every patch set that exists when it
-//! arrives up to date (fetch, apply, write a version), and only then takes the
+//! arrives up to date (persisted as a partial version under `Lazy`, else
+//! fetched, applied and written as a whole version), and only then takes the
 //! usual path (a commit that started after those versions were written), so by
 //! its reply every patch acknowledged before it is in a durable commit (or, with
 //! `patch_direct`, on the backing store, and a backing FLUSH issued after
 //! that write completed has completed). `kill -9` after a direct write
 //! completes keeps its bytes (they are in the backing store's cache, and no
-//! cache version of the block exists to shadow them). We chose this over a patch
-//! log on the cache device: it keeps one on-disk format and one recovery path,
-//! and costs one backing read per patched block at the FLUSH, in parallel.
-//!
+//! cache version of the block exists to shadow them). Under `Lazy` this is
+//! a patch log on the cache device whose record is the
+//! partial version itself, so there is still one on-disk format (one flag
+//! more) and one recovery path, and a FLUSH costs cache writes, not one
+//! backing read per patched block. The other modes keep fetch-and-install,
+//! which is what they are measured for.
+
 //! **Consistency.** A patch write takes its policy group at issue like any
 //! write and completes (in the ordered graph's sense) when acknowledged, so
 //! later writes depend on it. Until its patch becomes a version the policy is
@@ -274,6 +282,9 @@ impl<P: Payload> Engine<P> {
                 .iter()
                 .any(|&w| self.pieces.get(w).data.is_none())
         };
+        if self.persist_patch(b) {
+            return;
+        }
         if bg {
             self.patch_bg_inflight += 1;
         }
@@ -321,6 +332,51 @@ impl<P: Payload> Engine<P> {
         );
     }
 
+    /// Lazy mode: write block `b`'s one patch into a fresh slot and install
+    /// it as a partial version, with no fetch (`super::partial`). Only for a
+    /// set with one part and nothing waiting on it; returns false otherwise
+    /// (the caller fetches).
+    fn persist_patch(&mut self, b: u32) -> bool {
+        let ps = &self.patches[&b];
+        if self.cfg.fetch != FetchMode::Lazy
+            || !self.partial_ok
+            || self.cfg.patch_direct
+            || ps.parts.len() != 1
+            || !ps.waiters.is_empty()
+        {
+            return false;
+        }
+        let lbn = self.blocks[b as usize].lbn();
+        let Some(s) = self.alloc_slot(lbn) else {
+            // Cannot happen while the set holds its reservation: fetch instead.
+            return false;
+        };
+        let took = !self.blocks[b as usize].busy;
+        self.blocks[b as usize].busy = true;
+        let ps = self.patches.get_mut(&b).unwrap();
+        ps.io = true;
+        ps.frozen = true;
+        let (at, data) = ps.parts[0].clone();
+        self.stats.patch_persists += 1;
+        let off = self.layout.slot_offset(s) + at as u64;
+        self.emit(
+            Dev::Cache,
+            IoOp::Write {
+                offset: off,
+                data,
+                fua: false,
+            },
+            None,
+            IoCtx::PatchInstall {
+                block: b,
+                slot: s,
+                took,
+                partial: true,
+            },
+        );
+        true
+    }
+
     pub(super) fn on_patch_fetch(&mut self, b: u32, id: u64, bg: bool, res: IoResult<P>) {
         if bg {
             self.patch_bg_inflight -= 1;
@@ -364,11 +420,14 @@ impl<P: Payload> Engine<P> {
                 block: b,
                 slot: s,
                 took,
+                partial: false,
             },
         );
     }
 
-    pub(super) fn on_patch_install(&mut self, b: u32, s: u32, took: bool, ok: bool) {
+    /// The cache write of a patched block finished: a whole block brought up
+    /// to date, or (`partial`) the set's one patch, persisted as a partial version.
+    pub(super) fn on_patch_install(&mut self, b: u32, s: u32, took: bool, partial: bool, ok: bool) {
         if !ok {
             self.unalloc_slot(s);
             self.patch_failed(b);
@@ -386,6 +445,9 @@ impl<P: Payload> Engine<P> {
         };
         let waiters = self.remove_patch_set(b, false);
         self.install(b, s, lbn, seq, group, true, range);
+        if partial {
+            self.partial.insert(s, range);
+        }
         if group != NO_GROUP {
             self.policy.on_patch_done(group);
         }

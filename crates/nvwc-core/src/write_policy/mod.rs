@@ -64,6 +64,8 @@ pub struct RecoveredVersion {
     pub lo: u32,
     pub hi: u32,
     pub dirty: bool,
+    /// A partial version (`F_PARTIAL`): only `lo..hi` is valid.
+    pub partial: bool,
     /// The newest version of its block.
     pub latest: bool,
     /// Output: the group the policy assigns.
