@@ -114,6 +114,12 @@ pub struct Args {
     /// write back during the run instead of holding everything).
     #[arg(long, default_value_t = 12)]
     pub ext4_cache_mib: u64,
+    /// Extra `nvwc serve` flag for every trial, repeatable, e.g.
+    /// `--server-arg=--block-size=16K`: the workload's 4 KiB writes (and
+    /// ext4's) then are partial writes, which lazy fetch keeps as patches
+    /// and persists as partial versions.
+    #[arg(long = "server-arg", allow_hyphen_values = true)]
+    pub server_args: Vec<String>,
 }
 
 /// Small deterministic generator (xorshift64*).
@@ -724,6 +730,8 @@ pub struct Trial {
     pub backing_uri: Option<String>,
     /// Created when the workload starts and removed at the crash (for nbdkit's `error-file=`).
     pub error_file: Option<PathBuf>,
+    /// Extra `nvwc serve` flags (`--server-arg`).
+    pub server_args: Vec<String>,
 }
 
 /// The seed of the `n`-th trial (from 1) of a run seeded with `seed`: spread
@@ -782,7 +790,7 @@ pub fn run_trial(t: &Trial, root: &Path, keep: bool) -> Result<TrialResult> {
         backing_size: BACKING_SIZE,
         cache_size: CACHE_SIZE,
         env,
-        extra_args: Vec::new(),
+        extra_args: t.server_args.clone(),
         backing_uri: t.backing_uri.clone(),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -1018,6 +1026,7 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
                     fault_backing: a.fault_backing.clone(),
                     backing_uri: a.backing_uri.clone(),
                     error_file: a.error_file.clone(),
+                    server_args: a.server_args.clone(),
                 };
                 let r = run_trial(&t, &root, a.keep)
                     .with_context(|| format!("trial {p} {m} {i} (seed {})", t.seed))?;

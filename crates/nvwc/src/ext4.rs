@@ -247,6 +247,7 @@ pub fn run_ext4_trial(
     root: &Path,
     max_run_ms: u64,
     cache_mib: u64,
+    server_args: &[String],
 ) -> Result<Ext4Result> {
     let dir = root.join(format!("ext4-{policy}-{trial}"));
     let _ = std::fs::remove_dir_all(&dir);
@@ -257,7 +258,7 @@ pub fn run_ext4_trial(
         backing_size: 96 << 20,
         cache_size: cache_mib.max(4) << 20,
         env: Vec::new(),
-        extra_args: Vec::new(),
+        extra_args: server_args.to_vec(),
         backing_uri: None,
     };
     let mut rng = Rng::new(seed);
@@ -354,8 +355,16 @@ pub fn run(a: &Args) -> Result<std::process::ExitCode> {
         for i in 0..a.trials {
             n += 1;
             let s = crate::crashtest::trial_seed(seed, n);
-            let r = run_ext4_trial(p, i, s, &root, a.max_run_ms.max(400), a.ext4_cache_mib)
-                .with_context(|| format!("ext4 trial {p} {i} (seed {s})"))?;
+            let r = run_ext4_trial(
+                p,
+                i,
+                s,
+                &root,
+                a.max_run_ms.max(400),
+                a.ext4_cache_mib,
+                &a.server_args,
+            )
+            .with_context(|| format!("ext4 trial {p} {i} (seed {s})"))?;
             if a.json {
                 println!("{}", serde_json::to_string(&r)?);
             } else if !r.clean {

@@ -76,6 +76,7 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
                     fault_backing: None,
                     backing_uri: None,
                     error_file: None,
+                    server_args: Vec::new(),
                 };
                 let r = run_trial(&t, &root, false)
                     .with_context(|| format!("grid trial {p} {mode} {i} (seed {})", t.seed))?;
