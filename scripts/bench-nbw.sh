@@ -11,10 +11,12 @@
 # Env: BACKING_THREADS (nbdkit --threads, default nbdkit's 16: the emulated
 # backing store serves at most that many delayed reads at once, which bounds
 # how fast lazy's background fetches can retire patches).
-# Env: PATCH_MEM (nvwc --patch-mem, default the server's 64M). Lazy's gain lasts
-# while the patches fit: once patch memory is full, writers wait for fetches
-# to retire patches, so a sustained run is bounded by the backing read rate
-# like blocking. Compare a short run with PATCH_MEM=1G and a long one.
+# Env: PATCH_MEM (nvwc --patch-mem, default the server's 64M). Lazy never
+# fetches for a write: patches leave RAM as partial versions in the cache, or
+# (write-back, cache short of room) as direct partial writes to the backing
+# store, so a sustained run is bounded by the cache path, not by the backing
+# read rate. async and async-bg fetch every patched block, as the paper's
+# modes do, and are bounded by the backing read rate once patch memory fills.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNTIME=${1:-5}

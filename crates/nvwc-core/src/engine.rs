@@ -1061,6 +1061,8 @@ impl<P: Payload> Engine<P> {
         self.slots.capacity() * std::mem::size_of::<Slot>()
             + self.groups.capacity() * std::mem::size_of::<Group>()
             + self.ranges.capacity() * 8
+            // Partial versions: key, range, and about one control byte.
+            + self.partial.capacity() * 13
             + self.blocks.capacity() * std::mem::size_of::<Block>()
             + self.index.mem_bytes()
             + self.free_slots.mem_bytes()

@@ -906,7 +906,12 @@ impl Export for NvwcExport {
 
 // ------------------------------------------------------------------ setup
 
-fn open_or_create(path: &Path, size: u64) -> Result<(File, bool)> {
+/// Open `path`, or create it with `size` bytes. `reserve` (the cache file):
+/// a new file gets its blocks allocated now (`fallocate`), so cache writes
+/// cannot fail later for want of room in the file system, as writes into a
+/// sparse file can; a file system that cannot preallocate gets a sparse file
+/// and a warning. Backing files stay sparse (they are the client's disk).
+fn open_or_create(path: &Path, size: u64, reserve: bool) -> Result<(File, bool)> {
     if let Some(dir) = path.parent() {
         if !dir.as_os_str().is_empty() {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -923,6 +928,29 @@ fn open_or_create(path: &Path, size: u64) -> Result<(File, bool)> {
     if created {
         f.set_len(size)
             .with_context(|| format!("sizing {}", path.display()))?;
+        if reserve && size > 0 {
+            use rustix::fs::{fallocate, FallocateFlags};
+            match fallocate(&f, FallocateFlags::empty(), 0, size) {
+                Ok(()) => {}
+                Err(e) if e == rustix::io::Errno::OPNOTSUPP => {
+                    log!(
+                        warn,
+                        "cache_sparse",
+                        path = path.display().to_string(),
+                        reason = "the file system cannot preallocate"
+                    );
+                }
+                Err(e) => {
+                    drop(f);
+                    let _ = std::fs::remove_file(path);
+                    anyhow::bail!(
+                        "reserving {} bytes for the cache file {}: {e} (free some space or choose a smaller --cache-size)",
+                        size,
+                        path.display()
+                    );
+                }
+            }
+        }
     }
     Ok((f, created))
 }
@@ -1064,7 +1092,7 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
         .replacement
         .parse()
         .map_err(|err| anyhow::anyhow!("replacement policy: {err}"))?;
-    let (mut cache, cache_new) = open_or_create(Path::new(&e.cache), e.cache_size)?;
+    let (mut cache, cache_new) = open_or_create(Path::new(&e.cache), e.cache_size, true)?;
     let capacity = Layout::capacity_for(file_len(&mut cache)?, bs as u32);
     // Largest request the engine sees: the NBD max block (trim and zeroes
     // are split to it). It bounds a checkpoint group.
@@ -1133,7 +1161,7 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
         )
     } else {
         let path = PathBuf::from(&e.backing);
-        let (mut backing, _) = open_or_create(&path, e.size)?;
+        let (mut backing, _) = open_or_create(&path, e.size, false)?;
         let redo_path = PathBuf::from(format!("{}.nvwc-redo", path.display()));
         let replayed = Redo::replay(&redo_path, &backing)?;
         if replayed > 0 {

@@ -645,6 +645,21 @@ fn control_socket_flush_and_detach() {
     for policy in ["write-back", "ordered", "journaled"] {
         let dir = tempdir(&format!("ctl-{policy}"));
         let mut s = start(&dir, policy, &Backing::File("64M"));
+        // The cache file's space is reserved when it is created (no ENOSPC
+        // later); the backing file stays sparse.
+        {
+            use std::os::unix::fs::MetadataExt;
+            let allocated = |f: &str| std::fs::metadata(dir.join(f)).unwrap().blocks() * 512;
+            assert!(
+                allocated("nvwc-data/cache.img") >= 8 << 20,
+                "cache file not preallocated: {} bytes",
+                allocated("nvwc-data/cache.img")
+            );
+            assert!(
+                allocated("nvwc-data/backing.img") < 64 << 20,
+                "backing file not sparse"
+            );
+        }
         qemu_io(&dir, &["write -P 0x6b 0 3M", "write -P 0x6c 5M 100k"]);
         let nvwc = |cmd: &str| {
             let out = Command::new(env!("CARGO_BIN_EXE_nvwc"))
