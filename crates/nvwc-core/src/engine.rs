@@ -2057,22 +2057,7 @@ impl<P: Payload> Engine<P> {
             self.partial_rmw(p, latest);
         } else if latest != NIL {
             self.slots[latest as usize].refs += 1;
-            let pc = self.pieces.get_mut(p);
-            pc.slot = latest;
-            pc.ios = 1;
-            let off = self.layout.slot_offset(latest);
-            self.emit(
-                Dev::Cache,
-                IoOp::Read {
-                    offset: off,
-                    len: self.bs as u32,
-                },
-                None,
-                IoCtx::RmwRead {
-                    piece: p,
-                    from_cache: true,
-                },
-            );
+            self.rmw_from_cache(p, latest);
         } else {
             self.stats.fetches += 1;
             self.pieces.get_mut(p).ios = 1;
@@ -2390,6 +2375,27 @@ impl<P: Payload> Engine<P> {
                 self.finish_write_piece(p);
             }
         }
+    }
+
+    /// Read-modify-write from the cache: read version `old`'s whole slot for
+    /// piece `p` (caller holds a reference on `old`; `on_rmw_read` drops it).
+    fn rmw_from_cache(&mut self, p: u32, old: u32) {
+        let pc = self.pieces.get_mut(p);
+        pc.slot = old;
+        pc.ios = 1;
+        let off = self.layout.slot_offset(old);
+        self.emit(
+            Dev::Cache,
+            IoOp::Read {
+                offset: off,
+                len: self.bs as u32,
+            },
+            None,
+            IoCtx::RmwRead {
+                piece: p,
+                from_cache: true,
+            },
+        );
     }
 
     /// Write a piece's whole new version (`data`, one block) to fresh slot `s`.

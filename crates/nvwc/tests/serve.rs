@@ -81,6 +81,14 @@ impl Backing {
         }
     }
 
+    /// The upstream's NBD URI (`None` for a file backing).
+    fn uri(&self) -> Option<&str> {
+        match self {
+            Backing::File(_) => None,
+            Backing::Upstream(_, uri) => Some(uri),
+        }
+    }
+
     fn name(&self) -> &'static str {
         match self {
             Backing::File(_) => "file",
@@ -469,58 +477,10 @@ fn upstream_nbdkit_backing() {
         "journaled-hints",
     ] {
         let dir = tempdir(&format!("up-{policy}"));
-        must(&format!("truncate -s 64M {}/up.img", dir.display()));
-        let up_sock = dir.join("up.sock");
-        let mut nbdkit = Command::new("nbdkit")
-            .args(["-U"])
-            .arg(&up_sock)
-            .args(["-f", "--exit-with-parent", "file"])
-            .arg(dir.join("up.img"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nbdkit");
-        let t = Instant::now();
-        while !up_sock.exists() {
-            assert!(
-                t.elapsed() < Duration::from_secs(20),
-                "nbdkit did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let backing = format!("nbd+unix:///?socket={}", up_sock.display());
-        let child = Command::new(env!("CARGO_BIN_EXE_nvwc"))
-            .current_dir(&dir)
-            .args([
-                "serve",
-                "--backing",
-                &backing,
-                "--cache-size",
-                "8M",
-                "--listen",
-                "none",
-                "--write-policy",
-                policy,
-                "--txn-blocks",
-                "16",
-                "--txn-age-ms",
-                "20",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let up = Backing::new(&dir, true, "64M");
+        let backing = up.uri().expect("an upstream backing").to_string();
+        let s = start(&dir, policy, &up);
         let sock = dir.join("nvwc-data/nvwc.sock");
-        let t = Instant::now();
-        while !sock.exists() {
-            assert!(
-                t.elapsed() < Duration::from_secs(20),
-                "server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-        let s = Server(child);
         qemu_io(
             &dir,
             &[
@@ -606,8 +566,7 @@ fn upstream_nbdkit_backing() {
         } else {
             drop(s);
         }
-        let _ = nbdkit.kill();
-        let _ = nbdkit.wait();
+        drop(up);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

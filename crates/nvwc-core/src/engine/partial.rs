@@ -155,24 +155,8 @@ impl<P: Payload> Engine<P> {
         if joins && self.ranges.is_empty() {
             // The old slot's bytes outside `[lo, hi)` are not the block's,
             // but neither are they inside the new version's range.
-            let pc = self.pieces.get_mut(p);
-            pc.valid = Some((lo.min(start), hi.max(end)));
-            pc.slot = old;
-            pc.ios = 1;
-            let off = self.layout.slot_offset(old);
-            self.emit(
-                Dev::Cache,
-                IoOp::Read {
-                    offset: off,
-                    len: self.bs as u32,
-                },
-                None,
-                IoCtx::RmwRead {
-                    piece: p,
-                    from_cache: true,
-                },
-            );
-            return;
+            self.pieces.get_mut(p).valid = Some((lo.min(start), hi.max(end)));
+            return self.rmw_from_cache(p, old);
         }
         self.stats.fetches += 1;
         self.stats.partial_write_fetches += 1;

@@ -352,13 +352,20 @@ impl<P: Payload> Engine<P> {
             // Cannot happen while the set holds its reservation: fetch instead.
             return false;
         };
-        let took = !self.blocks[b as usize].busy;
-        self.blocks[b as usize].busy = true;
         let ps = self.patches.get_mut(&b).unwrap();
         ps.io = true;
         ps.frozen = true;
         let (at, data) = ps.parts[0].clone();
         self.stats.patch_persists += 1;
+        self.write_patch_slot(b, s, at, data, true);
+        true
+    }
+
+    /// Write block `b`'s new contents (`data` at `at` in slot `s`: the whole
+    /// block, or the one patch of a partial version) and install it when done.
+    fn write_patch_slot(&mut self, b: u32, s: u32, at: u32, data: P, partial: bool) {
+        let took = !self.blocks[b as usize].busy;
+        self.blocks[b as usize].busy = true;
         let off = self.layout.slot_offset(s) + at as u64;
         self.emit(
             Dev::Cache,
@@ -372,10 +379,9 @@ impl<P: Payload> Engine<P> {
                 block: b,
                 slot: s,
                 took,
-                partial: true,
+                partial,
             },
         );
-        true
     }
 
     /// Write patches straight to the backing store (no fetch, no slot)?
@@ -422,24 +428,7 @@ impl<P: Payload> Engine<P> {
         for (at, d) in &ps.parts {
             buf = buf.overlay(*at as usize, d);
         }
-        let took = !self.blocks[b as usize].busy;
-        self.blocks[b as usize].busy = true;
-        let off = self.layout.slot_offset(s);
-        self.emit(
-            Dev::Cache,
-            IoOp::Write {
-                offset: off,
-                data: buf,
-                fua: false,
-            },
-            None,
-            IoCtx::PatchInstall {
-                block: b,
-                slot: s,
-                took,
-                partial: false,
-            },
-        );
+        self.write_patch_slot(b, s, 0, buf, false);
     }
 
     /// The cache write of a patched block finished: a whole block brought up
