@@ -1417,6 +1417,21 @@ impl<P: Payload> Engine<P> {
         self.blocks[b as usize].lbn()
     }
 
+    /// A read of the cache device (outside any atomic group).
+    fn cache_read(&mut self, offset: u64, len: u32, ctx: IoCtx) -> IoId {
+        self.emit(Dev::Cache, IoOp::Read { offset, len }, None, ctx)
+    }
+
+    /// A plain (non-FUA) write to the cache device.
+    fn cache_write(&mut self, offset: u64, data: P, ctx: IoCtx) -> IoId {
+        let op = IoOp::Write {
+            offset,
+            data,
+            fua: false,
+        };
+        self.emit(Dev::Cache, op, None, ctx)
+    }
+
     /// The block entry of `lbn`. Caller guarantees it exists.
     fn block_of(&self, lbn: u64) -> u32 {
         self.index
@@ -1824,15 +1839,7 @@ impl<P: Payload> Engine<P> {
             pc.slot = s;
             pc.ios = 1;
             let off = self.layout.slot_offset(s) + start as u64;
-            self.emit(
-                Dev::Cache,
-                IoOp::Read {
-                    offset: off,
-                    len: end - start,
-                },
-                None,
-                IoCtx::ReadHit { piece: p },
-            );
+            self.cache_read(off, end - start, IoCtx::ReadHit { piece: p });
         } else {
             self.stats.read_misses += 1;
             self.blocks[b as usize].add_reader();
@@ -1902,16 +1909,7 @@ impl<P: Payload> Engine<P> {
         self.blocks[b as usize].busy = true;
         self.stats.populates += 1;
         let off = self.layout.slot_offset(s);
-        self.emit(
-            Dev::Cache,
-            IoOp::Write {
-                offset: off,
-                data,
-                fua: false,
-            },
-            None,
-            IoCtx::Fill { block: b, slot: s },
-        );
+        self.cache_write(off, data, IoCtx::Fill { block: b, slot: s });
     }
 
     fn on_fill(&mut self, b: u32, s: u32, ok: bool) {
@@ -2034,14 +2032,9 @@ impl<P: Payload> Engine<P> {
             self.slots[latest as usize].state = SlotState::Writing;
             self.inplace_inflight += 1;
             let off = self.layout.slot_offset(latest) + start as u64;
-            self.emit(
-                Dev::Cache,
-                IoOp::Write {
-                    offset: off,
-                    data,
-                    fua: false,
-                },
-                None,
+            self.cache_write(
+                off,
+                data,
                 IoCtx::PieceCacheWrite {
                     piece: p,
                     inplace: true,
@@ -2384,13 +2377,9 @@ impl<P: Payload> Engine<P> {
         pc.slot = old;
         pc.ios = 1;
         let off = self.layout.slot_offset(old);
-        self.emit(
-            Dev::Cache,
-            IoOp::Read {
-                offset: off,
-                len: self.bs as u32,
-            },
-            None,
+        self.cache_read(
+            off,
+            self.bs as u32,
             IoCtx::RmwRead {
                 piece: p,
                 from_cache: true,
@@ -2404,14 +2393,9 @@ impl<P: Payload> Engine<P> {
         pc.slot = s;
         pc.ios += 1;
         let offset = self.layout.slot_offset(s);
-        self.emit(
-            Dev::Cache,
-            IoOp::Write {
-                offset,
-                data,
-                fua: false,
-            },
-            None,
+        self.cache_write(
+            offset,
+            data,
             IoCtx::PieceCacheWrite {
                 piece: p,
                 inplace: false,
@@ -3034,13 +3018,9 @@ impl<P: Payload> Engine<P> {
             let (lo, hi) = (lo.max(vlo), hi.min(vhi));
             assert!(lo < hi, "destage of slot {s} has nothing to copy");
             let off = self.layout.slot_offset(s) + lo as u64;
-            self.emit(
-                Dev::Cache,
-                IoOp::Read {
-                    offset: off,
-                    len: hi - lo,
-                },
-                None,
+            self.cache_read(
+                off,
+                hi - lo,
                 IoCtx::DestageRead {
                     plan: pid,
                     slot: s,
@@ -3392,16 +3372,7 @@ impl<P: Payload> Engine<P> {
                 job.left = pages.len() as u32;
                 for (pg, copy, buf) in pages {
                     let off = self.layout.page_offset(pg, copy);
-                    self.emit(
-                        Dev::Cache,
-                        IoOp::Write {
-                            offset: off,
-                            data: P::from_vec(buf),
-                            fua: false,
-                        },
-                        None,
-                        IoCtx::Commit,
-                    );
+                    self.cache_write(off, P::from_vec(buf), IoCtx::Commit);
                 }
             }
             CommitStage::Pages => {

@@ -111,15 +111,7 @@ impl<P: Payload> Engine<P> {
                 }
                 self.pieces.get_mut(p).buf = Some(d);
                 let off = self.layout.slot_offset(s) + a as u64;
-                self.emit(
-                    Dev::Cache,
-                    IoOp::Read {
-                        offset: off,
-                        len: e - a,
-                    },
-                    None,
-                    IoCtx::SplitCache { piece: p, at: a },
-                );
+                self.cache_read(off, e - a, IoCtx::SplitCache { piece: p, at: a });
             }
             _ => {
                 self.unref(s);
@@ -180,15 +172,7 @@ impl<P: Payload> Engine<P> {
             Some(d) if d.len() == self.bs as usize => {
                 self.pieces.get_mut(p).buf = Some(d);
                 let off = self.layout.slot_offset(s) + lo as u64;
-                self.emit(
-                    Dev::Cache,
-                    IoOp::Read {
-                        offset: off,
-                        len: hi - lo,
-                    },
-                    None,
-                    IoCtx::RmwMerge { piece: p, lo },
-                );
+                self.cache_read(off, hi - lo, IoCtx::RmwMerge { piece: p, lo });
             }
             _ => self.rmw_failed(p),
         }

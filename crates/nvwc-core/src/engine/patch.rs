@@ -367,14 +367,9 @@ impl<P: Payload> Engine<P> {
         let took = !self.blocks[b as usize].busy;
         self.blocks[b as usize].busy = true;
         let off = self.layout.slot_offset(s) + at as u64;
-        self.emit(
-            Dev::Cache,
-            IoOp::Write {
-                offset: off,
-                data,
-                fua: false,
-            },
-            None,
+        self.cache_write(
+            off,
+            data,
             IoCtx::PatchInstall {
                 block: b,
                 slot: s,
