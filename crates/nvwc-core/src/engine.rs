@@ -1422,6 +1422,11 @@ impl<P: Payload> Engine<P> {
         self.emit(Dev::Cache, IoOp::Read { offset, len }, None, ctx)
     }
 
+    /// A read of the backing store (outside any atomic group).
+    fn backing_read(&mut self, offset: u64, len: u32, ctx: IoCtx) -> IoId {
+        self.emit(Dev::Backing, IoOp::Read { offset, len }, None, ctx)
+    }
+
     /// A plain (non-FUA) write to the cache device.
     fn cache_write(&mut self, offset: u64, data: P, ctx: IoCtx) -> IoId {
         let op = IoOp::Write {
@@ -1851,12 +1856,7 @@ impl<P: Payload> Engine<P> {
             } else {
                 (lbn * self.bs + start as u64, end - start)
             };
-            self.emit(
-                Dev::Backing,
-                IoOp::Read { offset: off, len },
-                None,
-                IoCtx::ReadMiss { piece: p, full },
-            );
+            self.backing_read(off, len, IoCtx::ReadMiss { piece: p, full });
         }
     }
 
@@ -2054,13 +2054,9 @@ impl<P: Payload> Engine<P> {
         } else {
             self.stats.fetches += 1;
             self.pieces.get_mut(p).ios = 1;
-            self.emit(
-                Dev::Backing,
-                IoOp::Read {
-                    offset: lbn * self.bs,
-                    len: self.bs as u32,
-                },
-                None,
+            self.backing_read(
+                lbn * self.bs,
+                self.bs as u32,
                 IoCtx::RmwRead {
                     piece: p,
                     from_cache: false,

@@ -86,13 +86,9 @@ impl<P: Payload> Engine<P> {
         let pc = self.pieces.get_mut(p);
         pc.slot = s;
         pc.ios = 1;
-        self.emit(
-            Dev::Backing,
-            IoOp::Read {
-                offset: lbn * self.bs + start as u64,
-                len: end - start,
-            },
-            None,
+        self.backing_read(
+            lbn * self.bs + start as u64,
+            end - start,
             IoCtx::SplitRead { piece: p, lo, hi },
         );
     }
@@ -155,13 +151,9 @@ impl<P: Payload> Engine<P> {
         let pc = self.pieces.get_mut(p);
         pc.slot = old;
         pc.ios = 1;
-        self.emit(
-            Dev::Backing,
-            IoOp::Read {
-                offset: lbn * self.bs,
-                len: self.bs as u32,
-            },
-            None,
+        self.backing_read(
+            lbn * self.bs,
+            self.bs as u32,
             IoCtx::RmwFetch { piece: p, lo, hi },
         );
     }

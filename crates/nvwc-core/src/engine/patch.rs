@@ -322,15 +322,7 @@ impl<P: Payload> Engine<P> {
             return;
         }
         self.stats.patch_fetches += 1;
-        self.emit(
-            Dev::Backing,
-            IoOp::Read {
-                offset: lbn * bs,
-                len: bs as u32,
-            },
-            None,
-            IoCtx::PatchFetch { block: b, id, bg },
-        );
+        self.backing_read(lbn * bs, bs as u32, IoCtx::PatchFetch { block: b, id, bg });
     }
 
     /// Lazy mode: write block `b`'s one patch into a fresh slot and install
