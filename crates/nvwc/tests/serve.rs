@@ -63,14 +63,7 @@ impl Backing {
             .stderr(Stdio::null())
             .spawn()
             .expect("nbdkit");
-        let t = Instant::now();
-        while !sock.exists() {
-            assert!(
-                t.elapsed() < Duration::from_secs(20),
-                "nbdkit did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_for(&sock, "nbdkit");
         Backing::Upstream(child, format!("nbd+unix:///?socket={}", sock.display()))
     }
 
@@ -132,6 +125,18 @@ fn start(dir: &Path, policy: &str, backing: &Backing) -> Server {
     );
     let refs: Vec<&str> = args.iter().map(String::as_str).collect();
     start_with(dir, &refs)
+}
+
+/// Wait (up to 20 s) until `path` exists: `what` started.
+fn wait_for(path: &Path, what: &str) {
+    let t = Instant::now();
+    while !path.exists() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "{what} did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 fn uri(dir: &Path) -> String {
@@ -293,14 +298,7 @@ impl Attached {
             .stderr(Stdio::null())
             .spawn()
             .expect("nbdfuse");
-        let t = Instant::now();
-        while !fuse_dir.join("disk").exists() {
-            assert!(
-                t.elapsed() < Duration::from_secs(20),
-                "nbdfuse did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_for(&fuse_dir.join("disk"), "nbdfuse");
         let loopdev = must(&format!(
             "losetup -f --show {}",
             fuse_dir.join("disk").display()
@@ -582,14 +580,7 @@ fn start_with(dir: &Path, extra: &[&str]) -> Server {
         .spawn()
         .unwrap();
     let sock = dir.join("nvwc-data/nvwc.sock");
-    let t = Instant::now();
-    while !sock.exists() {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for(&sock, "server");
     std::thread::sleep(Duration::from_millis(100));
     Server(child)
 }
@@ -814,14 +805,7 @@ fn several_exports_and_json_logs() {
             .stderr(log)
             .spawn()
             .unwrap();
-        let t = Instant::now();
-        while !dir.join("nvwc-data/nvwc.sock").exists() {
-            assert!(
-                t.elapsed() < Duration::from_secs(20),
-                "server did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_for(&dir.join("nvwc-data/nvwc.sock"), "server");
         std::thread::sleep(Duration::from_millis(100));
         Server(child)
     };
