@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # NBD benchmark through fio's nbd engine, everything in one run on the same
-# machine and files. Prints IOPS, p50/p99 completion latency and ratios.
-#   fast path (cache hits, write-back, default and --rewrite-in-place) vs nbdkit file, nbdkit --filter=cache file,
-#   qemu-nbd, and nbdkit memory (the transport ceiling);
+# machine and files. Prints IOPS, p50/p99 completion latency, the server's
+# CPU time per request, and ratios.
+#   fast path (cache hits, write-back: default, and --rewrite-in-place=false)
+#   vs nbdkit file, nbdkit --filter=cache file, qemu-nbd, and nbdkit memory
+#   (the transport ceiling);
 #   slow backing (nbdkit delay filter, 1 ms per write) as nvwc's upstream for
-#   write-back, ordered and write-through, and under nbdkit's cache filter.
+#   write-back, ordered, journaled and write-through, and under nbdkit's cache
+#   filter.
+# The machine is noisy (its speed drifts by tens of percent over minutes), so
+# the repetitions are interleaved: round r runs every server once, and each
+# figure is the median over the rounds. Every server starts fresh in every
+# round and gets the same 2 s warm-up (64 KiB writes over the range) first.
 # Usage: scripts/bench-nbd.sh [RUNTIME_SECONDS=5] [REPS=3]
 #   BENCH_ONLY=fast|slow runs one half (the ratios needing the other half are skipped).
 set -euo pipefail
@@ -21,72 +28,89 @@ trap cleanup EXIT
 
 wait_sock() { for _ in $(seq 200); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no socket $1" >&2; exit 1; }
 stop_all() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; PIDS=(); }
-
-# fio JSON -> "iops p50_us p99_us"
-# A run that cannot finish its in-flight requests within 3x its runtime + 20 s
-# (a server stalled on a full cache) is cut off and reported as "0 stalled stalled".
-run_fio() { # uri rw bs
-  local out
-  out=$(timeout -k 5 $((RUNTIME * 3 + 20)) fio --name=b --ioengine=nbd --uri="$1" --rw="$2" --bs="$3" --iodepth=16 --size=256M \
-      --time_based --runtime="$RUNTIME" --output-format=json 2>/dev/null) || { echo "0 stalled stalled"; return; }
-  printf '%s' "$out" |
-  python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]["write"]; p=j["clat_ns"]["percentile"]; print("%.0f %.1f %.1f" % (j["iops"], p["50.000000"]/1e3, p["99.000000"]/1e3))'
-}
-
-declare -A RES
-measure() { # name uri
-  for wl in "randwrite 4k" "write 64k"; do
-    set -- "$1" "$2" $wl
-    local vals=()
-    for r in $(seq "$REPS"); do vals+=("$(run_fio "$2" "$3" "$4")"); done
-    # median by IOPS
-    local med
-    med=$(printf '%s\n' "${vals[@]}" | sort -n -k1 | sed -n "$(( (REPS + 1) / 2 ))p")
-    RES["$1 $3-$4"]="$med"
-    printf '%-42s %-14s iops=%-8s p50_us=%-8s p99_us=%s\n' "$1" "$3 $4" $med
-  done
-}
-
 fresh() { rm -f "$W"/*.img "$W"/*.sock "$W"/*.nvwc-redo; rm -rf "$W/nvwc-data"; truncate -s 1G "$W/backing.img"; }
+# utime + stime of a process and all its threads, in clock ticks.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+TICK_US=$((1000000 / $(getconf CLK_TCK)))
 
+# fio JSON -> "iops p50_us p99_us cpu_us_per_request" (CPU of process $4).
+# A run that cannot finish its in-flight requests within 3x its runtime + 20 s
+# (a server stalled on a full cache) is cut off and reported as "0 stalled stalled stalled".
+run_fio() { # uri rw bs pid [runtime]
+  local out c0 c1
+  c0=$(cpu_ticks "$4")
+  out=$(timeout -k 5 $((RUNTIME * 3 + 20)) fio --name=b --ioengine=nbd --uri="$1" --rw="$2" --bs="$3" --iodepth=16 --size=256M \
+      --time_based --runtime="${5:-$RUNTIME}" --output-format=json 2>/dev/null) || { echo "0 stalled stalled stalled"; return; }
+  c1=$(cpu_ticks "$4")
+  printf '%s' "$out" |
+  python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]["write"]; p=j["clat_ns"]["percentile"]; n=max(j["total_ios"],1); print("%.0f %.1f %.1f %.2f" % (j["iops"], p["50.000000"]/1e3, p["99.000000"]/1e3, (int(sys.argv[1])*int(sys.argv[2]))/n))' "$((c1 - c0))" "$TICK_US"
+}
+
+# Servers: name -> start command (run in $W, must exec the server so that $!
+# is its PID) and socket.
+NAMES=()
+declare -A START SOCK
+add() { NAMES+=("$1"); START["$1"]="$2"; SOCK["$1"]="$3"; }
 ONLY=${BENCH_ONLY:-all}
+NV="exec $NVWC serve --cache cache.img --cache-size 768M --listen none --unix n.sock"
 if [ "$ONLY" != slow ]; then
-echo "== fast path (fio nbd engine, QD16, ${RUNTIME}s x ${REPS}, medians)"
-fresh; nbdkit -U "$W/k.sock" -f --exit-with-parent memory 1G & PIDS+=($!); wait_sock "$W/k.sock"
-measure nbdkit-memory "nbd+unix:///?socket=$W/k.sock"; stop_all
-fresh; nbdkit -U "$W/k.sock" -f --exit-with-parent file "$W/backing.img" & PIDS+=($!); wait_sock "$W/k.sock"
-measure nbdkit-file "nbd+unix:///?socket=$W/k.sock"; stop_all
-fresh; nbdkit -U "$W/k.sock" -f --exit-with-parent --filter=cache file "$W/backing.img" & PIDS+=($!); wait_sock "$W/k.sock"
-measure nbdkit-cache-filter "nbd+unix:///?socket=$W/k.sock"; stop_all
-fresh; qemu-nbd -t -k "$W/q.sock" -f raw --cache=writeback "$W/backing.img" & PIDS+=($!); wait_sock "$W/q.sock"
-measure qemu-nbd "nbd+unix:///?socket=$W/q.sock"; stop_all
-fresh; (cd "$W" && exec "$NVWC" serve --backing backing.img --cache cache.img --cache-size 768M --listen none --unix n.sock --write-policy write-back >/dev/null 2>&1) & PIDS+=($!); wait_sock "$W/n.sock"
-measure nvwc-write-back "nbd+unix:///?socket=$W/n.sock"; stop_all
-# The opt-in mode that rewrites committed dirty blocks in place (no fresh slot
-# per rewrite; a failed cache-device write can then damage a flushed block).
-fresh; (cd "$W" && exec "$NVWC" serve --backing backing.img --cache cache.img --cache-size 768M --listen none --unix n.sock --write-policy write-back --rewrite-in-place >/dev/null 2>&1) & PIDS+=($!); wait_sock "$W/n.sock"
-measure nvwc-write-back+rewrite-in-place "nbd+unix:///?socket=$W/n.sock"; stop_all
+  add nbdkit-memory "exec nbdkit -U k.sock -f --exit-with-parent memory 1G" k.sock
+  add nbdkit-file "exec nbdkit -U k.sock -f --exit-with-parent file backing.img" k.sock
+  add nbdkit-cache-filter "exec nbdkit -U k.sock -f --exit-with-parent --filter=cache file backing.img" k.sock
+  add qemu-nbd "exec qemu-nbd -t -k $W/q.sock -f raw --cache=writeback backing.img" q.sock
+  add nvwc-write-back "$NV --backing backing.img --write-policy write-back" n.sock
+  # The opt-out: every rewrite to a fresh slot (a cache-device write that
+  # fails part-way cannot damage a flushed block; costs slot churn and commits).
+  add nvwc-write-back+fresh-slots "$NV --backing backing.img --write-policy write-back --rewrite-in-place=false" n.sock
 fi
-
+SLOW=()
 if [ "$ONLY" != fast ]; then
-echo "== slow backing: nbdkit delay filter, delay-write=1ms"
-for pol in write-back write-back+rewrite-in-place ordered journaled write-through; do
-  flags="--write-policy ${pol%%+*}"; [ "$pol" = "${pol%%+*}" ] || flags="$flags --rewrite-in-place"
-  fresh; nbdkit -U "$W/d.sock" -f --exit-with-parent --filter=delay file "$W/backing.img" delay-write=1ms & PIDS+=($!); wait_sock "$W/d.sock"
-  (cd "$W" && exec "$NVWC" serve --backing "nbd+unix:///?socket=$W/d.sock" --cache cache.img --cache-size 768M --listen none --unix n.sock $flags >/dev/null 2>&1) & PIDS+=($!); wait_sock "$W/n.sock"
-  measure "nvwc-$pol/slow" "nbd+unix:///?socket=$W/n.sock"; stop_all
-done
-fresh; nbdkit -U "$W/c.sock" -f --exit-with-parent --filter=cache --filter=delay file "$W/backing.img" delay-write=1ms & PIDS+=($!); wait_sock "$W/c.sock"
-measure "nbdkit-cache-filter/slow" "nbd+unix:///?socket=$W/c.sock"; stop_all
+  for pol in write-back write-back+fresh-slots ordered journaled write-through; do
+    flags="--write-policy ${pol%%+*}"; [ "$pol" = "${pol%%+*}" ] || flags="$flags --rewrite-in-place=false"
+    add "nvwc-$pol/slow" "$NV --backing 'nbd+unix:///?socket=$W/d.sock' $flags" n.sock
+    SLOW+=("nvwc-$pol/slow")
+  done
+  add nbdkit-cache-filter/slow "exec nbdkit -U c.sock -f --exit-with-parent --filter=cache --filter=delay file backing.img delay-write=1ms" c.sock
 fi
 
-echo "== ratios (IOPS)"
-python3 - "$(declare -p RES)" <<'PY'
-import sys, re
+declare -A VALS
+echo "== ${#NAMES[@]} servers x {4k randwrite, 64k seqwrite}, fio nbd engine QD16, ${RUNTIME}s, ${REPS} interleaved rounds"
+for r in $(seq "$REPS"); do
+  for name in "${NAMES[@]}"; do
+    fresh
+    if [[ " ${SLOW[*]} " == *" $name "* ]]; then
+      (cd "$W" && exec nbdkit -U d.sock -f --exit-with-parent --filter=delay file backing.img delay-write=1ms) & PIDS+=($!); wait_sock "$W/d.sock"
+    fi
+    (cd "$W" && eval "${START[$name]}" >/dev/null 2>&1) & pid=$!; PIDS+=($pid); wait_sock "$W/${SOCK[$name]}"
+    uri="nbd+unix:///?socket=$W/${SOCK[$name]}"
+    run_fio "$uri" write 64k "$pid" 2 >/dev/null
+    for wl in "randwrite 4k" "write 64k"; do
+      set -- $wl
+      v=$(run_fio "$uri" "$1" "$2" "$pid")
+      VALS["$name $1-$2"]+="$v;"
+      printf 'round %d  %-34s %-13s iops=%-8s p50_us=%-8s p99_us=%-8s cpu_us/req=%s\n' "$r" "$name" "$1 $2" $v
+    done
+    stop_all
+  done
+done
+
+echo "== medians over ${REPS} rounds (by IOPS; CPU per request: its own median)"
+python3 - "$(declare -p VALS)" "${NAMES[@]}" <<'PY'
+import sys, re, statistics as st
 d = dict(re.findall(r'\["([^"]+)"\]="([^"]*)"', sys.argv[1]))
-iops = {k: float(v.split()[0]) for k, v in d.items()}
+order = {n: i for i, n in enumerate(sys.argv[2:])}
+iops, cpu = {}, {}
+for k, v in sorted(d.items(), key=lambda kv: (order.get(kv[0].rsplit(" ", 1)[0], 99), kv[0])):
+    runs = [r.split() for r in v.split(";") if r]
+    runs.sort(key=lambda r: float(r[0]))
+    med = runs[(len(runs) - 1) // 2]
+    iops[k] = float(med[0])
+    c = [float(r[3]) for r in runs if r[3] != "stalled"]
+    cpu[k] = st.median(c) if c else float("nan")
+    print(f"{k:<48} iops={med[0]:<8} p50_us={med[1]:<8} p99_us={med[2]:<8} cpu_us/req={cpu[k]:.2f}  (iops: {' '.join(r[0] for r in runs)})")
+print("== ratios (IOPS)")
 for wl in ["randwrite-4k", "write-64k"]:
-  for v in ["nvwc-write-back", "nvwc-write-back+rewrite-in-place"]:
+  for v in ["nvwc-write-back", "nvwc-write-back+fresh-slots"]:
     if f"{v} {wl}" in iops:
       n = iops[f"{v} {wl}"]
       best = max(iops[f"nbdkit-file {wl}"], iops[f"qemu-nbd {wl}"])
@@ -95,11 +119,15 @@ for wl in ["randwrite-4k", "write-64k"]:
       print(f"{wl}: {v} / nbdkit-cache-filter         = {n/iops[f'nbdkit-cache-filter {wl}']:.2f}")
   if f"nvwc-write-back/slow {wl}" in iops:
     wt = iops[f"nvwc-write-through/slow {wl}"]
-    for v in ["write-back", "write-back+rewrite-in-place"]:
+    for v in ["write-back", "write-back+fresh-slots"]:
       wb = iops[f"nvwc-{v}/slow {wl}"]
       print(f"{wl}: slow backing: {v} / write-through = {wb/wt:.1f}  (target >= 10)")
     wb = iops[f"nvwc-write-back/slow {wl}"]
     print(f"{wl}: slow backing: ordered / write-through    = {iops[f'nvwc-ordered/slow {wl}']/wt:.1f}")
     print(f"{wl}: slow backing: journaled / write-through  = {iops[f'nvwc-journaled/slow {wl}']/wt:.1f}")
     print(f"{wl}: slow backing: nvwc write-back / nbdkit cache filter = {wb/iops[f'nbdkit-cache-filter/slow {wl}']:.2f}")
+print("== server CPU per request (µs, lower is better; steadier than IOPS on a noisy machine)")
+for wl in ["randwrite-4k", "write-64k"]:
+  row = [f"{n}={cpu[f'{n} {wl}']:.2f}" for n in ["nvwc-write-back", "nbdkit-file", "qemu-nbd", "nbdkit-memory"] if f"{n} {wl}" in cpu]
+  if row: print(f"{wl}: " + "  ".join(row))
 PY

@@ -281,6 +281,9 @@ pub enum Op {
         issue_us: u64,
         ack_us: Option<u64>,
         ok: bool,
+        /// Refused with `EPERM`: the export had degraded to read-only, so the
+        /// write never reached a device (it changes no block).
+        refused: bool,
     },
     /// A FLUSH issued after write `after_seq` (and before the next write).
     Flush {
@@ -375,6 +378,10 @@ pub async fn workload(
         }
         let issue_us = us();
         let r = c.write(block * BS, Bytes::from(data), fua).await;
+        let refused = matches!(
+            &r,
+            Err(nvwc_nbd::ClientError::Server(e)) if e.code == nvwc_nbd::ErrorCode::Perm
+        );
         ops.push(Op::Write {
             seq,
             block,
@@ -383,6 +390,7 @@ pub async fn workload(
             issue_us,
             ack_us: r.is_ok().then(us),
             ok: r.is_ok(),
+            refused,
         });
         if r.is_err() && c.is_closed() {
             break;
@@ -443,6 +451,8 @@ pub struct History {
     pub flushes_acked: u64,
     pub fua_acked: u64,
     pub failed_requests: u64,
+    /// Writes refused with `EPERM` by an export degraded to read-only.
+    pub refused_writes: u64,
 }
 
 impl History {
@@ -457,6 +467,7 @@ impl History {
             flushes_acked: 0,
             fua_acked: 0,
             failed_requests: 0,
+            refused_writes: 0,
         };
         for op in ops {
             match *op {
@@ -467,11 +478,15 @@ impl History {
                     fua,
                     ack_us,
                     ok,
+                    refused,
                     ..
                 } => {
                     h.writes += 1;
+                    h.refused_writes += u64::from(refused);
                     for b in block..block + n {
-                        h.per_block[b as usize].push((seq, ok, fua));
+                        if !refused {
+                            h.per_block[b as usize].push((seq, ok, fua));
+                        }
                     }
                     if let (true, Some(t)) = (ok, ack_us) {
                         h.acked += 1;
@@ -532,6 +547,9 @@ pub struct Check {
     pub stale_ms: f64,
     /// The cut (last write of the matching prefix), for point-in-time checks.
     pub cut: Option<u64>,
+    /// Blocks not judged because a write to them failed after their floor
+    /// (disk semantics, see [`check_flush_contract`]).
+    pub failed_write_blocks: u64,
     pub detail: String,
 }
 
@@ -559,16 +577,23 @@ fn staleness(h: &History, seen: &[Seen], crash_us: u64) -> (u64, f64) {
 
 /// Every block must show a write this run made, no older than its floor
 /// (`floor(writes to the block)`; 0: anything or zeroes will do).
+/// `failed_undefined`: a block with a failed write newer than its floor may
+/// hold anything (it is counted, not judged).
 fn check_floor(
     h: &History,
     seen: &[Seen],
     crash_us: u64,
     what: &str,
     floor: impl Fn(&[(u64, bool, bool)]) -> u64,
+    failed_undefined: bool,
 ) -> Check {
     let mut c = Check::default();
     for (b, s) in seen.iter().enumerate() {
         let floor = floor(&h.per_block[b]);
+        if failed_undefined && h.per_block[b].iter().any(|w| !w.1 && w.0 > floor) {
+            c.failed_write_blocks += 1;
+            continue;
+        }
         let bad = match *s {
             Seen::Garbage => {
                 c.garbage_blocks += 1;
@@ -589,22 +614,46 @@ fn check_floor(
     c
 }
 
-/// Cache intact: the flush contract.
-pub fn check_flush_contract(h: &History, seen: &[Seen], crash_us: u64) -> Check {
-    check_floor(h, seen, crash_us, "durable floor", |ws| {
-        ws.iter()
-            .filter(|&&(seq, ok, fua)| ok && (seq <= h.durable_upto || fua))
-            .map(|w| w.0)
-            .max()
-            .unwrap_or(0)
-    })
+/// Cache intact: the flush contract. Every block shows its newest write
+/// that a completed FLUSH or its own FUA made durable, or a newer one.
+///
+/// `failed_undefined` applies a disk's rule for failed writes: a block that
+/// a *failed* write touched after that floor may hold anything. Use it only
+/// where the server promises no more: injected cache-device faults under
+/// write-back rewriting in place, where a write that fails part-way lands on
+/// the block's only copy (`docs/ON-DISK-FORMAT.md`).
+pub fn check_flush_contract(
+    h: &History,
+    seen: &[Seen],
+    crash_us: u64,
+    failed_undefined: bool,
+) -> Check {
+    check_floor(
+        h,
+        seen,
+        crash_us,
+        "durable floor",
+        |ws| {
+            ws.iter()
+                .filter(|&&(seq, ok, fua)| ok && (seq <= h.durable_upto || fua))
+                .map(|w| w.0)
+                .max()
+                .unwrap_or(0)
+        },
+        failed_undefined,
+    )
 }
 
 /// Cache lost, `write-through`: everything acknowledged is on the backing store.
 pub fn check_all_acked(h: &History, seen: &[Seen], crash_us: u64) -> Check {
-    check_floor(h, seen, crash_us, "last acked", |ws| {
-        ws.iter().filter(|w| w.1).map(|w| w.0).max().unwrap_or(0)
-    })
+    check_floor(
+        h,
+        seen,
+        crash_us,
+        "last acked",
+        |ws| ws.iter().filter(|w| w.1).map(|w| w.0).max().unwrap_or(0),
+        false,
+    )
 }
 
 /// Cache lost: is the state a prefix of the write sequence? With
@@ -681,7 +730,7 @@ pub fn check_cache_lost(
     crash_us: u64,
 ) -> Check {
     match policy {
-        "write-through" if host_crash => check_flush_contract(h, seen, crash_us),
+        "write-through" if host_crash => check_flush_contract(h, seen, crash_us, false),
         "write-through" => check_all_acked(h, seen, crash_us),
         "journaled-hints" if forced_closes.unwrap_or(0) == 0 => {
             check_point_in_time(h, seen, crash_us, true)
@@ -707,6 +756,8 @@ pub struct TrialResult {
     pub flushes_acked: u64,
     pub fua_acked: u64,
     pub failed_requests: u64,
+    /// Writes refused with `EPERM` by an export degraded to read-only.
+    pub refused_writes: u64,
     pub cache_intact: Check,
     pub cache_lost: Check,
     /// Degraded flag reported by `nvwc status` just before the crash.
@@ -732,6 +783,23 @@ pub struct Trial {
     pub error_file: Option<PathBuf>,
     /// Extra `nvwc serve` flags (`--server-arg`).
     pub server_args: Vec<String>,
+}
+
+impl Trial {
+    /// Cache-device faults under write-back that rewrites in place (the
+    /// server's default): a failed write may damage its blocks' last flushed
+    /// version, as on a disk, so the flush contract does not judge them.
+    pub fn failed_writes_undefined(&self) -> bool {
+        let fresh_slots = self
+            .server_args
+            .windows(2)
+            .any(|w| w[0] == "--rewrite-in-place" && w[1] == "false")
+            || self
+                .server_args
+                .iter()
+                .any(|a| a == "--rewrite-in-place=false");
+        self.fault_cache.is_some() && self.policy == "write-back" && !fresh_slots
+    }
 }
 
 /// The seed of the `n`-th trial (from 1) of a run seeded with `seed`: spread
@@ -861,6 +929,7 @@ pub fn run_trial(t: &Trial, root: &Path, keep: bool) -> Result<TrialResult> {
         Ok(())
     };
     let host_crash = t.mode == "host-crash";
+    let failed_undefined = t.failed_writes_undefined();
 
     let (cache_intact, cache_lost) = if let Some(u) = &t.backing_uri {
         // Upstream: check the backing alone first (the restart below may write it back).
@@ -878,7 +947,10 @@ pub fn run_trial(t: &Trial, root: &Path, keep: bool) -> Result<TrialResult> {
         let server = Server::start(&cfg, "serve-2.log")?;
         let seen = rt.block_on(read_blocks_nbd(&cfg.uri(), nonce, REGION_BLOCKS))?;
         server.kill9();
-        (check_flush_contract(&h, &seen, crash_us), cache_lost)
+        (
+            check_flush_contract(&h, &seen, crash_us, failed_undefined),
+            cache_lost,
+        )
     } else {
         // Cache lost: copy the backing store as the crash left it.
         let lost = dir.join("lost");
@@ -895,7 +967,7 @@ pub fn run_trial(t: &Trial, root: &Path, keep: bool) -> Result<TrialResult> {
         let server = Server::start(&cfg, "serve-2.log")?;
         let seen = rt.block_on(read_blocks_nbd(&cfg.uri(), nonce, REGION_BLOCKS))?;
         server.kill9();
-        let cache_intact = check_flush_contract(&h, &seen, crash_us);
+        let cache_intact = check_flush_contract(&h, &seen, crash_us, failed_undefined);
 
         recover(&lost_backing.display().to_string())?;
         let seen_lost = read_blocks_file(&lost_backing, nonce, REGION_BLOCKS)?;
@@ -923,6 +995,7 @@ pub fn run_trial(t: &Trial, root: &Path, keep: bool) -> Result<TrialResult> {
         flushes_acked: h.flushes_acked,
         fua_acked: h.fua_acked,
         failed_requests: h.failed_requests,
+        refused_writes: h.refused_writes,
         cache_intact,
         cache_lost,
         degraded: status.map(|s| s.contains("\"cache_degraded\":1")),
@@ -1205,6 +1278,7 @@ mod tests {
             issue_us: seq * 10,
             ack_us: ok.then_some(seq * 10 + 5),
             ok,
+            refused: false,
         }
     }
     fn f(after: u64) -> Op {
@@ -1233,10 +1307,19 @@ mod tests {
         // Writes 1 (block 0), flush, 2 (block 1), 3 (block 0, in flight).
         let ops = vec![w(1, 0, 1, true), f(1), w(2, 1, 1, true), w(3, 0, 1, false)];
         let h = History::new(&ops, 2);
-        assert!(check_flush_contract(&h, &[Seen::Seq(1), Seen::Zero], 100).ok);
-        assert!(check_flush_contract(&h, &[Seen::Seq(3), Seen::Seq(2)], 100).ok);
-        assert!(!check_flush_contract(&h, &[Seen::Zero, Seen::Seq(2)], 100).ok);
-        assert!(!check_flush_contract(&h, &[Seen::Garbage, Seen::Seq(2)], 100).ok);
+        assert!(check_flush_contract(&h, &[Seen::Seq(1), Seen::Zero], 100, false).ok);
+        assert!(check_flush_contract(&h, &[Seen::Seq(3), Seen::Seq(2)], 100, false).ok);
+        assert!(!check_flush_contract(&h, &[Seen::Zero, Seen::Seq(2)], 100, false).ok);
+        assert!(!check_flush_contract(&h, &[Seen::Garbage, Seen::Seq(2)], 100, false).ok);
+        // Disk semantics: write 3 failed (or was in flight) on block 0, so
+        // block 0 is not judged; block 1 still is.
+        let c = check_flush_contract(&h, &[Seen::Garbage, Seen::Seq(2)], 100, true);
+        assert!(c.ok && c.failed_write_blocks == 1, "{c:?}");
+        assert!(!check_flush_contract(&h, &[Seen::Seq(1), Seen::Garbage], 100, true).ok);
+        // A failed write older than the floor excuses nothing.
+        let ops = vec![w(1, 0, 1, false), w(2, 0, 1, true), f(2)];
+        let h = History::new(&ops, 1);
+        assert!(!check_flush_contract(&h, &[Seen::Garbage], 100, true).ok);
     }
 
     #[test]

@@ -28,9 +28,10 @@
 //!
 //! **Degraded mode.** The first failed command on the cache device marks the
 //! layer failed: it is logged at error level (`cache_device_failed`) and shown
-//! as the `cache_degraded` metric, and the host then refuses writes, FLUSH,
-//! trim and zeroes with EIO (read-only): nothing more is acknowledged that
-//! the cache could not hold. A restart (after replacing the device) clears it.
+//! as the `cache_degraded` metric, and the export then refuses writes, trim
+//! and zeroes with EPERM (it is read-only now, and they never reach a
+//! device) and FLUSH with EIO: nothing more is acknowledged that the cache
+//! could not hold. A restart (after replacing the device) clears it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -334,7 +335,7 @@ impl Layer {
                     "cache_device_failed",
                     export = &self.export,
                     error = e.to_string(),
-                    action = "degraded to read-only: writes and FLUSH now fail with EIO; replace the cache device and restart"
+                    action = "degraded to read-only: writes now fail with EPERM and FLUSH with EIO; replace the cache device and restart"
                 );
             } else if self.role == Role::Backing {
                 if let Some(held) = self.err_log.pass() {

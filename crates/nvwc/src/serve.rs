@@ -39,6 +39,7 @@ use nvwc_nbd::NbdError;
 
 mod host;
 pub(crate) mod log;
+mod mapped;
 mod upstream;
 use log::log;
 
@@ -100,10 +101,14 @@ pub struct Args {
     /// backing store, with no fetch.
     #[arg(long)]
     patch_direct: bool,
-    /// Write-back only: rewrite committed dirty blocks in place (no fresh
-    /// slot per rewrite). Faster for hot blocks; a failed (torn) cache-device
-    /// write can then damage that block's last flushed version.
-    #[arg(long)]
+    /// Write-back only: rewrite committed dirty blocks in place (the
+    /// default), as a disk and dm-writecache do. `--rewrite-in-place=false`
+    /// writes every rewrite to a fresh slot instead: slower (slot churn and
+    /// commits), but a cache-device write that *fails* part-way then cannot
+    /// damage the block's last flushed version. Crashes keep every FLUSH/FUA
+    /// promise either way (`docs/ON-DISK-FORMAT.md`).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_value_t = true,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
     rewrite_in_place: bool,
     /// Serve the export read-only.
     #[arg(long)]
@@ -317,6 +322,10 @@ enum Backend {
 
 struct Device {
     backend: Backend,
+    /// The cache file mapped shared: plain writes are copied into it rather
+    /// than `pwrite`n (`mapped.rs`). `None` for the backing store, or when
+    /// the file cannot be mapped.
+    map: Option<mapped::Mapped>,
     groups: Mutex<HashMap<u64, Vec<(u64, Bytes)>>>,
     redo: Option<Redo>,
     /// Fault injection, host-crash overlay, failpoints and the failed flag (`fault.rs`).
@@ -329,12 +338,20 @@ impl Device {
             .run(op, group, |op, group| self.execute_raw(op, group))
     }
 
-    /// Write adjacent `parts` starting at `offset` as one command: one
-    /// `pwritev` on a plain file with no fault layer in the way, else one
-    /// merged write through [`Device::execute`] (which also records errors).
+    /// Write adjacent `parts` starting at `offset` as one command: one copy
+    /// into the mapped cache file (or one `pwritev` when it is not mapped)
+    /// with no fault layer in the way, else one merged write through
+    /// [`Device::execute`] (which also records errors).
     fn write_parts(&self, offset: u64, parts: &[&Bytes]) -> IoResult<Bytes> {
         if let (Backend::File(f), true) = (&self.backend, self.fault.passthrough()) {
-            if pwritev_all(f, offset, parts).is_ok() {
+            let done = match &self.map {
+                Some(m) => {
+                    let slices: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+                    m.write(offset, &slices)
+                }
+                None => pwritev_all(f, offset, parts),
+            };
+            if done.is_ok() {
                 return Ok(None);
             }
             // Retried below, so the failure is counted and logged as usual.
@@ -412,7 +429,10 @@ impl Device {
                         .push((*offset, data.clone()));
                     return Ok(None);
                 }
-                io(file.write_all_at(data, *offset))?;
+                match &self.map {
+                    Some(m) => io(m.write(*offset, &[&data[..]]))?,
+                    None => io(file.write_all_at(data, *offset))?,
+                }
                 if *fua {
                     io(file.sync_data())?;
                 }
@@ -521,6 +541,16 @@ impl NvwcExport {
             ReqOp::Trim { .. } => 3,
             ReqOp::WriteZeroes { .. } => 4,
         };
+        if matches!(
+            op,
+            ReqOp::Write { .. } | ReqOp::WriteZeroes { .. } | ReqOp::Trim { .. }
+        ) && self.host.degraded()
+        {
+            // Refused before any device sees it: the export is read-only now.
+            return Err(NbdError::perm(
+                "the cache device failed: the export is read-only until the server restarts",
+            ));
+        }
         let t = Instant::now();
         let r = match self.host.call(op, tag).await {
             Ok(reply) => reply.result.map_err(nbd_err),
@@ -1217,14 +1247,27 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
     let eng = open_engine(cfg.clone(), &cache, cache_new, &e.name)?;
     let max_write = eng.max_write_bytes();
 
+    // Block devices report size 0 in their metadata: ask the end instead.
+    let cache_len = (&cache).seek(SeekFrom::End(0)).unwrap_or(0);
+    let map = mapped::Mapped::new(&cache, cache_len);
+    if map.is_none() {
+        log!(
+            warn,
+            "cache_unmapped",
+            cache = e.cache.display().to_string(),
+            reason = "the cache cannot be mapped; plain writes use pwrite"
+        );
+    }
     let cache_dev = Arc::new(Device {
         backend: Backend::File(cache),
+        map,
         groups: Mutex::default(),
         redo: None,
         fault: crate::fault::Layer::from_env(crate::fault::Role::Cache, &e.name)?,
     });
     let backing_dev = Arc::new(Device {
         backend,
+        map: None,
         groups: Mutex::default(),
         redo,
         fault: crate::fault::Layer::from_env(crate::fault::Role::Backing, &e.name)?,

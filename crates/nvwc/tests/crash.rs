@@ -113,17 +113,27 @@ fn grid_json_has_every_cell_and_the_consistent_policies_pass() {
 
 /// Cache device faults: the client gets errors, the export degrades to
 /// read-only (reported by `nvwc status`), and nothing acknowledged is lost.
+/// Ordered, journaled and write-back with `--rewrite-in-place=false` keep
+/// every flushed block even where a write failed; write-back rewriting in
+/// place (the default) keeps it everywhere but on the blocks of a failed
+/// write, as a disk does.
 #[test]
 fn cache_faults_degrade_and_lose_nothing_acknowledged() {
-    for spec in [
-        "eio,op=write,after=100",
-        "enospc,op=write,after=100",
-        "torn,after=100",
-        "eio,op=flush,after=5",
+    for (spec, fresh_slots) in [
+        ("eio,op=write,after=100", false),
+        ("enospc,op=write,after=100", false),
+        ("torn,after=100", false),
+        ("torn,after=100", true),
+        ("eio,op=flush,after=5", false),
     ] {
-        let (ok, trials, _) = crashtest(&[
+        let policies = if fresh_slots {
+            "write-back"
+        } else {
+            "write-back,ordered,journaled"
+        };
+        let mut args = vec![
             "--policies",
-            "write-back,ordered,journaled",
+            policies,
             "--modes",
             "server-crash",
             "--trials",
@@ -134,15 +144,27 @@ fn cache_faults_degrade_and_lose_nothing_acknowledged() {
             "1000",
             "--fault-cache",
             spec,
-        ]);
+        ];
+        if fresh_slots {
+            args.push("--server-arg=--rewrite-in-place=false");
+        }
+        let (ok, trials, _) = crashtest(&args);
         assert!(ok, "{spec}: {}", fail_lines(&trials));
         for t in &trials {
             assert_eq!(t["cache_intact"]["ok"], true, "{spec}: {t}");
+            if fresh_slots || t["policy"] != "write-back" {
+                assert_eq!(t["cache_intact"]["failed_write_blocks"], 0, "{spec}: {t}");
+            }
             assert!(
                 t["failed_requests"].as_u64().unwrap() > 0,
                 "{spec}: no error reached the client: {t}"
             );
             assert_eq!(t["degraded"], true, "{spec}: not degraded: {t}");
+            // Once degraded, the export refuses writes as read-only.
+            assert!(
+                t["refused_writes"].as_u64().unwrap() > 0,
+                "{spec}: no write refused with EPERM: {t}"
+            );
         }
     }
     // A torn write, then the crash, in the middle of a commit or a slot write.

@@ -145,6 +145,11 @@ impl Host {
         rx.await.map_err(|_| ReqError::Shutdown)
     }
 
+    /// The cache device failed: the export serves reads only.
+    pub fn degraded(&self) -> bool {
+        self.cache_dev.fault.failed()
+    }
+
     /// Counters and policy counters.
     pub fn status(&self) -> (Stats, Vec<(&'static str, u64)>) {
         let c = self.lock();
