@@ -48,6 +48,7 @@ use crate::stats::Stats;
 use crate::types::*;
 use crate::write_policy::{self, Group, Plan, PlanCtx, PolicyEvent, RecoveredVersion, WritePolicy};
 
+mod direct;
 mod partial;
 mod patch;
 use patch::PatchSet;
@@ -2858,7 +2859,13 @@ impl<P: Payload> Engine<P> {
 
     /// Evict clean blocks to keep `free_reserve` slots (plus one per stalled writer) ready.
     fn ensure_free(&mut self) -> bool {
-        let want = self.free_wanted();
+        self.evict_clean_until(self.free_wanted())
+    }
+
+    /// Evict clean, idle blocks (the replacement policy's victims) until
+    /// free slots plus those a commit will free reach `want`, or no victim
+    /// is left. Returns whether it evicted any.
+    fn evict_clean_until(&mut self, want: u64) -> bool {
         let mut changed = false;
         while (self.free_slots.len() as u64 + self.retired_pending) < want {
             let blocks = &self.blocks;

@@ -37,7 +37,13 @@ impl Payload for bytes::Bytes {
         bytes::Bytes::len(self)
     }
     fn zeroes(len: usize) -> Self {
-        bytes::Bytes::from(vec![0u8; len])
+        // Up to a MiB: a view of one static zero buffer (no allocation, no
+        // memset); larger: calloc, which maps fresh zero pages.
+        static ZEROES: [u8; 1 << 20] = [0; 1 << 20];
+        match ZEROES.get(..len) {
+            Some(z) => bytes::Bytes::from_static(z),
+            None => bytes::Bytes::from(vec![0u8; len]),
+        }
     }
     fn slice(&self, range: Range<usize>) -> Self {
         assert!(range.end <= self.len(), "slice out of range");

@@ -18,6 +18,9 @@ pub struct Stats {
     pub write_misses: u64,
     /// Writes that replaced a dirty version, so one destage was saved.
     pub overwrites: u64,
+    /// Write requests whose payload the driver put on the cache device
+    /// itself (`Engine::handle_direct_write`).
+    pub direct_writes: u64,
     pub cache_reads: u64,
     pub cache_read_bytes: u64,
     pub cache_writes: u64,

@@ -75,6 +75,43 @@ impl MemHarness {
         self.collect();
     }
 
+    /// Offer a write as a direct write (`Engine::handle_direct_write`). If
+    /// the engine takes it, its parts go in flight as cache writes of
+    /// `data`'s bytes (as a driver that receives the payload into the cache
+    /// device would do) and the parts are returned.
+    pub fn submit_direct(
+        &mut self,
+        id: ReqId,
+        offset: u64,
+        data: Bytes,
+        fua: bool,
+    ) -> Option<Vec<DirectPart>> {
+        self.now += 1;
+        let parts = self.engine.handle_direct_write(
+            self.now,
+            id,
+            offset,
+            data.len() as u64,
+            fua,
+            Tag::default(),
+        )?;
+        for p in &parts {
+            let at = p.payload_offset as usize;
+            self.inflight.push_back(IoCmd {
+                id: p.io,
+                dev: Dev::Cache,
+                op: IoOp::Write {
+                    offset: p.offset,
+                    data: data.slice(at..at + p.len as usize),
+                    fua: false,
+                },
+                group: None,
+            });
+        }
+        self.collect();
+        Some(parts)
+    }
+
     /// Commands in flight, in issue order (`step`'s `pick` indexes this).
     pub fn inflight(&mut self) -> &VecDeque<IoCmd<Bytes>> {
         self.collect();

@@ -120,6 +120,17 @@ pub struct IoCmd<P> {
     pub group: Option<u64>,
 }
 
+/// One part of a direct write (`Engine::handle_direct_write`): payload bytes
+/// `[payload_offset, payload_offset + len)` go to cache-device byte `offset`,
+/// as the cache write `io`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DirectPart {
+    pub io: IoId,
+    pub offset: u64,
+    pub payload_offset: u64,
+    pub len: u64,
+}
+
 /// Why a device command failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum IoError {

@@ -1,6 +1,8 @@
 //! The [`Export`] trait that the server framework drives, and its companions.
 
 use std::future::Future;
+use std::io;
+use std::os::fd::BorrowedFd;
 use std::pin::Pin;
 use std::sync::Arc;
 
@@ -175,6 +177,60 @@ pub struct WriteZeroesFlags {
     pub fast_zero: bool,
 }
 
+/// The payload of one `NBD_CMD_WRITE`, still queued on the client's unix
+/// socket, for [`Export::write_direct`]: the export receives it straight
+/// into its own storage, with no copy through a buffer.
+///
+/// The server offers one only when the whole payload is already queued, so
+/// receiving never waits, and a client that disconnects cannot leave it
+/// half-received. On a unix socket the kernel copies queued bytes without
+/// stopping for signals: only a fault on the destination (an I/O error, or
+/// a `kill -9` while a destination page is being faulted in) ends a copy
+/// early, and then at a page boundary. Whatever the export does not take,
+/// the server reads and discards, so the stream stays in sync.
+pub struct DirectSource<'a> {
+    fd: BorrowedFd<'a>,
+    left: usize,
+}
+
+impl<'a> DirectSource<'a> {
+    /// A payload of `len` bytes queued on `fd`. Caller (the server)
+    /// guarantees they are queued and next in the stream.
+    pub(crate) fn new(fd: BorrowedFd<'a>, len: usize) -> Self {
+        DirectSource { fd, left: len }
+    }
+
+    /// Payload bytes not received yet.
+    pub fn remaining(&self) -> usize {
+        self.left
+    }
+
+    /// Receive the next `dst.len()` payload bytes into `dst`.
+    ///
+    /// # Errors
+    /// `InvalidInput` (and nothing received) past the payload's end; else
+    /// the socket's error, e.g. `EFAULT` when `dst` could not be written.
+    /// After an error, any part of `dst` may hold received bytes.
+    pub fn recv(&mut self, dst: &mut [u8]) -> io::Result<()> {
+        if dst.len() > self.left {
+            return Err(io::ErrorKind::InvalidInput.into());
+        }
+        let mut done = 0;
+        while done < dst.len() {
+            match rustix::net::recv(self.fd, &mut dst[done..], rustix::net::RecvFlags::DONTWAIT) {
+                Ok((0, _)) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok((n, _)) => {
+                    done += n;
+                    self.left -= n;
+                }
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+}
+
 /// A block device served over NBD.
 ///
 /// The server validates every request before calling an operation, so
@@ -213,6 +269,29 @@ pub trait Export: Send + Sync + 'static {
         data: Bytes,
         fua: bool,
     ) -> BoxFuture<'_, NbdResult<()>>;
+
+    /// Optional zero-copy `NBD_CMD_WRITE`: called, before the payload is
+    /// read, for a write (with `write`'s preconditions) whose whole payload
+    /// is already queued on a unix socket.
+    ///
+    /// * `None` (the default): declined; the export MUST NOT have received
+    ///   anything from `src`. The server reads the payload and calls
+    ///   [`Export::write`].
+    /// * `Some(result)`: the export took the write. It received what it
+    ///   needed from `src` before returning (the server discards any rest:
+    ///   an export that stops after an error reports it in `result`), and
+    ///   `result` resolves with `write`'s contract (FUA included).
+    fn write_direct(
+        self: Arc<Self>,
+        ctx: RequestCtx,
+        offset: u64,
+        len: u32,
+        fua: bool,
+        src: &mut DirectSource<'_>,
+    ) -> Option<BoxFuture<'static, NbdResult<()>>> {
+        let _ = (ctx, offset, len, fua, src);
+        None
+    }
 
     /// `NBD_CMD_FLUSH`. Only called if `can_flush`.
     fn flush(&self, ctx: RequestCtx) -> BoxFuture<'_, NbdResult<()>> {

@@ -21,7 +21,8 @@ pub mod server;
 pub use client::{Client, ClientError, ClientOptions, ExportDetails, NbdUri};
 pub use error::{CodecError, ErrorCode, NbdError};
 pub use export::{
-    BoxFuture, Export, ExportInfo, NbdResult, RequestCtx, WriteZeroesFlags, MAX_BLOCK_LIMIT,
+    BoxFuture, DirectSource, Export, ExportInfo, NbdResult, RequestCtx, WriteZeroesFlags,
+    MAX_BLOCK_LIMIT,
 };
 pub use memory::{MemoryExport, MemoryStats};
 pub use proto::Extent;

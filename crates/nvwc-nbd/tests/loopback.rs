@@ -13,8 +13,8 @@ use nvwc_nbd::proto::{
     Extent, InfoReply, InfoRequest, MetaContextEntry, MetaContextRequest, BASE_ALLOCATION,
 };
 use nvwc_nbd::{
-    BoxFuture, Client, ClientError, ClientOptions, ErrorCode, Export, ExportInfo, MemoryExport,
-    NbdError, NbdResult, RequestCtx, Server, ServerConfig, WriteZeroesFlags,
+    BoxFuture, Client, ClientError, ClientOptions, DirectSource, ErrorCode, Export, ExportInfo,
+    MemoryExport, NbdError, NbdResult, RequestCtx, Server, ServerConfig, WriteZeroesFlags,
 };
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{Barrier, Notify};
@@ -1670,4 +1670,214 @@ fn public_types_are_send_and_sync() {
     assert_send_sync::<MemoryExport>();
     assert_send_sync::<Arc<dyn Export>>();
     assert_send_sync::<ClientError>();
+}
+
+// ---------------------------------------------------------------------------
+// Direct writes (`Export::write_direct`)
+// ---------------------------------------------------------------------------
+
+/// What [`DirectExport::write_direct`] does with a payload.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum DirectMode {
+    /// Receive it all, then store it.
+    All,
+    /// Receive the first half, then fail the write (the server skips the rest).
+    Half,
+    /// Decline (the server reads the payload and calls `write`).
+    Decline,
+}
+
+/// Memory, with a `write_direct` that receives payloads itself.
+struct DirectExport {
+    inner: MemoryExport,
+    mode: DirectMode,
+    direct_calls: AtomicUsize,
+}
+
+impl DirectExport {
+    fn new(size: u64, mode: DirectMode) -> Arc<Self> {
+        Arc::new(DirectExport {
+            inner: MemoryExport::with_size("", size),
+            mode,
+            direct_calls: AtomicUsize::new(0),
+        })
+    }
+}
+
+impl Export for DirectExport {
+    fn info(&self) -> ExportInfo {
+        self.inner.info()
+    }
+    fn read(&self, ctx: RequestCtx, offset: u64, len: u32) -> BoxFuture<'_, NbdResult<Bytes>> {
+        self.inner.read(ctx, offset, len)
+    }
+    fn write(
+        &self,
+        ctx: RequestCtx,
+        offset: u64,
+        data: Bytes,
+        fua: bool,
+    ) -> BoxFuture<'_, NbdResult<()>> {
+        self.inner.write(ctx, offset, data, fua)
+    }
+    fn write_direct(
+        self: Arc<Self>,
+        ctx: RequestCtx,
+        offset: u64,
+        len: u32,
+        fua: bool,
+        src: &mut DirectSource<'_>,
+    ) -> Option<BoxFuture<'static, NbdResult<()>>> {
+        assert_eq!(
+            src.remaining(),
+            len as usize,
+            "the whole payload is offered"
+        );
+        if self.mode == DirectMode::Decline {
+            return None;
+        }
+        self.direct_calls.fetch_add(1, Ordering::SeqCst);
+        let take = if self.mode == DirectMode::Half {
+            len / 2
+        } else {
+            len
+        };
+        let mut buf = vec![0u8; take as usize];
+        let got = src.recv(&mut buf);
+        // Past the payload's end: refused, nothing taken.
+        assert!(src.recv(&mut vec![0u8; src.remaining() + 1]).is_err());
+        Some(Box::pin(async move {
+            got.map_err(|e| NbdError::io(e.to_string()))?;
+            if self.mode == DirectMode::Half {
+                return Err(NbdError::io("stopped half-way"));
+            }
+            self.inner.write(ctx, offset, Bytes::from(buf), fua).await
+        }))
+    }
+}
+
+/// Pipelined 64 KiB writes with small writes and reads over a unix socket:
+/// the export takes queued payloads directly, and everything reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_writes_take_queued_payloads() {
+    bounded(async {
+        let e = DirectExport::new(16 * MIB, DirectMode::All);
+        let ts = TestServer::start(vec![e.clone()]).await;
+        let mut r = Raw::go(&ts.sock, "", false, false).await;
+        // Three large writes sent back to back: after the first, each header
+        // is read unbuffered and its payload is already queued.
+        let mut bytes = Vec::new();
+        for i in 0..3u64 {
+            bytes.extend_from_slice(&req(1, 0, i, i * 64 * 1024, 64 * 1024).encode());
+            bytes.extend_from_slice(&random_bytes(64 * 1024, 100 + i));
+        }
+        r.send(&bytes).await;
+        for _ in 0..3 {
+            assert_eq!(r.simple_reply().await.error, 0);
+        }
+        assert!(
+            e.direct_calls.load(Ordering::SeqCst) >= 1,
+            "no direct write"
+        );
+        for i in 0..3u64 {
+            assert_eq!(
+                e.inner.contents(i * 64 * 1024, 64 * 1024),
+                random_bytes(64 * 1024, 100 + i)
+            );
+        }
+        // Mixed sizes through the client, with reads in between.
+        let c = Arc::new(Client::connect(&ts.uri("")).await.unwrap());
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..48u64 {
+            let c = c.clone();
+            set.spawn(async move {
+                let len = [64 * 1024, 512, 20 * 1024][i as usize % 3];
+                let off = MIB + i * 128 * 1024;
+                let d = random_bytes(len, 300 + i);
+                c.write(off, d.clone(), false).await.unwrap();
+                assert_eq!(c.read(off, len as u32).await.unwrap(), d);
+            });
+        }
+        while let Some(r) = set.join_next().await {
+            r.unwrap();
+        }
+        c.disconnect().await.unwrap();
+        ts.server.shutdown().await;
+    })
+    .await
+}
+
+/// An export that stops receiving part-way: the write fails, the server
+/// discards the rest of its payload, and the connection stays in sync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_write_stopped_half_way_keeps_the_stream_in_sync() {
+    bounded(async {
+        let e = DirectExport::new(4 * MIB, DirectMode::Half);
+        let ts = TestServer::start(vec![e.clone()]).await;
+        let mut r = Raw::go(&ts.sock, "", false, false).await;
+        let mut bytes = Vec::new();
+        for i in 0..3u64 {
+            bytes.extend_from_slice(&req(1, 0, i, i * 64 * 1024, 64 * 1024).encode());
+            bytes.extend_from_slice(&[0x5a; 64 * 1024]);
+        }
+        // A small write and a read after them must be parsed from the right place.
+        bytes.extend_from_slice(&req(1, 0, 10, 3 * MIB, 512).encode());
+        bytes.extend_from_slice(&[0x77; 512]);
+        bytes.extend_from_slice(&req(0, 0, 11, 3 * MIB, 512).encode());
+        r.send(&bytes).await;
+        let mut errors = 0;
+        for _ in 0..4 {
+            let h = r.simple_reply().await;
+            if h.error != 0 {
+                errors += 1;
+                assert_eq!(h.error, ErrorCode::Io as u32);
+            }
+        }
+        let h = r.simple_reply().await;
+        assert_eq!((h.handle, h.error), (11, 0));
+        assert_eq!(r.read_n(512).await, vec![0x77; 512]);
+        let calls = e.direct_calls.load(Ordering::SeqCst);
+        assert!(calls >= 1, "no direct write");
+        assert_eq!(
+            errors, calls,
+            "each direct write failed, the others did not"
+        );
+        ts.assert_other_client_works("").await;
+        ts.server.shutdown().await;
+    })
+    .await
+}
+
+/// Declined direct writes, and TCP connections (never offered one), take
+/// the buffered path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declined_and_tcp_writes_take_the_buffered_path() {
+    bounded(async {
+        let e = DirectExport::new(4 * MIB, DirectMode::Decline);
+        let ts = TestServer::start(vec![e.clone()]).await;
+        let c = Client::connect(&ts.uri("")).await.unwrap();
+        for i in 0..8u64 {
+            let d = random_bytes(64 * 1024, 500 + i);
+            c.write(i * 64 * 1024, d.clone(), false).await.unwrap();
+            assert_eq!(c.read(i * 64 * 1024, 64 * 1024).await.unwrap(), d);
+        }
+        c.disconnect().await.unwrap();
+        ts.server.shutdown().await;
+
+        let e = DirectExport::new(4 * MIB, DirectMode::All);
+        let server = Server::builder().export(e.clone()).build().unwrap();
+        let addr = server.listen_tcp("127.0.0.1:0").await.unwrap();
+        let c = Client::connect(&format!("nbd://127.0.0.1:{}/", addr.port()))
+            .await
+            .unwrap();
+        for i in 0..8u64 {
+            let d = random_bytes(64 * 1024, 600 + i);
+            c.write(i * 64 * 1024, d.clone(), false).await.unwrap();
+            assert_eq!(c.read(i * 64 * 1024, 64 * 1024).await.unwrap(), d);
+        }
+        assert_eq!(e.direct_calls.load(Ordering::SeqCst), 0);
+        c.disconnect().await.unwrap();
+        server.shutdown().await;
+    })
+    .await
 }

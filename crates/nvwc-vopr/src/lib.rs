@@ -27,7 +27,7 @@
 pub mod disk;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 
 use bytes::Bytes;
 use nvwc_core::layout::{self, Layout};
@@ -79,6 +79,8 @@ pub struct SeedOutcome {
     /// Admission activity before the crash: pieces bypassed, rejected pieces
     /// cached because a bypass was unsafe, reissues, discarded completions.
     pub admission: [u64; 4],
+    /// Writes taken as direct writes (`Engine::handle_direct_write`).
+    pub direct_writes: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -359,6 +361,7 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
     let mut now = 0u64;
     let mut processed = 0u64;
     let mut in_flush_request = false;
+    let mut direct_cmds: VecDeque<IoCmd<Bytes>> = VecDeque::new();
     push(&mut events, 0, Ev::Client);
 
     loop {
@@ -392,7 +395,15 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
                     let roll = rng.gen_range(0..100);
                     let max_sectors = (4 * bs / SECTOR as u64).min(sectors_total);
                     let nsec = rng.gen_range(1..=max_sectors);
-                    let first = if rng.gen_bool(0.5) {
+                    let aligned = rng.gen_bool(0.5);
+                    // Some aligned requests cover whole blocks (direct-write candidates).
+                    let nsec = if aligned && rng.gen_bool(0.3) {
+                        let per = bs / SECTOR as u64;
+                        (per * rng.gen_range(1..=4u64)).min(sectors_total / per * per)
+                    } else {
+                        nsec
+                    };
+                    let first = if aligned {
                         // Block-aligned.
                         let b = rng.gen_range(0..cfg.backing_size / bs);
                         (b * bs / SECTOR as u64).min(sectors_total - nsec)
@@ -476,18 +487,40 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
                         eprintln!("t={now} issue #{id} {kind:?} w{widx} sectors {first}+{nsec}");
                     }
                     in_flush_request = matches!(kind, OpKind::Flush | OpKind::Checkpoint);
-                    eng.handle_request(
-                        now,
-                        Request {
-                            id,
-                            op,
-                            tag: Tag {
-                                client: 0,
-                                critical: rng.gen_bool(0.3),
-                                sync: rng.gen_bool(0.2),
-                            },
-                        },
-                    );
+                    let tag = Tag {
+                        client: 0,
+                        critical: rng.gen_bool(0.3),
+                        sync: rng.gen_bool(0.2),
+                    };
+                    // Half the plain writes are offered as direct writes (the
+                    // server's path for payloads read straight into the
+                    // cache): the parts become cache writes of the payload's
+                    // bytes, with the usual latencies, errors and crashes.
+                    let direct = match &op {
+                        ReqOp::Write { offset, data, fua } if rng.gen_bool(0.5) => eng
+                            .handle_direct_write(now, id, *offset, data.len() as u64, *fua, tag)
+                            .map(|parts| (parts, data.clone())),
+                        _ => None,
+                    };
+                    match direct {
+                        Some((parts, data)) => {
+                            out.direct_writes += 1;
+                            direct_cmds.extend(parts.into_iter().map(|p| IoCmd {
+                                id: p.io,
+                                dev: Dev::Cache,
+                                op: IoOp::Write {
+                                    offset: p.offset,
+                                    data: data.slice(
+                                        p.payload_offset as usize
+                                            ..(p.payload_offset + p.len) as usize,
+                                    ),
+                                    fua: false,
+                                },
+                                group: None,
+                            }));
+                        }
+                        None => eng.handle_request(now, Request { id, op, tag }),
+                    }
                     in_flush_request_events(&mut eng, &mut oracle, in_flush_request, &mut out);
                     in_flush_request = false;
                 }
@@ -537,8 +570,8 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
                 }
             }
         }
-        // Drain the engine.
-        while let Some(cmd) = eng.poll_io() {
+        // Drain the engine (direct writes' parts first: they were due first).
+        while let Some(cmd) = direct_cmds.pop_front().or_else(|| eng.poll_io()) {
             let lat = if cmd.dev == Dev::Cache {
                 cache_lat(&mut rng)
             } else {
@@ -1287,6 +1320,8 @@ pub struct PolicySummary {
     pub patches: [u64; 8],
     /// Sums of [`SeedOutcome::admission`].
     pub admission: [u64; 4],
+    /// Sum of [`SeedOutcome::direct_writes`].
+    pub direct_writes: u64,
 }
 
 /// Run `seeds` seeds starting at `first` on `threads` threads.
@@ -1302,7 +1337,7 @@ pub fn run_many(
     let next = AtomicU64::new(first);
     let done = AtomicU64::new(0);
     let results: Mutex<BTreeMap<u64, SeedOutcome>> = Mutex::new(BTreeMap::new());
-    let agg = Mutex::new((0u64, 0u64, 0u64, [0u64; 4], [0u64; 8], [0u64; 4]));
+    let agg = Mutex::new((0u64, 0u64, 0u64, [0u64; 4], [0u64; 8], [0u64; 4], 0u64));
     std::panic::set_hook(Box::new(|info| {
         let loc = info
             .location()
@@ -1354,6 +1389,7 @@ pub fn run_many(
                     for (x, y) in a.5.iter_mut().zip(r.admission) {
                         *x += y;
                     }
+                    a.6 += r.direct_writes;
                 }
                 if !r.violations.is_empty() {
                     let mut m = results.lock().unwrap();
@@ -1379,5 +1415,6 @@ pub fn run_many(
         by_check: a.3,
         patches: a.4,
         admission: a.5,
+        direct_writes: a.6,
     }
 }

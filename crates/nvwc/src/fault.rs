@@ -328,28 +328,35 @@ impl Layer {
     ) -> IoResult<Bytes> {
         let r = self.run_inner(op, group, &raw);
         if let Err(e) = &r {
-            self.errors.fetch_add(1, Ordering::Relaxed);
-            if self.role == Role::Cache && !self.failed.swap(true, Ordering::Relaxed) {
-                log!(
-                    error,
-                    "cache_device_failed",
-                    export = &self.export,
-                    error = e.to_string(),
-                    action = "degraded to read-only: writes now fail with EPERM and FLUSH with EIO; replace the cache device and restart"
-                );
-            } else if self.role == Role::Backing {
-                if let Some(held) = self.err_log.pass() {
-                    log!(
-                        warn,
-                        "backing_device_error",
-                        export = &self.export,
-                        error = e.to_string(),
-                        suppressed = held
-                    );
-                }
-            }
+            self.record_error(e);
         }
         r
+    }
+
+    /// Count and log a failed command; the first on the cache device
+    /// degrades the export (module docs). [`Layer::run`] calls it; a driver
+    /// that writes to the device itself (direct writes) calls it too.
+    pub fn record_error(&self, e: &IoError) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        if self.role == Role::Cache && !self.failed.swap(true, Ordering::Relaxed) {
+            log!(
+                error,
+                "cache_device_failed",
+                export = &self.export,
+                error = e.to_string(),
+                action = "degraded to read-only: writes now fail with EPERM and FLUSH with EIO; replace the cache device and restart"
+            );
+        } else if self.role == Role::Backing {
+            if let Some(held) = self.err_log.pass() {
+                log!(
+                    warn,
+                    "backing_device_error",
+                    export = &self.export,
+                    error = e.to_string(),
+                    suppressed = held
+                );
+            }
+        }
     }
 
     fn run_inner(

@@ -575,7 +575,7 @@ impl NvwcExport {
 macro_rules! stat_fields {
     ($m:ident) => {
         $m!(requests reads writes flushes trims read_bytes write_bytes read_hits read_misses write_hits write_misses
-            overwrites cache_reads cache_read_bytes cache_writes cache_write_bytes cache_flushes backing_reads
+            overwrites direct_writes cache_reads cache_read_bytes cache_writes cache_write_bytes cache_flushes backing_reads
             backing_read_bytes backing_writes backing_write_bytes backing_flushes backing_groups fetches populates
             stalled_writes stall_ns admission_stalls evictions destaged_blocks destage_plans destage_failures commits commit_failures
             io_errors patches_created patch_merges patch_reads patch_fetches patch_direct_writes patch_discards
@@ -876,6 +876,32 @@ impl Export for NvwcExport {
                 .await
                 .map(|_| ())
         })
+    }
+    fn write_direct(
+        self: Arc<Self>,
+        ctx: RequestCtx,
+        offset: u64,
+        len: u32,
+        fua: bool,
+        src: &mut nvwc_nbd::DirectSource<'_>,
+    ) -> Option<BoxFuture<'static, NbdResult<()>>> {
+        if self.host.degraded() {
+            // `write` refuses it (read-only now).
+            return None;
+        }
+        let tag = self.tag(ctx.conn_id);
+        let t = Instant::now();
+        let pending = self
+            .host
+            .call_direct(offset, u64::from(len), fua, tag, &mut |dst| src.recv(dst))?;
+        Some(Box::pin(async move {
+            let r = match pending.get().await {
+                Ok(reply) => reply.result.map(|_| ()).map_err(nbd_err),
+                Err(e) => Err(nbd_err(e)),
+            };
+            self.lat[tag.critical as usize].record(1, t.elapsed().as_micros() as u64);
+            r
+        }))
     }
     fn flush(&self, ctx: RequestCtx) -> BoxFuture<'_, NbdResult<()>> {
         Box::pin(async move { self.call(&ctx, ReqOp::Flush).await.map(|_| ()) })

@@ -124,6 +124,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 "  patches: created={pc} merged={pm} reads_from_patches={pr} brought_up_to_date={pf} fallbacks={pb} persisted_partial={pp} partial_read_fetches={prf} partial_write_fetches={pwf}"
             );
         }
+        println!(
+            "  direct writes (payload placed by the driver): {}",
+            s.direct_writes
+        );
         let [ab, ar, ai, ad] = s.admission;
         if ab + ar > 0 {
             println!(

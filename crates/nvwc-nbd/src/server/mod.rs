@@ -360,7 +360,10 @@ impl Server {
                     _ = async { let _ = shutdown.wait_for(|s| *s).await; } => break,
                     r = listener.accept() => match r {
                         Ok((sock, _peer)) => {
-                            server.serve_connection_from(sock, "unix".to_string());
+                            // A second handle on the socket, for direct writes
+                            // (`Export::write_direct`); without it, none.
+                            let direct = std::os::fd::AsFd::as_fd(&sock).try_clone_to_owned().ok();
+                            server.spawn_connection(sock, "unix".to_string(), direct);
                         }
                         Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
                     },
@@ -385,6 +388,19 @@ impl Server {
     where
         S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
     {
+        self.spawn_connection(stream, peer, None)
+    }
+
+    /// Serve `stream`; `direct`: the same unix socket, for direct writes.
+    fn spawn_connection<S>(
+        &self,
+        stream: S,
+        peer: String,
+        direct: Option<std::os::fd::OwnedFd>,
+    ) -> Option<u64>
+    where
+        S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+    {
         if self.is_shutting_down() {
             return None;
         }
@@ -394,7 +410,7 @@ impl Server {
         inner.emit(|| ServerEvent::Connected { conn_id, peer });
         tokio::spawn(async move {
             let _guard = guard;
-            transmission::run_connection(inner, stream, conn_id).await;
+            transmission::run_connection(inner, stream, conn_id, direct).await;
         });
         Some(conn_id)
     }

@@ -2,6 +2,7 @@
 
 use std::any::Any;
 use std::future::Future;
+use std::os::fd::{AsFd, OwnedFd};
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -16,7 +17,9 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use super::handshake::{handshake, Negotiated, BASE_ALLOCATION_ID};
 use super::{EventHook, Inner, ServerEvent};
 use crate::error::{ErrorCode, NbdError};
-use crate::export::{Export, ExportInfo, NbdResult, RequestCtx, WriteZeroesFlags};
+use crate::export::{
+    BoxFuture, DirectSource, Export, ExportInfo, NbdResult, RequestCtx, WriteZeroesFlags,
+};
 use crate::proto::{
     self, cmd_flags, reply_flags, ChunkPayload, Command, Extent, RequestHeader, SimpleReplyHeader,
     SAFE_PAYLOAD_LEN,
@@ -110,8 +113,12 @@ enum End {
     Hard(&'static str),
 }
 
-pub(crate) async fn run_connection<S>(inner: Arc<Inner>, stream: S, conn_id: u64)
-where
+pub(crate) async fn run_connection<S>(
+    inner: Arc<Inner>,
+    stream: S,
+    conn_id: u64,
+    direct: Option<OwnedFd>,
+) where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
     let (rd, wr) = tokio::io::split(stream);
@@ -164,7 +171,7 @@ where
         base_allocation,
         hook: inner.hook.clone(),
     });
-    let (reason, requests) = transmission(&inner, conn, rd, wr).await;
+    let (reason, requests) = transmission(&inner, conn, rd, wr, direct).await;
     export.on_disconnect(conn_id);
     inner.emit(|| ServerEvent::Disconnected {
         conn_id,
@@ -178,6 +185,7 @@ async fn transmission<S>(
     conn: Arc<Conn>,
     mut rd: BufReader<ReadHalf<S>>,
     wr: BufWriter<WriteHalf<S>>,
+    direct_fd: Option<OwnedFd>,
 ) -> (&'static str, u64)
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
@@ -237,12 +245,73 @@ where
         // when the request is rejected.
         let mut payload = None;
         let mut bytes_permit = None;
+        let mut permit = None;
         after_large_write = hdr.command == Command::Write && hdr.length >= LARGE_WRITE;
         if hdr.command == Command::Write {
             let len = hdr.length;
             if len > conn.info.max_block && len > SAFE_PAYLOAD_LEN {
                 // Larger than both our limit and what the spec calls safe: DoS.
                 break End::Hard("oversized-write");
+            }
+            // A large write whose payload is all queued on a unix socket
+            // (nothing of it in the read buffer) is offered to the export
+            // to receive straight into its storage.
+            if let Some(fd) = direct_fd.as_ref().filter(|_| {
+                len >= LARGE_WRITE
+                    && rd.buffer().is_empty()
+                    && !inner.is_shutting_down()
+                    && validate(&conn, &hdr).is_ok()
+            }) {
+                let Ok(p) = sem.clone().acquire_owned().await else {
+                    break End::Hard("internal");
+                };
+                permit = Some(p);
+                if rustix::io::ioctl_fionread(fd).is_ok_and(|q| q >= u64::from(len)) {
+                    let mut src = DirectSource::new(fd.as_fd(), len as usize);
+                    let ctx = RequestCtx {
+                        conn_id: conn.conn_id,
+                        export: conn.name.clone(),
+                        handle: hdr.handle,
+                    };
+                    let fua = hdr.flags & cmd_flags::FUA != 0;
+                    let taken = conn
+                        .export
+                        .clone()
+                        .write_direct(ctx, hdr.offset, len, fua, &mut src);
+                    let left = src.remaining() as u64;
+                    match taken {
+                        Some(result) => {
+                            if left > 0 {
+                                // The export stopped early (an error): skip the rest.
+                                let skipped = tokio::io::copy(
+                                    &mut (&mut rd).take(left),
+                                    &mut tokio::io::sink(),
+                                )
+                                .await;
+                                if !matches!(skipped, Ok(n) if n == left) {
+                                    break End::Graceful("eof-mid-request");
+                                }
+                            }
+                            requests += 1;
+                            let p = permit.take().expect("acquired above");
+                            let fut = Box::pin(handle_request(
+                                conn.clone(),
+                                hdr,
+                                Body::Direct(result),
+                                tx.clone(),
+                                p,
+                                None,
+                            ));
+                            run_inline_or_spawn(fut, &noop);
+                            continue;
+                        }
+                        None => assert_eq!(
+                            left,
+                            u64::from(len),
+                            "an export declined a direct write after receiving from it"
+                        ),
+                    }
+                }
             }
             let Ok(p) = budget.clone().acquire_many_owned(units_for(len)).await else {
                 break End::Hard("internal");
@@ -294,28 +363,23 @@ where
             };
             bytes_permit = Some(p);
         }
-        let Ok(permit) = sem.clone().acquire_owned().await else {
-            break End::Hard("internal");
+        let permit = match permit {
+            Some(p) => p,
+            None => match sem.clone().acquire_owned().await {
+                Ok(p) => p,
+                Err(_) => break End::Hard("internal"),
+            },
         };
         requests += 1;
-        let mut fut = Box::pin(handle_request(
+        let fut = Box::pin(handle_request(
             conn.clone(),
             hdr,
-            payload,
+            Body::Payload(payload),
             tx.clone(),
             permit,
             bytes_permit,
         ));
-        // A future polled once with a no-op waker and then handed to a task
-        // is polled again by that task with the task's waker before it
-        // waits, so no wake-up is lost.
-        if fut
-            .as_mut()
-            .poll(&mut Context::from_waker(&noop))
-            .is_pending()
-        {
-            tokio::spawn(fut);
-        }
+        run_inline_or_spawn(fut, &noop);
     };
 
     let reason = match end {
@@ -500,16 +564,43 @@ fn validate(conn: &Conn, hdr: &RequestHeader) -> Result<(), NbdError> {
     Ok(())
 }
 
+/// Poll a request's future once here, on the reader task; spawn it only if
+/// it must wait. A future polled once with a no-op waker and then handed to
+/// a task is polled again by that task with the task's waker before it
+/// waits, so no wake-up is lost.
+fn run_inline_or_spawn(
+    mut fut: Pin<Box<impl Future<Output = ()> + Send + 'static>>,
+    noop: &std::task::Waker,
+) {
+    if fut
+        .as_mut()
+        .poll(&mut Context::from_waker(noop))
+        .is_pending()
+    {
+        tokio::spawn(fut);
+    }
+}
+
+/// What a request carries: its payload (a WRITE's, read already), or the
+/// result of a write the export took directly (`Export::write_direct`).
+enum Body {
+    Payload(Option<Bytes>),
+    Direct(BoxFuture<'static, NbdResult<()>>),
+}
+
 async fn handle_request(
     conn: Arc<Conn>,
     hdr: RequestHeader,
-    payload: Option<Bytes>,
+    body: Body,
     tx: mpsc::Sender<Queued>,
     permit: OwnedSemaphorePermit,
     bytes_permit: Option<OwnedSemaphorePermit>,
 ) {
-    let fut = execute(conn.clone(), hdr, payload);
-    let out = match CatchUnwind(Box::pin(fut)).await {
+    let fut: BoxFuture<'static, NbdResult<OpOutput>> = match body {
+        Body::Payload(payload) => Box::pin(execute(conn.clone(), hdr, payload)),
+        Body::Direct(result) => Box::pin(async move { result.await.map(|()| OpOutput::Unit) }),
+    };
+    let out = match CatchUnwind(fut).await {
         Ok(r) => r,
         Err(_) => Err(NbdError::io("internal error: export operation panicked")),
     };
@@ -671,9 +762,9 @@ fn reply_for(conn: &Conn, hdr: &RequestHeader, out: NbdResult<OpOutput>) -> Outg
 
 /// Turns a panic inside an export operation into an error value so that the
 /// client still gets a reply and the connection keeps working.
-struct CatchUnwind<F>(Pin<Box<F>>);
+struct CatchUnwind<F: ?Sized>(Pin<Box<F>>);
 
-impl<F: Future> Future for CatchUnwind<F> {
+impl<F: Future + ?Sized> Future for CatchUnwind<F> {
     type Output = Result<F::Output, Box<dyn Any + Send>>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {

@@ -129,20 +129,84 @@ impl Host {
         if self.cache_dev.fault.failed() && !matches!(op, ReqOp::Read { .. }) {
             return Err(ReqError::Io);
         }
-        let rx = {
+        let pending = {
             let mut c = self.lock();
             let id = c.next_id;
             c.next_id += 1;
             let now = self.now();
             c.eng.handle_request(now, Request { id, op, tag });
-            if let Some(r) = self.pump(&mut c, id) {
-                return Ok(r);
-            }
-            let (tx, rx) = oneshot::channel();
-            c.waiting.insert(id, tx);
-            rx
+            self.reply_or_wait(&mut c, id)
         };
-        rx.await.map_err(|_| ReqError::Shutdown)
+        pending.get().await
+    }
+
+    /// A write of `len` bytes at `offset` whose payload `recv` puts straight
+    /// into the mapped cache file (`Engine::handle_direct_write`; `recv`
+    /// fills the slice it is given with the payload's next bytes). `None`,
+    /// with nothing received, when the cache file is not mapped, a fault
+    /// layer is active, or the engine cannot take the write directly now.
+    ///
+    /// Crash story: the engine chose the slots exactly as for a buffered
+    /// write, and the bytes land as that write's cache writes would (a
+    /// `kill -9` mid-copy leaves whole pages, see `mapped.rs`), so what
+    /// survives is what survives a buffered write's cache writes. A failed
+    /// copy fails its parts: `EFAULT` (the file's pages) also degrades the
+    /// export, like any failed cache write.
+    pub fn call_direct(
+        &self,
+        offset: u64,
+        len: u64,
+        fua: bool,
+        tag: Tag,
+        recv: &mut dyn FnMut(&mut [u8]) -> std::io::Result<()>,
+    ) -> Option<Pending> {
+        let dev = &self.cache_dev;
+        let map = dev.map.as_ref()?;
+        if !dev.fault.passthrough() || dev.fault.failed() {
+            return None;
+        }
+        let mut c = self.lock();
+        let id = c.next_id;
+        let now = self.now();
+        let parts = c.eng.handle_direct_write(now, id, offset, len, fua, tag)?;
+        c.next_id += 1;
+        // Payload order (the socket's), each run adjacent on the device as one copy.
+        let mut failed = false;
+        for run in adjacent_runs(&parts, |p| (p.offset, p.len)) {
+            let (start, end) = (
+                parts[run.start].offset,
+                parts[run.end - 1].offset + parts[run.end - 1].len,
+            );
+            let res = if failed {
+                Err(IoError::Eio)
+            } else {
+                map.recv_into(start, (end - start) as usize, &mut *recv)
+                    .map(|()| None)
+                    .map_err(|e| {
+                        failed = true;
+                        if e.raw_os_error() == Some(libc::EFAULT) {
+                            // The cache file's pages could not be written.
+                            dev.fault.record_error(&IoError::Eio);
+                        }
+                        IoError::Eio
+                    })
+            };
+            for p in &parts[run] {
+                c.eng.handle_completion(now, p.io, res.clone());
+            }
+        }
+        Some(self.reply_or_wait(&mut c, id))
+    }
+
+    /// Pump after request `id` went in: its reply if that came out, else a
+    /// receiver for it.
+    fn reply_or_wait(&self, c: &mut Core, id: ReqId) -> Pending {
+        if let Some(r) = self.pump(c, id) {
+            return Pending::Ready(r);
+        }
+        let (tx, rx) = oneshot::channel();
+        c.waiting.insert(id, tx);
+        Pending::Wait(rx)
     }
 
     /// The cache device failed: the export serves reads only.
@@ -299,32 +363,24 @@ impl Host {
             _ => unreachable!("only plain writes are batched"),
         };
         writes.sort_by_key(|w| span(w).0);
-        let mut i = 0;
-        while i < writes.len() {
-            let (start, len0) = span(&writes[i]);
-            let mut end = start + len0;
-            let mut j = i + 1;
-            while j < writes.len() && span(&writes[j]).0 == end && end - start < MAX_MERGE {
-                end += span(&writes[j]).1;
-                j += 1;
-            }
-            let res = if j == i + 1 {
-                self.cache_dev.execute(&writes[i].op, None)
+        for run in adjacent_runs(writes, span) {
+            let res = if run.len() == 1 {
+                self.cache_dev.execute(&writes[run.start].op, None)
             } else {
-                let parts: Vec<&Bytes> = writes[i..j]
+                let parts: Vec<&Bytes> = writes[run.clone()]
                     .iter()
                     .map(|w| match &w.op {
                         IoOp::Write { data, .. } => data,
                         _ => unreachable!("only plain writes are batched"),
                     })
                     .collect();
-                self.cache_dev.write_parts(start, &parts)
+                self.cache_dev
+                    .write_parts(span(&writes[run.start]).0, &parts)
             };
             let now = self.now();
-            for w in &writes[i..j] {
+            for w in &writes[run] {
                 c.eng.handle_completion(now, w.id, res.clone());
             }
-            i = j;
         }
         writes.clear();
     }
@@ -376,6 +432,46 @@ impl Host {
         c.eng.handle_completion(now, id, res);
         self.pump(&mut c, 0);
     }
+}
+
+/// A request's reply: out already, or to come.
+pub enum Pending {
+    Ready(Reply<Bytes>),
+    Wait(oneshot::Receiver<Reply<Bytes>>),
+}
+
+impl Pending {
+    pub async fn get(self) -> Result<Reply<Bytes>, ReqError> {
+        match self {
+            Pending::Ready(r) => Ok(r),
+            Pending::Wait(rx) => rx.await.map_err(|_| ReqError::Shutdown),
+        }
+    }
+}
+
+/// Split `items` into runs where each item starts where the one before it
+/// ends (`span`: start, length), each run under [`MAX_MERGE`] bytes before
+/// its last item: the writes one call can do.
+fn adjacent_runs<'a, T>(
+    items: &'a [T],
+    span: impl Fn(&T) -> (u64, u64) + 'a,
+) -> impl Iterator<Item = std::ops::Range<usize>> + 'a {
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        if i >= items.len() {
+            return None;
+        }
+        let (start, len0) = span(&items[i]);
+        let mut end = start + len0;
+        let mut j = i + 1;
+        while j < items.len() && span(&items[j]).0 == end && end - start < MAX_MERGE {
+            end += span(&items[j]).1;
+            j += 1;
+        }
+        let run = i..j;
+        i = j;
+        Some(run)
+    })
 }
 
 fn spawn_pool(

@@ -147,6 +147,39 @@ impl Mapped {
     }
 }
 
+impl Mapped {
+    /// Let `fill` write `len` bytes at byte `offset` of the file, straight
+    /// into the mapping: the direct-write path, where `fill` is a `recv`
+    /// from the client's socket, so the kernel copies the payload into the
+    /// file's pages once, with no buffer in between. As with [`Mapped::write`]
+    /// a page that cannot be made writable is `EFAULT` (the socket's copy
+    /// fails), never `SIGBUS`, and a `kill -9` can end the copy only between
+    /// pages (`nvwc_nbd::DirectSource`).
+    ///
+    /// Caller guarantees `fill` only hands the slice to the kernel (a
+    /// system call that writes it): Rust code never reads or writes the
+    /// mapping itself. The engine never has two writes outstanding to one
+    /// slot, so nothing else writes these bytes meanwhile.
+    pub fn recv_into(
+        &self,
+        offset: u64,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> io::Result<()>,
+    ) -> io::Result<()> {
+        let start = usize::try_from(offset).map_err(|_| io::ErrorKind::InvalidInput)?;
+        start
+            .checked_add(len)
+            .filter(|&e| e <= self.len)
+            .ok_or(io::ErrorKind::InvalidInput)?;
+        // SAFETY: `start + len <= self.len`: inside the live mapping, which
+        // outlives the call. The slice aliases no other Rust reference (the
+        // mapping is only ever written by the kernel, see `write`), and the
+        // caller hands it only to a system call.
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr().add(start), len) };
+        fill(dst)
+    }
+}
+
 impl Drop for Mapped {
     fn drop(&mut self) {
         // SAFETY: unmapping exactly the mapping made in `new`; no reference
