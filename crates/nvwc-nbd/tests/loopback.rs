@@ -1881,3 +1881,44 @@ async fn declined_and_tcp_writes_take_the_buffered_path() {
     })
     .await
 }
+
+/// A large write whose payload stops half-way: after a short wait for the
+/// rest, the server reads it the buffered way. If the rest comes later, the
+/// write lands whole; if the client hangs up instead, the export never sees
+/// the write and other clients are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_large_write_payloads_are_read_buffered() {
+    bounded(async {
+        let e = DirectExport::new(4 * MIB, DirectMode::All);
+        let ts = TestServer::start(vec![e.clone()]).await;
+        let mut r = Raw::go(&ts.sock, "", false, false).await;
+        // A first large write, so the next header is read unbuffered.
+        r.request(req(1, 0, 1, 0, 64 * 1024), &[1; 64 * 1024]).await;
+        assert_eq!(r.simple_reply().await.error, 0);
+        let calls = e.direct_calls.load(Ordering::SeqCst);
+        let d = random_bytes(64 * 1024, 42);
+        let mut first = req(1, 0, 2, MIB, 64 * 1024).encode().to_vec();
+        first.extend_from_slice(&d[..32 * 1024]);
+        r.send(&first).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        r.send(&d[32 * 1024..]).await;
+        assert_eq!(r.simple_reply().await.error, 0);
+        assert_eq!(
+            e.direct_calls.load(Ordering::SeqCst),
+            calls,
+            "taken directly"
+        );
+        assert_eq!(e.inner.contents(MIB, 64 * 1024), d);
+        // Hang up half-way through the next one.
+        let mut half = req(1, 0, 3, 2 * MIB, 64 * 1024).encode().to_vec();
+        half.extend_from_slice(&[0xee; 32 * 1024]);
+        r.send(&half).await;
+        r.s.shutdown().await.unwrap();
+        r.expect_closed().await;
+        assert_eq!(e.direct_calls.load(Ordering::SeqCst), calls);
+        assert_eq!(e.inner.contents(2 * MIB, 64 * 1024), vec![0; 64 * 1024]);
+        ts.assert_other_client_works("").await;
+        ts.server.shutdown().await;
+    })
+    .await
+}

@@ -9,9 +9,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
+use tokio::io::Interest;
 use tokio::io::{
     AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter, ReadHalf, WriteHalf,
 };
+use tokio::net::UnixStream;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
 use super::handshake::{handshake, Negotiated, BASE_ALLOCATION_ID};
@@ -28,6 +30,10 @@ use crate::proto::{
 const IO_BUF: usize = 128 * 1024;
 /// A write at least this large makes the next header be read unbuffered.
 const LARGE_WRITE: u32 = 16 * 1024;
+/// Largest payload `payload_queued` waits for: well inside what a unix
+/// socket queues by default (`net.core.wmem_default`, 208 KiB), so a client
+/// is never blocked on a full socket while we wait for it.
+const MAX_DIRECT_WAIT_LEN: u32 = 128 * 1024;
 /// Most extents we send in one `BLOCK_STATUS` chunk (spec: SHOULD NOT exceed 2^20).
 const MAX_EXTENTS: usize = 1 << 20;
 
@@ -190,6 +196,8 @@ async fn transmission<S>(
 where
     S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
+    // The socket's second handle, with its own readiness (`payload_queued`).
+    let direct_fd = direct_fd.and_then(|fd| UnixStream::from_std(fd.into()).ok());
     let max = inner.config.max_in_flight;
     let sem = Arc::new(Semaphore::new(max));
     // Payload memory budget, in 4 KiB units. A request never needs more than
@@ -266,7 +274,7 @@ where
                     break End::Hard("internal");
                 };
                 permit = Some(p);
-                if rustix::io::ioctl_fionread(fd).is_ok_and(|q| q >= u64::from(len)) {
+                if payload_queued(fd, len).await {
                     let mut src = DirectSource::new(fd.as_fd(), len as usize);
                     let ctx = RequestCtx {
                         conn_id: conn.conn_id,
@@ -562,6 +570,41 @@ fn validate(conn: &Conn, hdr: &RequestHeader) -> Result<(), NbdError> {
         return Err(NbdError::inval("zero-length block status"));
     }
     Ok(())
+}
+
+/// Wait (briefly) until the next `len` bytes are all queued on the socket:
+/// a client that sent a header is normally still sending its payload, and
+/// the wait costs what reading it would (a wake-up when data arrives), so
+/// most payloads can still be taken directly. `false` after 1 ms (a slow or
+/// gone client: the buffered path reads, or sees the end of, the stream) or
+/// for a payload the socket may not be able to queue whole.
+async fn payload_queued(fd: &UnixStream, len: u32) -> bool {
+    let queued = || rustix::io::ioctl_fionread(fd).is_ok_and(|q| q >= u64::from(len));
+    if queued() {
+        return true;
+    }
+    if len > MAX_DIRECT_WAIT_LEN {
+        return false;
+    }
+    let until = tokio::time::Instant::now() + std::time::Duration::from_millis(1);
+    loop {
+        let Ok(Ok(ready)) = tokio::time::timeout_at(until, fd.ready(Interest::READABLE)).await
+        else {
+            return false;
+        };
+        if queued() {
+            return true;
+        }
+        // The client hung up (its half of the stream will not grow), or the
+        // time is up (checked here too: readiness may keep coming at once).
+        if ready.is_read_closed() || tokio::time::Instant::now() >= until {
+            return false;
+        }
+        // Clear the readiness: the next arrival sets it again.
+        let _ = fd.try_io(Interest::READABLE, || {
+            Err::<(), _>(std::io::ErrorKind::WouldBlock.into())
+        });
+    }
 }
 
 /// Poll a request's future once here, on the reader task; spawn it only if
