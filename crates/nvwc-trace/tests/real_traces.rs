@@ -1,7 +1,8 @@
 //! Reads every real trace in `shared/traces` (next to the repository) with
 //! the format auto-detected, and checks the request counts and write
-//! fractions the MANIFEST gives. Skips, loudly, if the directory is absent
-//! (it is always present in CI). `NVWC_TRACES_DIR` overrides the location.
+//! fractions the MANIFEST gives. Skips, loudly, if the directory is absent,
+//! except under `CI=true` or `NVWC_REQUIRE_TOOLS=1` (CI), where a missing
+//! trace directory fails the test. `NVWC_TRACES_DIR` overrides the location.
 
 use nvwc_trace::{
     convert, open_path, open_reader, stats, Compression, Format, Op, ReaderOptions, TraceRecord,
@@ -23,12 +24,23 @@ fn traces_dir() -> Option<PathBuf> {
     if dir.join("MANIFEST.md").is_file() {
         Some(dir)
     } else {
+        assert!(
+            !strict(),
+            "real-trace tests: no trace directory at {} (CI needs ../shared beside the repository; set NVWC_TRACES_DIR)",
+            dir.display()
+        );
         eprintln!(
             "SKIPPED: real-trace tests: no trace directory at {} (set NVWC_TRACES_DIR)",
             dir.display()
         );
         None
     }
+}
+
+/// CI runs every test: missing traces fail there instead of skipping.
+fn strict() -> bool {
+    std::env::var("NVWC_REQUIRE_TOOLS").as_deref() == Ok("1")
+        || matches!(std::env::var("CI").as_deref(), Ok("true" | "1"))
 }
 
 fn read_all(dir: &std::path::Path, file: &str) -> (Format, Compression, Vec<TraceRecord>) {

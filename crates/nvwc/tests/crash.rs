@@ -14,6 +14,7 @@ fn nvwc() -> Command {
 
 fn require_tools() -> bool {
     std::env::var("NVWC_REQUIRE_TOOLS").as_deref() == Ok("1")
+        || matches!(std::env::var("CI").as_deref(), Ok("true" | "1"))
 }
 
 fn have(tool: &str) -> bool {

@@ -252,7 +252,9 @@ pub fn tool_available(tool: &str) -> bool {
     if found {
         return true;
     }
-    if std::env::var("NVWC_REQUIRE_TOOLS").as_deref() == Ok("1") {
+    if std::env::var("NVWC_REQUIRE_TOOLS").as_deref() == Ok("1")
+        || matches!(std::env::var("CI").as_deref(), Ok("true" | "1"))
+    {
         panic!("required tool `{tool}` is missing (NVWC_REQUIRE_TOOLS=1); install libnbd-bin qemu-utils nbdkit");
     }
     // Written to the stderr handle directly so libtest's capture does not hide it.
