@@ -39,6 +39,10 @@ pub struct Args {
     /// critical+pi+ioi), or random (per seed).
     #[arg(long, default_value = "random")]
     admission: String,
+    /// Append every failing seed (`policy seed checks`) to this file, to
+    /// compare two runs seed by seed.
+    #[arg(long)]
+    seed_log: Option<std::path::PathBuf>,
 }
 
 fn parse_repl(s: &str) -> Result<ReplacementKind> {
@@ -109,6 +113,15 @@ pub fn run(a: Args) -> Result<ExitCode> {
         if tty {
             eprint!("\r\x1b[K");
         }
+        if let Some(path) = &a.seed_log {
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)?;
+            for (seed, checks) in &s.failing {
+                writeln!(f, "{} {seed} {checks}", s.policy)?;
+            }
+        }
         println!(
             "write-policy={} seeds={} violations={}",
             s.policy, s.seeds, s.violations
@@ -127,6 +140,13 @@ pub fn run(a: Args) -> Result<ExitCode> {
         println!(
             "  direct writes (payload placed by the driver): {}",
             s.direct_writes
+        );
+        println!(
+            "  longest request wait: {:.1} ms (seed {}; liveness bound {} ms); most metadata pages in one commit: {}",
+            s.max_latency.0 as f64 / 1e6,
+            s.max_latency.1,
+            nvwc_vopr::LIVENESS_NS / 1_000_000,
+            s.max_commit_pages
         );
         let [ab, ar, ai, ad] = s.admission;
         if ab + ar > 0 {

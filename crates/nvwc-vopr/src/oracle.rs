@@ -1,0 +1,413 @@
+//! The oracle: every write, read, flush and trim of a run, with logical issue
+//! and completion times, and the rules that say which sector contents each
+//! check allows.
+//!
+//! Every 512-byte sector a write carries is stamped `(write id, sector)`
+//! ([`stamp`]), so a sector read back names the write it came from
+//! ([`decode`]). Write 0 ([`INIT`]) is the initial contents.
+//!
+//! **Two views of a sector.** The *client view* (checks (a) and (b)) is what
+//! the engine must show its clients. After a crash and recovery it is pinned
+//! to the recovered image ([`Oracle::begin_round`]): a synthetic *base* write
+//! stands for every sector's recovered contents, and any other write from
+//! before the crash showing up later is a resurrection. The *backing view*
+//! (check (c)) is what the backing store alone may hold: any prefix of the
+//! whole history, where writes that an earlier crash lost (sectors recovery
+//! did not show) no longer exist ([`Oracle::mark_lost`]).
+
+use std::collections::HashMap;
+
+pub(crate) use crate::disk::SECTOR;
+
+const MAGIC: u64 = 0x5EC7_0B5E_AAAA_0001;
+/// The initial contents of every sector.
+pub(crate) const INIT: u32 = 0;
+
+/// Fill `buf` (one sector) with the stamp of write `w` at `sector`.
+pub(crate) fn stamp(buf: &mut [u8], w: u32, sector: u64) {
+    buf[0..8].copy_from_slice(&MAGIC.to_le_bytes());
+    buf[8..16].copy_from_slice(&(w as u64).to_le_bytes());
+    buf[16..24].copy_from_slice(&sector.to_le_bytes());
+    let fill = (w as u8).wrapping_mul(31).wrapping_add(sector as u8) | 1;
+    buf[24..SECTOR].fill(fill);
+}
+
+/// A decoded sector.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Val {
+    W(u32),
+    Zero,
+    Garbage,
+}
+
+/// Which write (if any) produced the sector `buf` at `sector`.
+pub(crate) fn decode(buf: &[u8], sector: u64) -> Val {
+    if buf.iter().all(|&b| b == 0) {
+        return Val::Zero;
+    }
+    let m = u64::from_le_bytes(buf[0..8].try_into().unwrap());
+    let w = u64::from_le_bytes(buf[8..16].try_into().unwrap());
+    let s = u64::from_le_bytes(buf[16..24].try_into().unwrap());
+    if m != MAGIC || s != sector || w > u32::MAX as u64 {
+        return Val::Garbage;
+    }
+    let fill = (w as u8).wrapping_mul(31).wrapping_add(sector as u8) | 1;
+    if buf[24..].iter().any(|&b| b != fill) {
+        return Val::Garbage;
+    }
+    Val::W(w as u32)
+}
+
+/// Sector `s` of an image.
+pub(crate) fn sector_of(img: &[u8], s: u64) -> &[u8] {
+    &img[(s as usize) * SECTOR..(s as usize + 1) * SECTOR]
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct WriteRec {
+    pub issue: u64,
+    pub done: Option<u64>,
+    pub ok: bool,
+    pub fua: bool,
+    pub zero: bool,
+    pub first_sector: u64,
+    pub sectors: u64,
+    pub seq: u64,
+    /// Sectors (bit `i` = `first_sector + i`) an earlier crash lost: recovery
+    /// did not show them, so the backing store must never show them either.
+    pub lost: u64,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Op {
+    pub kind: OpKind,
+    pub issue: u64,
+    pub done: Option<u64>,
+    pub ok: bool,
+    pub write: u32,
+    pub first_sector: u64,
+    pub sectors: u64,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum OpKind {
+    Read,
+    Write,
+    Flush,
+    Trim,
+    Checkpoint,
+}
+
+/// The client view after a crash: the recovered image, as one write.
+pub(crate) struct Base {
+    /// The synthetic write standing for the recovered image.
+    pub id: u32,
+    /// The image recovery showed (the read-back of every block).
+    pub image: Vec<u8>,
+}
+
+/// The oracle: every write, flush and trim, with logical issue/done times.
+pub(crate) struct Oracle {
+    pub writes: Vec<WriteRec>,
+    pub by_sector: HashMap<u64, Vec<u32>>,
+    pub ops: Vec<Op>,
+    pub clock: u64,
+    /// Journal transactions closed: (txn, first seq, last seq, forced, at a flush).
+    pub txns: Vec<(u64, u64, u64, bool, bool)>,
+    pub violations: Vec<String>,
+    /// Set after the first crash ([`Oracle::begin_round`]).
+    pub base: Option<Base>,
+}
+
+impl Oracle {
+    pub fn new() -> Self {
+        let init = WriteRec {
+            issue: 0,
+            done: Some(0),
+            ok: true,
+            fua: true,
+            zero: false,
+            first_sector: 0,
+            sectors: 0,
+            seq: 0,
+            lost: 0,
+        };
+        Oracle {
+            writes: vec![init],
+            by_sector: HashMap::new(),
+            ops: Vec::new(),
+            clock: 1,
+            txns: Vec::new(),
+            violations: Vec::new(),
+            base: None,
+        }
+    }
+
+    pub fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    /// When `w` was acknowledged, if it succeeded (and an earlier crash did
+    /// not lose it entirely).
+    pub fn acked_ok(&self, w: u32) -> Option<u64> {
+        let r = &self.writes[w as usize];
+        if r.ok {
+            r.done
+        } else {
+            None
+        }
+    }
+
+    /// `a` completed before `b` was issued (completion→issue order).
+    pub fn before(&self, a: u32, b: u32) -> bool {
+        matches!(self.writes[a as usize].done, Some(d) if d < self.writes[b as usize].issue)
+    }
+
+    fn writes_to(&self, sector: u64) -> &[u32] {
+        self.by_sector
+            .get(&sector)
+            .map(|v| v.as_slice())
+            .unwrap_or(&[])
+    }
+
+    /// Was sector `s` of write `w` lost by an earlier crash?
+    pub fn lost_at(&self, w: u32, s: u64) -> bool {
+        let r = &self.writes[w as usize];
+        s >= r.first_sector
+            && s < r.first_sector + r.sectors
+            && r.lost >> (s - r.first_sector) & 1 == 1
+    }
+
+    /// The client view of sector `s` holding `buf`: the base write where it
+    /// matches the recovered image.
+    pub fn client_val(&self, buf: &[u8], s: u64) -> Val {
+        match &self.base {
+            Some(b) if sector_of(&b.image, s) == buf => Val::W(b.id),
+            _ => decode(buf, s),
+        }
+    }
+
+    /// The base write stands for a zeroed sector `s` (a zero read could
+    /// also come from a write-zeroes of this round).
+    fn base_is_zero(&self, s: u64) -> Option<u32> {
+        let b = self.base.as_ref()?;
+        sector_of(&b.image, s)
+            .iter()
+            .all(|&x| x == 0)
+            .then_some(b.id)
+    }
+
+    /// Is `x` a value the client view may show at `s` at all: the base
+    /// write, or a write issued since (before the first crash: any write to
+    /// `s`, or the initial contents)?
+    fn current(&self, x: u32, s: u64) -> bool {
+        match &self.base {
+            Some(b) => x == b.id || x > b.id && self.writes_to(s).contains(&x),
+            None => x == INIT || self.writes_to(s).contains(&x),
+        }
+    }
+
+    /// (a) Could a read of `sector` issued at `ri` and completed at `rc` return `v`?
+    pub fn read_ok(&self, sector: u64, v: Val, ri: u64, rc: u64) -> bool {
+        if v != Val::Garbage && self.trim_relaxes(sector, v, ri, rc) {
+            return true;
+        }
+        let ws = self.writes_to(sector);
+        let base = self.base.as_ref().map(|b| b.id);
+        let fresh = |w: u32| -> bool {
+            // Written (issued) before the read completed, not superseded before it was issued.
+            let r = &self.writes[w as usize];
+            if r.issue >= rc {
+                return false;
+            }
+            let wd = r.done;
+            !ws.iter().any(|&w2| {
+                let r2 = &self.writes[w2 as usize];
+                w2 != w
+                    && r2.ok
+                    && matches!((wd, r2.done), (Some(d), Some(d2)) if d < r2.issue && d2 < ri)
+            })
+        };
+        match v {
+            Val::Garbage => false,
+            Val::W(w) => {
+                self.current(w, sector) && fresh(w)
+                    || Some(w) == base
+                        && self.base_is_zero(sector).is_some()
+                        && self.zero_fresh(ws, &fresh)
+            }
+            Val::Zero => {
+                self.zero_fresh(ws, &fresh) || self.base_is_zero(sector).is_some_and(&fresh)
+            }
+        }
+    }
+
+    fn zero_fresh(&self, ws: &[u32], fresh: &dyn Fn(u32) -> bool) -> bool {
+        let base = self.base.as_ref().map_or(0, |b| b.id);
+        ws.iter()
+            .any(|&w| w > base && self.writes[w as usize].zero && fresh(w))
+    }
+
+    /// A trim of `sector` leaves its contents unspecified (any value some
+    /// write issued before the read completed produced, or zeroes) until a
+    /// write issued after the trim completed has completed; so the read
+    /// check is relaxed for a read issued at `ri` and completed at `rc` only
+    /// while such a trim is not superseded (trims before the last crash are
+    /// settled by the recovered image).
+    pub fn trim_relaxes(&self, sector: u64, v: Val, ri: u64, rc: u64) -> bool {
+        let since = self
+            .base
+            .as_ref()
+            .map_or(0, |b| self.writes[b.id as usize].issue);
+        let known = match v {
+            Val::Garbage => false,
+            Val::Zero => true,
+            Val::W(x) => {
+                x == INIT
+                    || self.base.as_ref().is_some_and(|b| b.id == x)
+                    || self.writes_to(sector).contains(&x) && self.writes[x as usize].issue < rc
+            }
+        };
+        known
+            && self.ops.iter().any(|t| {
+                t.kind == OpKind::Trim
+                    && t.issue > since
+                    && t.issue < rc
+                    && sector >= t.first_sector
+                    && sector < t.first_sector + t.sectors
+                    && !self.writes_to(sector).iter().any(|&w| {
+                        let r = &self.writes[w as usize];
+                        r.ok && matches!((t.done, r.done), (Some(td), Some(d)) if r.issue > td && d < ri)
+                    })
+            })
+    }
+
+    /// Client view: does sector `s` showing `v` keep write `w` (it shows
+    /// `w`, or a write not ordered before `w`)?
+    pub fn keeps(&self, s: u64, v: Val, w: u32) -> bool {
+        let Some(b) = self.base.as_ref().map(|b| b.id) else {
+            return self.keeps_plain(s, v, w);
+        };
+        // A zero write of this round, not ordered before `w`.
+        let zeroed = || {
+            self.writes_to(s)
+                .iter()
+                .any(|&x| x > b && self.writes[x as usize].zero && (x == w || !self.before(x, w)))
+        };
+        match v {
+            Val::W(x) if x == b => !self.before(b, w) || self.base_is_zero(s).is_some() && zeroed(),
+            Val::Zero => zeroed(),
+            // A write from before the crash that recovery did not show.
+            Val::W(x) if x < b => false,
+            _ => self.keeps_plain(s, v, w),
+        }
+    }
+
+    /// Backing view of [`Oracle::keeps`]: any write of the whole history,
+    /// except sectors an earlier crash lost.
+    pub fn keeps_plain(&self, s: u64, v: Val, w: u32) -> bool {
+        match v {
+            Val::Garbage => false,
+            Val::W(x) if x == w => !self.lost_at(x, s),
+            Val::W(INIT) => false,
+            Val::W(x) => {
+                self.writes_to(s).contains(&x) && !self.before(x, w) && !self.lost_at(x, s)
+            }
+            Val::Zero => self.writes_to(s).iter().any(|&x| {
+                self.writes[x as usize].zero
+                    && (x == w || !self.before(x, w))
+                    && !self.lost_at(x, s)
+            }),
+        }
+    }
+
+    /// May the client view show `v` at `s` after recovery at all (before
+    /// the first crash: anything but garbage)?
+    pub fn possible(&self, s: u64, v: Val) -> bool {
+        match (v, &self.base) {
+            (Val::Garbage, _) => false,
+            (_, None) => true,
+            (Val::Zero, Some(b)) => {
+                self.base_is_zero(s).is_some()
+                    || self
+                        .writes_to(s)
+                        .iter()
+                        .any(|&w| w > b.id && self.writes[w as usize].zero)
+            }
+            (Val::W(x), Some(_)) => self.current(x, s),
+        }
+    }
+
+    /// Writes that must survive a crash with the cache intact: acknowledged
+    /// FUA writes, and writes acknowledged before a FLUSH that completed
+    /// successfully.
+    pub fn flushed_writes(&self) -> Vec<u32> {
+        let last_flush_issue = self
+            .ops
+            .iter()
+            .filter(|op| {
+                matches!(op.kind, OpKind::Flush | OpKind::Checkpoint) && op.ok && op.done.is_some()
+            })
+            .map(|op| op.issue)
+            .max()
+            .unwrap_or(0);
+        (1..self.writes.len() as u32)
+            .filter(|&w| {
+                let r = &self.writes[w as usize];
+                r.ok && matches!(r.done, Some(d) if r.fua || d < last_flush_issue)
+            })
+            .collect()
+    }
+
+    /// A trim issued after `w` covers `s`: `w` may be gone there.
+    pub fn trimmed_after(&self, s: u64, w: u32) -> bool {
+        let wi = self.writes[w as usize].issue;
+        self.ops.iter().any(|op| {
+            op.kind == OpKind::Trim
+                && op.issue > wi
+                && s >= op.first_sector
+                && s < op.first_sector + op.sectors
+        })
+    }
+
+    /// After a crash: mark, per write, the sectors the recovered image
+    /// `got` (what the engine showed after recovery) lost, so the backing
+    /// view never accepts them again. Failed or unacknowledged writes are
+    /// left alone (they may be anywhere, torn).
+    pub fn mark_lost(&mut self, got: &[u8]) {
+        for w in 1..self.writes.len() as u32 {
+            if self.acked_ok(w).is_none() {
+                continue;
+            }
+            let r = &self.writes[w as usize];
+            let mut lost = r.lost;
+            for s in r.first_sector..r.first_sector + r.sectors {
+                let v = decode(sector_of(got, s), s);
+                if !self.keeps_plain(s, v, w) && !self.trimmed_after(s, w) {
+                    lost |= 1 << (s - r.first_sector);
+                }
+            }
+            self.writes[w as usize].lost = lost;
+        }
+    }
+
+    /// A new round of the workload starts on the engine recovered from a
+    /// crash, whose clients saw `got`: pin the client view to it.
+    pub fn begin_round(&mut self, got: Vec<u8>) {
+        let t = self.tick();
+        let id = self.writes.len() as u32;
+        self.writes.push(WriteRec {
+            issue: t,
+            done: Some(t),
+            ok: true,
+            fua: true,
+            zero: false,
+            first_sector: 0,
+            sectors: 0,
+            seq: 0,
+            lost: 0,
+        });
+        self.base = Some(Base { id, image: got });
+    }
+}

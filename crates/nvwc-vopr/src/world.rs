@@ -1,0 +1,363 @@
+//! The simulated world one engine runs in: a cache and a backing [`Disk`], an
+//! event queue with device latencies and injected errors, and the loop that
+//! drives the engine ([`World::run`]) for a [`Client`]: the random workload,
+//! the read-back after recovery, or nothing (a drain).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+
+use bytes::Bytes;
+use nvwc_core::*;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::disk::Disk;
+use crate::oracle::Oracle;
+use crate::SeedOutcome;
+
+/// A request outstanding longer than this (simulated) fails the liveness
+/// check. Device latencies are at most 2 ms and a run issues at most a few
+/// hundred requests, so a request that waits this long waits for nothing
+/// that will come (the longest legitimate wait, recorded as
+/// `SeedOutcome::max_latency_ns`, is reported by `nvwc vopr`).
+pub const LIVENESS_NS: u64 = 30_000_000_000;
+
+/// Events at one simulated instant beyond which time is stuck (livelock).
+const STUCK_EVENTS: u64 = 1_000_000;
+
+#[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Ev {
+    Client,
+    Io(u64),
+    Timeout,
+}
+
+struct InFlight {
+    cmd: IoCmd<Bytes>,
+    stamp: u64,
+    fail: bool,
+}
+
+/// Device latencies (ns, uniform in `[lo, hi)`) and the probability that a
+/// command fails with EIO.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Latency {
+    pub cache: (u64, u64),
+    pub backing: (u64, u64),
+    pub err_rate: f64,
+}
+
+/// What a [`Client`] wants after a reply.
+pub(crate) trait Client {
+    /// Called at each client event: issue requests. Returns when to be
+    /// called again, if ever.
+    fn issue(
+        &mut self,
+        w: &mut World,
+        o: &mut Oracle,
+        rng: &mut ChaCha8Rng,
+        out: &mut SeedOutcome,
+    ) -> Option<u64>;
+    /// A reply arrived; `true` asks for a client event now (a retry).
+    fn reply(&mut self, r: Reply<Bytes>, now: u64, o: &mut Oracle, out: &mut SeedOutcome) -> bool;
+    /// Requests issued and not yet answered, and the oldest one's issue time.
+    fn outstanding(&self) -> (usize, Option<(u64, u64)>);
+    /// Every request the client will ever issue has been issued.
+    fn all_issued(&self) -> bool;
+}
+
+/// Why [`World::run`] returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// The crash point was reached.
+    Crash,
+    /// Nothing is left to do (or `done` holds).
+    Quiet,
+    /// A check failed (recorded in the oracle).
+    Violation,
+}
+
+/// The engine, its devices, and the commands in flight.
+pub(crate) struct World {
+    pub eng: Engine<Bytes>,
+    pub cache: Disk,
+    pub backing: Disk,
+    events: BinaryHeap<Reverse<(u64, u64, Ev)>>,
+    ev_seq: u64,
+    // Ordered maps: the crash walks what is in flight, drawing randomness
+    // per command, so iteration order must not depend on a hasher's seed.
+    inflight: BTreeMap<u64, InFlight>,
+    /// Cache writes of direct writes, issued before the engine's own output.
+    pub direct_cmds: VecDeque<IoCmd<Bytes>>,
+    timeout_at: Option<u64>,
+    pub now: u64,
+    pub processed: u64,
+    lat: Latency,
+    pub verbose: bool,
+    /// The metadata table's byte range, the distinct pages written since
+    /// the last commit record, and the most one commit wrote.
+    table: (u64, u64),
+    pages_since_commit: std::collections::BTreeSet<u64>,
+    pub max_commit_pages: u64,
+}
+
+impl World {
+    pub fn new(
+        eng: Engine<Bytes>,
+        cache: Disk,
+        backing: Disk,
+        lat: Latency,
+        now: u64,
+        table: (u64, u64),
+    ) -> Self {
+        World {
+            eng,
+            cache,
+            backing,
+            events: BinaryHeap::new(),
+            ev_seq: 0,
+            inflight: BTreeMap::new(),
+            direct_cmds: VecDeque::new(),
+            timeout_at: None,
+            now,
+            processed: 0,
+            lat,
+            verbose: false,
+            table,
+            pages_since_commit: Default::default(),
+            max_commit_pages: 0,
+        }
+    }
+
+    fn push(&mut self, t: u64, e: Ev) {
+        self.ev_seq += 1;
+        self.events.push(Reverse((t, self.ev_seq, e)));
+    }
+
+    /// Drive the engine for `client` until the `crash_at`-th event, until
+    /// nothing is left to do, or until `done` holds. `watch` sees every
+    /// completed command with the backing store after it; `false` from it
+    /// stops the run (it recorded a violation).
+    #[allow(clippy::too_many_arguments)]
+    pub fn run(
+        &mut self,
+        client: &mut dyn Client,
+        o: &mut Oracle,
+        rng: &mut ChaCha8Rng,
+        out: &mut SeedOutcome,
+        crash_at: u64,
+        watch: &mut dyn FnMut(&IoCmd<Bytes>, &Disk, &mut Oracle) -> bool,
+        done: &dyn Fn(&Engine<Bytes>) -> bool,
+    ) -> Stop {
+        let start = self.processed;
+        self.push(self.now, Ev::Client);
+        let mut stuck = (self.now, 0u64);
+        loop {
+            if self.processed - start >= crash_at {
+                return Stop::Crash;
+            }
+            let (n_out, oldest) = client.outstanding();
+            if client.all_issued() && n_out == 0 && done(&self.eng) {
+                return Stop::Quiet;
+            }
+            if let Some((id, t)) = oldest {
+                if self.now.saturating_sub(t) > LIVENESS_NS {
+                    o.violations.push(format!(
+                        "liveness: request #{id} outstanding for {} ms (bound {} ms)",
+                        (self.now - t) / 1_000_000,
+                        LIVENESS_NS / 1_000_000
+                    ));
+                    return Stop::Violation;
+                }
+            }
+            let Some(Reverse((t, _, ev))) = self.events.pop() else {
+                if n_out > 0 {
+                    o.violations
+                        .push(format!("deadlock: {n_out} requests never completed"));
+                    return Stop::Violation;
+                }
+                return Stop::Quiet;
+            };
+            self.processed += 1;
+            self.now = self.now.max(t);
+            if stuck.0 == self.now {
+                stuck.1 += 1;
+                if stuck.1 > STUCK_EVENTS {
+                    o.violations.push(format!(
+                        "livelock: {STUCK_EVENTS} events without simulated time passing"
+                    ));
+                    return Stop::Violation;
+                }
+            } else {
+                stuck = (self.now, 0);
+            }
+            match ev {
+                Ev::Client => {
+                    if let Some(next) = client.issue(self, o, rng, out) {
+                        self.push(next, Ev::Client);
+                    }
+                }
+                Ev::Io(id) => {
+                    let f = self.inflight.remove(&id).expect("io");
+                    let res = self.execute(&f);
+                    self.eng.handle_completion(self.now, id, res);
+                    if !watch(&f.cmd, &self.backing, o) {
+                        return Stop::Violation;
+                    }
+                }
+                Ev::Timeout => {
+                    if self.timeout_at.is_some_and(|t| t <= self.now) {
+                        self.timeout_at = None;
+                        self.eng.handle_timeout(self.now);
+                    }
+                }
+            }
+            self.issue_io(rng);
+            let mut retry = false;
+            while let Some(r) = self.eng.poll_reply() {
+                retry |= client.reply(r, self.now, o, out);
+            }
+            if retry {
+                self.push(self.now, Ev::Client);
+            }
+            crate::collect_events(&mut self.eng, o, false, out);
+            if let Some(t) = self.eng.poll_timeout() {
+                let t = t.max(self.now);
+                if self.timeout_at.is_none_or(|x| t < x) {
+                    self.timeout_at = Some(t);
+                    self.push(t, Ev::Timeout);
+                }
+            }
+            let (n_out, _) = client.outstanding();
+            if client.all_issued()
+                && n_out == 0
+                && self.inflight.is_empty()
+                && self.events.iter().all(|e| matches!(e.0 .2, Ev::Timeout))
+                && self
+                    .timeout_at
+                    .is_none_or(|t| t > self.now + 10_000_000_000)
+            {
+                return Stop::Quiet;
+            }
+        }
+    }
+
+    /// Run a completed command on the disk models.
+    fn execute(&mut self, f: &InFlight) -> IoResult<Bytes> {
+        if f.fail {
+            return Err(IoError::Eio);
+        }
+        let disk = if f.cmd.dev == Dev::Cache {
+            &mut self.cache
+        } else {
+            &mut self.backing
+        };
+        match &f.cmd.op {
+            IoOp::Read { offset, len } => Ok(Some(Bytes::from(disk.read(*offset, *len as usize)))),
+            IoOp::Write { offset, data, fua } => {
+                disk.write(*offset, data, *fua, f.cmd.group);
+                Ok(None)
+            }
+            IoOp::Flush => {
+                disk.flush(f.stamp);
+                Ok(None)
+            }
+            IoOp::Trim { .. } => Ok(None),
+            IoOp::GroupBegin { group } => {
+                disk.group_begin(*group);
+                Ok(None)
+            }
+            IoOp::GroupEnd { group } => {
+                disk.group_end(*group);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Take the engine's commands (direct writes' parts first: they were
+    /// due first), each with a latency and maybe an error.
+    fn issue_io(&mut self, rng: &mut ChaCha8Rng) {
+        while let Some(cmd) = self.direct_cmds.pop_front().or_else(|| self.eng.poll_io()) {
+            let (lo, hi) = if cmd.dev == Dev::Cache {
+                self.lat.cache
+            } else {
+                self.lat.backing
+            };
+            let lat = rng.gen_range(lo..hi);
+            let disk = if cmd.dev == Dev::Cache {
+                &self.cache
+            } else {
+                &self.backing
+            };
+            let fail = self.lat.err_rate > 0.0
+                && rng.gen_bool(self.lat.err_rate)
+                && !matches!(cmd.op, IoOp::GroupBegin { .. });
+            let stamp = disk.flush_issue_stamp();
+            self.count_table_write(&cmd);
+            if self.verbose {
+                let what = match &cmd.op {
+                    IoOp::Read { offset, len } => format!("read {offset}+{len}"),
+                    IoOp::Write { offset, data, fua } => format!(
+                        "write {offset}+{} fua={fua} stamp=w{}/s{}",
+                        data.len(),
+                        u64::from_le_bytes(data[8..16].try_into().unwrap()),
+                        u64::from_le_bytes(data[16..24].try_into().unwrap())
+                    ),
+                    other => format!("{other:?}"),
+                };
+                eprintln!(
+                    "t={}   io {} {:?} {what} group={:?} fail={fail} done_at={}",
+                    self.now,
+                    cmd.id,
+                    cmd.dev,
+                    cmd.group,
+                    self.now + lat
+                );
+            }
+            self.push(self.now + lat, Ev::Io(cmd.id));
+            self.inflight.insert(cmd.id, InFlight { cmd, stamp, fail });
+        }
+    }
+
+    /// Count metadata-page writes per commit (a commit record write ends one).
+    fn count_table_write(&mut self, cmd: &IoCmd<Bytes>) {
+        if cmd.dev != Dev::Cache {
+            return;
+        }
+        if let IoOp::Write { offset, .. } = cmd.op {
+            let (lo, hi) = self.table;
+            if offset >= lo && offset < hi {
+                // Both copies of a page count as one page.
+                self.pages_since_commit
+                    .insert((offset - lo) / (2 * nvwc_core::layout::PAGE_BYTES));
+            } else if offset < lo && offset >= nvwc_core::layout::PAGE_BYTES {
+                let n = self.pages_since_commit.len() as u64;
+                self.max_commit_pages = self.max_commit_pages.max(n);
+                self.pages_since_commit.clear();
+            }
+        }
+    }
+
+    /// Writes in flight on `dev` (outside atomic groups), for the crash.
+    pub fn inflight_writes(&self, dev: Dev) -> Vec<(u64, Vec<u8>)> {
+        self.inflight
+            .values()
+            .filter(|f| f.cmd.dev == dev && f.cmd.group.is_none())
+            .filter_map(|f| match &f.cmd.op {
+                IoOp::Write { offset, data, .. } => Some((*offset, data.to_vec())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Groups whose `GroupEnd` is in flight.
+    pub fn inflight_group_ends(&self) -> Vec<u64> {
+        self.inflight
+            .values()
+            .filter_map(|f| match f.cmd.op {
+                IoOp::GroupEnd { group } => Some(group),
+                _ => None,
+            })
+            .collect()
+    }
+}
