@@ -2709,7 +2709,9 @@ impl<P: Payload> Engine<P> {
 
     /// The rest of a FLUSH, once no patch older than it is left.
     fn flush_after_patches(&mut self, id: ReqId, _explicit: bool) {
-        if self.direct_unflushed || self.direct_cover_inflight > 0 {
+        if (self.direct_unflushed || self.direct_cover_inflight > 0)
+            && !crate::mutation::active(crate::mutation::Mutation::FlushSkipsDirectCover)
+        {
             // Direct patch writes acknowledged before this FLUSH sit in the
             // backing store's volatile cache (or a backing FLUSH that covers
             // them is still in flight): a backing FLUSH issued now covers

@@ -14,6 +14,7 @@ pub mod config;
 pub mod engine;
 mod index;
 pub mod layout;
+pub mod mutation;
 pub mod payload;
 mod slab;
 pub mod stats;

@@ -1,0 +1,43 @@
+//! Planted bugs, to prove that a checker bites (feature `mutations`).
+//!
+//! With the feature off (every build but the checkers' own tests), [`active`]
+//! is a constant `false` and the planted branches compile away. With it on,
+//! a test selects one mutation for the whole process with [`set`]; the
+//! engine then misbehaves in exactly that one place, and the test asserts
+//! that the VOPR fails. Nothing selects a mutation unless a test does.
+
+/// A planted bug.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Mutation {
+    /// No planted bug.
+    None = 0,
+    /// A client FLUSH skips the backing FLUSH that must cover direct patch
+    /// writes (`--patch-direct`) before it commits: the patched writes it
+    /// acknowledges can then be lost from the backing store's volatile
+    /// cache (check (b) under write-back).
+    FlushSkipsDirectCover = 1,
+}
+
+#[cfg(feature = "mutations")]
+static ACTIVE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// Select the planted bug for the whole process.
+#[cfg(feature = "mutations")]
+pub fn set(m: Mutation) {
+    ACTIVE.store(m as u8, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Is `m` the planted bug?
+#[inline]
+pub(crate) fn active(m: Mutation) -> bool {
+    #[cfg(feature = "mutations")]
+    {
+        ACTIVE.load(std::sync::atomic::Ordering::Relaxed) == m as u8
+    }
+    #[cfg(not(feature = "mutations"))]
+    {
+        let _ = m;
+        false
+    }
+}
