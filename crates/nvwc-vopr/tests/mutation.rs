@@ -24,7 +24,11 @@ fn a_write_back_flush_contract_violation_fails_the_run() {
     let clean = run_many(&opts, 0, seeds, 2, &|_| {});
     assert_eq!(clean.by_check[1], 0, "no (b) failure without the bug");
     assert!(clean.by_check[2] > 0, "write-back fails (c) on some seeds");
-    assert_eq!(clean.verdict(), Ok(()), "write-back failing only (c) passes");
+    assert_eq!(
+        clean.verdict(),
+        Ok(()),
+        "write-back failing only (c) passes"
+    );
 
     mutation::set(Mutation::FlushSkipsDirectCover);
     let planted = run_many(&opts, 0, seeds, 2, &|_| {});
