@@ -900,6 +900,16 @@ impl<P: Payload> Engine<P> {
                 e.dirty_slots += 1;
                 report.dirty_versions += 1;
                 // The policy registered the version with its group in `recover`.
+                // A version whose entry no longer says what the policy made
+                // of it (journaled: an uncommitted transaction merged into
+                // the open one) gets its entry rewritten at the next commit:
+                // a stale transaction id left on a page no other change
+                // rewrote would later read as a committed, even checkpointed,
+                // transaction (the VOPR's second crash on a large cache found
+                // it: journaled-hints seed 224).
+                if e.policy.entry_aux(v.group) != (v.aux0, v.aux1) {
+                    e.mark_meta(s);
+                }
             } else {
                 report.clean_versions += 1;
                 if v.dirty {
@@ -962,13 +972,32 @@ impl<P: Payload> Engine<P> {
         self.out_event.pop_front()
     }
     /// When the engine next wants [`Engine::handle_timeout`].
+    ///
+    /// A commit deadline (autocommit age, or a commit wanted at once) is
+    /// left out while a commit cannot start: one is in flight, an in-place
+    /// write is, or the commit waits for patches it already started to turn
+    /// into versions (`patch_barrier`). The
+    /// completion that unblocks it starts the commit, so a driver that calls
+    /// `handle_timeout` at each deadline never meets a deadline that stays
+    /// due at an instant while the engine waits for a device (it spun there).
+    ///
+    /// During a retry backoff (`retry_at`) no destage plan starts, so the
+    /// write policy's deadline counts from the end of the backoff.
     pub fn poll_timeout(&self) -> Option<u64> {
-        let mut d = self.policy.deadline();
+        let mut d = self
+            .policy
+            .deadline()
+            .map(|t| self.retry_at.map_or(t, |r| t.max(r)));
         let mut min = |x: u64| d = Some(d.map_or(x, |d: u64| d.min(x)));
-        if self.commit_asap {
+        let commit_blocked = self.commit.is_some()
+            || self.inplace_inflight > 0
+            || self.patch_barrier
+                && self.policy.commit_needs_patches_done()
+                && !self.patches.is_empty();
+        if self.commit_asap && !commit_blocked {
             min(self.now);
         }
-        if let Some(t) = self.oldest_change {
+        if let Some(t) = self.oldest_change.filter(|_| !commit_blocked) {
             min(t.saturating_add(self.cfg.autocommit_ns));
         }
         if let Some(t) = self.retry_at {
@@ -2652,7 +2681,14 @@ impl<P: Payload> Engine<P> {
             ReqKind::Write => {
                 if r.group != NO_GROUP {
                     self.policy.on_write_data_done(self.now, r.group);
-                    for &s in &r.installed {
+                    // Entries carry the write's completion (ordered): rewrite
+                    // them, including versions of the group the write's own
+                    // pieces did not install (a patch persisted meanwhile).
+                    // Missing one left a stale "not completed" entry on a
+                    // metadata page no other change rewrote (the VOPR's
+                    // large caches found it: ordered seed 497).
+                    let extra = self.policy.aux_changed_on_completion(r.group).to_vec();
+                    for s in r.installed.iter().copied().chain(extra) {
                         let slot = &self.slots[s as usize];
                         if slot.state == SlotState::Valid && self.group_of(s) == r.group {
                             self.mark_meta(s);
@@ -2768,6 +2804,9 @@ impl<P: Payload> Engine<P> {
             // Every acknowledged write is already named by a durable commit,
             // and its bytes were flushed by it.
             return self.reply(id, Ok(None), 0);
+        }
+        if crate::mutation::active(crate::mutation::Mutation::FlushNeverAnswered) {
+            return;
         }
         self.commit_waiters.push(Waiter {
             id,

@@ -17,6 +17,9 @@ pub enum Mutation {
     /// acknowledges can then be lost from the backing store's volatile
     /// cache (check (b) under write-back).
     FlushSkipsDirectCover = 1,
+    /// A FLUSH that has to wait for a commit is forgotten, never answered
+    /// (liveness: the VOPR's deadlock and liveness checks, "other").
+    FlushNeverAnswered = 2,
 }
 
 #[cfg(feature = "mutations")]

@@ -324,7 +324,20 @@ pub(crate) fn drain_after_recovery(
     let w = &mut r.world;
     w.eng.start_drain(w.now);
     let mut checks = 0u32;
+    let trace = std::env::var_os("NVWC_VOPR_TRACE_DRAIN").is_some();
     let mut watch = |cmd: &IoCmd<Bytes>, backing: &Disk, o: &mut Oracle| {
+        if trace {
+            let what = match &cmd.op {
+                IoOp::Write { offset, data, .. } => format!(
+                    "write {offset}+{} w{}/s{}",
+                    data.len(),
+                    u64::from_le_bytes(data[8..16].try_into().unwrap()),
+                    u64::from_le_bytes(data[16..24].try_into().unwrap())
+                ),
+                other => format!("{other:?}"),
+            };
+            eprintln!("drain: {:?} {what} group={:?}", cmd.dev, cmd.group);
+        }
         let changed =
             cmd.dev == Dev::Backing && matches!(cmd.op, IoOp::Write { .. } | IoOp::GroupEnd { .. });
         if changed && checks < 500 {
@@ -455,15 +468,32 @@ pub(crate) fn backing_alone(
                 .push(format!("(c) backing sector {s} holds garbage"));
             return;
         }
-        if let Val::W(w) = v {
-            if o.lost_at(w, s) {
+        obs.push(v);
+    }
+    // The state's era: the latest round a write it shows was issued in. It
+    // continues from what recovery showed before that round, so what the
+    // crashes before it lost must not be there. (A state showing no write
+    // of the round running may still show what the last crash lost: it is
+    // a point in time from before that crash, which the drain after
+    // recovery checks.)
+    let era = obs
+        .iter()
+        .filter_map(|v| match v {
+            Val::W(w) => Some(o.writes[*w as usize].round),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    for (s, v) in obs.iter().enumerate() {
+        if let Val::W(w) = *v {
+            if o.lost_before(w, s as u64, era) {
                 o.violations.push(format!(
-                    "(c) backing sector {s} shows w{w}, which a crash lost (recovery did not show it)"
+                    "(c) backing sector {s} shows w{w}, which a crash lost (recovery did not show it), beside writes issued after that recovery"
                 ));
                 return;
             }
         }
-        obs.push(v);
     }
     // A crash before: journaled recovery merged the transactions the crash
     // left open into one, so transaction boundaries from before it no
@@ -491,7 +521,11 @@ pub(crate) fn backing_alone(
         .filter(|&w| o.acked_ok(w).is_some())
         .collect();
     // Does sector `s` keep `w` (or did a crash lose `w` there)?
-    let kept = |o: &Oracle, s: u64, w: u32| o.lost_at(w, s) || o.keeps_plain(s, obs[s as usize], w);
+    // Does sector `s` keep `w`, or did a crash before the round running
+    // lose it there (then nothing can require it)?
+    let kept = |o: &Oracle, s: u64, w: u32| {
+        o.lost_before(w, s, o.round) || o.keeps_plain(s, obs[s as usize], w, era)
+    };
     // Staleness: acknowledged writes the backing store does not show anywhere.
     out.stale_writes = acked
         .iter()
@@ -573,8 +607,14 @@ pub(crate) fn backing_alone(
                     "backing alive"
                 };
                 o.violations.push(format!(
-                    "(c) {} ({how}): w{w} {why} but sector {s} shows {:?}",
-                    cfg.write_policy, obs[s as usize]
+                    "(c) {} ({how}): w{w} {why} but sector {s} shows {:?} ({}; {})",
+                    cfg.write_policy,
+                    obs[s as usize],
+                    o.describe(w),
+                    match obs[s as usize] {
+                        Val::W(x) => o.describe(x),
+                        _ => String::new(),
+                    }
                 ));
                 return false;
             }

@@ -3,24 +3,54 @@
 //! Deterministic simulation testing of the nvwc engine, in the style of
 //! TigerBeetle's VOPR. One seed generates a random configuration, a random
 //! concurrent workload (overlapping writes, reads, flushes, FUA, trims,
-//! write-zeroes, checkpoints), random device latencies and errors, and a crash
-//! at a random point. An oracle that knows every write checks:
+//! write-zeroes, checkpoints, direct writes, admission hints), random device
+//! latencies and errors, and a crash at a random point. An oracle that knows
+//! every write checks:
 //!
 //! * **(a) while running**: every read returns a value the NBD semantics allow
-//!   (the latest acknowledged write, or a write concurrent with the read);
+//!   (the latest acknowledged write, or a write concurrent with the read; a
+//!   trim relaxes this only until a later write supersedes it);
 //! * **(b) crash with the cache intact**: after recovery, every write
 //!   acknowledged before a completed FLUSH, and every acknowledged FUA write, is
-//!   there (or was overwritten by a later write);
+//!   there (or was overwritten by a later write), and nothing a client could
+//!   not have seen;
 //! * **(c) cache device lost**: the backing store alone is a consistent point
 //!   in time: `ordered` (and `write-back`, which must fail): a prefix-closed set
 //!   under completion→issue order; `journaled`: a whole-transaction prefix;
 //!   `journaled-hints`: a prefix of consistency points; `write-through`:
 //!   everything acknowledged. For the consistent policies this is checked
 //!   again after recovery: the recovered engine drains to the backing store,
-//!   which must be a prefix (completion→issue order) after every backing write.
+//!   which must be a prefix (completion→issue order) after every backing write;
+//! * **other**: no panic, no request waiting longer than
+//!   [`LIVENESS_NS`] of simulated time (checked at every event, so a request
+//!   starved while timers keep firing fails too), no deadlock (nothing left
+//!   to happen while requests wait), no livelock (simulated time stuck).
+//!
+//! Beyond the first run and crash, a seed may draw (from a random stream of
+//! its own, so that a seed drawing none of this runs exactly as before):
+//!
+//! * a **large cache** of 1000–4000 slots, so that commits span many
+//!   metadata pages (63 slots per page);
+//! * a **quiesced** run: the crash comes only after every request completed;
+//! * **recovery under device latencies and transient errors** (the
+//!   read-back retries a failed read, as a client would);
+//! * **further rounds**: the engine recovered from the crash runs a new
+//!   workload and crashes again, up to three crashes per seed. The client
+//!   view is then pinned to what recovery showed; for the backing store a
+//!   state showing writes of a later round may no longer show what an
+//!   earlier crash lost (see `oracle.rs`).
+//!
+//! Triage aids (environment): `NVWC_VOPR_DUMP=1` prints the recovered
+//! metadata at each recovery, `NVWC_VOPR_TRACE_DRAIN=1` every command of
+//! the drain after recovery, `NVWC_VOPR_SECTOR=S` what each crash left at
+//! sector `S` (recovered, backing powered off, backing alive), and
+//! `NVWC_VOPR_ONLY=large,quiesce,timed,rounds` keeps only the named
+//! dimensions above (to find which one a failure needs, or to compare runs).
 //!
 //! Every 512-byte sector written carries `(write id, sector number)`, so the
-//! oracle knows which write each sector came from.
+//! oracle knows which write each sector came from. The run loop is
+//! `world.rs`, the clients `workload.rs`, the oracle's rules `oracle.rs`,
+//! and the checks after a crash `check.rs`.
 
 #![forbid(unsafe_code)]
 
@@ -98,9 +128,15 @@ fn table_range(l: &Layout) -> (u64, u64) {
     (layout::TABLE_OFFSET, layout::TABLE_OFFSET + l.table_bytes)
 }
 
-fn random_config(rng: &mut ChaCha8Rng, opts: &Options) -> Config {
+fn random_config(rng: &mut ChaCha8Rng, opts: &Options, large: Option<u64>) -> Config {
     let bs = [512u32, 1024, 2048, 4096][rng.gen_range(0..4)];
     let cap = rng.gen_range(16..96u64);
+    // A large cache spans many metadata pages (63 slots each); small blocks
+    // keep its images small.
+    let (bs, cap) = match large {
+        Some(n) => (bs.min(1024), n),
+        None => (bs, cap),
+    };
     let nblocks = rng.gen_range(cap / 2..cap * 3);
     let mut c = Config::new(bs, cap, nblocks * bs as u64, opts.policy);
     c.replacement = opts
@@ -156,17 +192,116 @@ fn random_config(rng: &mut ChaCha8Rng, opts: &Options) -> Config {
     c
 }
 
+/// What a seed adds to the first run and its crash, drawn from a stream of
+/// its own so that a seed that draws none of it runs exactly as before.
+#[derive(Clone, Copy, Debug)]
+struct Extras {
+    /// A cache of this many slots instead of 16..96.
+    large: Option<u64>,
+    /// The workload is not cut by the crash: every request must complete
+    /// (within the liveness bound, while timers keep firing), then the crash.
+    quiesce: bool,
+    /// Further rounds: recover, run a new workload, crash again, check.
+    rounds: u32,
+    /// Recovery (read-back and drain) with device latencies and transient
+    /// errors instead of instant, error-free devices.
+    timed_recovery: bool,
+}
+
+impl Extras {
+    fn draw(rng2: &mut ChaCha8Rng) -> Self {
+        let large = rng2.gen_bool(0.1).then(|| rng2.gen_range(1000..4000u64));
+        let quiesce = rng2.gen_bool(0.25);
+        let rounds = [0, 0, 0, 0, 0, 0, 1, 1, 1, 2][rng2.gen_range(0..10)];
+        let timed_recovery = rng2.gen_bool(0.5);
+        let on = |k: &str| {
+            std::env::var("NVWC_VOPR_ONLY").map_or(true, |v| v.split(',').any(|x| x == k))
+        };
+        Extras {
+            large: large.filter(|_| on("large")),
+            quiesce: quiesce && on("quiesce"),
+            rounds: if on("rounds") { rounds } else { 0 },
+            timed_recovery: timed_recovery && on("timed"),
+        }
+    }
+}
+
+/// Device latencies and error rates drawn for a round after the first.
+fn draw_latency(rng2: &mut ChaCha8Rng) -> Latency {
+    Latency {
+        cache: (1_000, 40_000),
+        backing: (20_000, 2_000_000),
+        err_rate: [0.0, 0.002, 0.02][rng2.gen_range(0..3)],
+    }
+}
+
+/// What a crash left: the cache device and the backing store after a power
+/// loss, and the backing store of a host that died while it lived on
+/// (networked storage).
+struct Crash {
+    cache: Vec<u8>,
+    backing: Vec<u8>,
+    backing_alive: Vec<u8>,
+}
+
+impl Crash {
+    /// Both devices lose what was not durable.
+    fn take(w: &World, rng: &mut ChaCha8Rng) -> Crash {
+        let cache_inflight = w.inflight_writes(Dev::Cache);
+        let backing_inflight = w.inflight_writes(Dev::Backing);
+        let ends = w.inflight_group_ends();
+        Crash {
+            cache: w.cache.crash(rng, &cache_inflight, &[]),
+            backing: w.backing.crash(rng, &backing_inflight, &ends),
+            backing_alive: w.backing.host_lost(rng, &backing_inflight),
+        }
+    }
+}
+
+/// Add what the engine counted to the outcome.
+fn count_stats(out: &mut SeedOutcome, st: &Stats) {
+    let patches = [
+        st.patches_created,
+        st.patch_merges,
+        st.patch_reads,
+        st.patch_fetches + st.patch_direct_writes,
+        st.patch_fallbacks,
+        st.patch_persists,
+        st.partial_read_fetches,
+        st.partial_write_fetches,
+    ];
+    for (x, y) in out.patches.iter_mut().zip(patches) {
+        *x += y;
+    }
+    let admission = [
+        st.bypassed_pieces,
+        st.bypass_refused,
+        st.reissued_writes,
+        st.discarded_completions,
+    ];
+    for (x, y) in out.admission.iter_mut().zip(admission) {
+        *x += y;
+    }
+}
+
+/// Simulated time between rounds (each round's engine starts its clock here).
+const ROUND_NS: u64 = 1_000_000_000_000;
+
 /// Run one seed.
 pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
     let mut rng = ChaCha8Rng::seed_from_u64(
         seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ opts.policy.code() as u64,
     );
-    let cfg = random_config(&mut rng, opts);
+    let mut rng2 = ChaCha8Rng::seed_from_u64(
+        seed.wrapping_mul(0xD1B5_4A32_D192_ED03) ^ 0x5EC0_9D00 ^ opts.policy.code() as u64,
+    );
+    let x = Extras::draw(&mut rng2);
+    let cfg = random_config(&mut rng, opts, x.large);
     let bs = cfg.block_size as u64;
     let layout = Layout::new(&cfg);
     let mut out = SeedOutcome {
         seed,
-        config: format!("{cfg:?}"),
+        config: format!("{cfg:?} {x:?}"),
         ..Default::default()
     };
 
@@ -175,12 +310,10 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
     for (off, b) in layout::format_writes(&cfg, seed) {
         cache_img[off as usize..off as usize + b.len()].copy_from_slice(&b);
     }
-    let sectors_total = cfg.backing_size / SECTOR as u64;
     let mut bimg = vec![0u8; cfg.backing_size as usize];
     for (s, chunk) in bimg.chunks_mut(SECTOR).enumerate() {
         stamp(chunk, INIT, s as u64);
     }
-    let _ = sectors_total;
 
     let eng: Engine<Bytes> = Engine::new(cfg.clone()).expect("valid config");
     let mut oracle = Oracle::new();
@@ -188,6 +321,7 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
     let n_ops = rng.gen_range(20..600usize);
     let qd = rng.gen_range(1..17usize);
     let crash_at: u64 = rng.gen_range(10..(n_ops as u64 * 12));
+    let crash_at = if x.quiesce { u64::MAX } else { crash_at };
     let lat = Latency {
         cache: (1_000, 40_000),
         backing: (20_000, 2_000_000),
@@ -224,72 +358,154 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
     );
     out.crashed_at_event = world.processed;
     out.max_commit_pages = world.max_commit_pages;
-    {
-        let st = world.eng.stats();
-        out.patches = [
-            st.patches_created,
-            st.patch_merges,
-            st.patch_reads,
-            st.patch_fetches + st.patch_direct_writes,
-            st.patch_fallbacks,
-            st.patch_persists,
-            st.partial_read_fetches,
-            st.partial_write_fetches,
-        ];
-        out.admission = [
-            st.bypassed_pieces,
-            st.bypass_refused,
-            st.reissued_writes,
-            st.discarded_completions,
-        ];
-    }
+    count_stats(&mut out, &world.eng.stats());
     out.ops = client.issued;
+    let crash = Crash::take(&world, &mut rng);
+    drop(world);
 
-    // ---- Crash: both devices lose what was not durable.
-    let cache_inflight = world.inflight_writes(Dev::Cache);
-    let backing_inflight = world.inflight_writes(Dev::Backing);
-    let ends = world.inflight_group_ends();
-    let cache_crash = world.cache.crash(&mut rng, &cache_inflight, &[]);
-    let backing_crash = world.backing.crash(&mut rng, &backing_inflight, &ends);
-    let backing_alive = world.backing.host_lost(&mut rng, &backing_inflight);
+    let mut round = 1u64;
+    let mut crash = crash;
+    loop {
+        let recovery = x.timed_recovery.then(|| draw_latency(&mut rng2));
+        let before = oracle.violations.len();
+        let got = after_crash(
+            &cfg,
+            &layout,
+            &crash,
+            &mut oracle,
+            seed,
+            round * ROUND_NS,
+            recovery.map(|l| (l, &mut rng2)),
+            &mut out,
+        );
+        if round > 1 {
+            for v in &mut oracle.violations[before..] {
+                v.push_str(&format!(" [at crash {round}]"));
+            }
+        }
+        let Some(got) = got else { break };
+        if round > u64::from(x.rounds) || !oracle.violations.is_empty() {
+            break;
+        }
+        // The next round: a new workload on the engine recovered from this
+        // crash, then another crash.
+        round += 1;
+        oracle.begin_round(got);
+        let eng = match check::recover(&cfg, &layout, &crash.cache) {
+            Ok(e) => e,
+            Err(v) => {
+                oracle.violations.push(v);
+                break;
+            }
+        };
+        let lat = draw_latency(&mut rng2);
+        let mut world = World::new(
+            eng,
+            Disk::new(std::mem::take(&mut crash.cache)),
+            Disk::new(std::mem::take(&mut crash.backing)),
+            lat,
+            round * ROUND_NS,
+            table_range(&layout),
+        );
+        world.verbose = opts.verbose;
+        let n_ops = rng2.gen_range(20..300usize);
+        let mut client = Workload {
+            n_ops,
+            qd: rng2.gen_range(1..17usize),
+            issued: 0,
+            outstanding: BTreeMap::new(),
+            id_base: round * 1_000_000_000,
+            policy: opts.policy,
+            block_size: bs,
+            backing_size: cfg.backing_size,
+            verbose: opts.verbose,
+        };
+        let crash_at = match rng2.gen_bool(0.25) {
+            true => u64::MAX,
+            false => rng2.gen_range(10..(n_ops as u64 * 12)),
+        };
+        world.run(
+            &mut client,
+            &mut oracle,
+            &mut rng2,
+            &mut out,
+            crash_at,
+            &mut |_, _, _| true,
+            &|_| false,
+        );
+        out.max_commit_pages = out.max_commit_pages.max(world.max_commit_pages);
+        count_stats(&mut out, &world.eng.stats());
+        out.ops += client.issued;
+        crash = Crash::take(&world, &mut rng2);
+    }
+    out.violations = oracle.violations;
+    out
+}
 
+/// The checks after a crash: (b) recover and read back; (c) while the
+/// recovered engine drains (ordered, journaled); (c) on the backing store
+/// alone. Returns the image recovery showed, when there is one.
+#[allow(clippy::too_many_arguments)]
+fn after_crash(
+    cfg: &Config,
+    layout: &Layout,
+    crash: &Crash,
+    oracle: &mut Oracle,
+    seed: u64,
+    now: u64,
+    mut timed: Option<(Latency, &mut ChaCha8Rng)>,
+    out: &mut SeedOutcome,
+) -> Option<Vec<u8>> {
+    fn devices<'a>(t: &'a mut Option<(Latency, &mut ChaCha8Rng)>) -> Devices<'a> {
+        match t {
+            Some((l, r)) => Devices::Timed(*l, r),
+            None => Devices::Instant,
+        }
+    }
     // (b) Restart with the cache intact.
     let rec = check::recovered(
-        &cfg,
-        &layout,
-        cache_crash,
-        backing_crash.clone(),
-        &mut oracle,
+        cfg,
+        layout,
+        crash.cache.clone(),
+        crash.backing.clone(),
+        oracle,
         seed,
-        1_000_000_000_000,
-        Devices::Instant,
-        &mut out,
+        now,
+        devices(&mut timed),
+        out,
     );
-    if let Some(mut r) = rec {
+    let got = rec.map(|mut r| {
         if matches!(
             cfg.write_policy,
             WritePolicyKind::Ordered | WritePolicyKind::Journaled | WritePolicyKind::JournaledHints
         ) {
-            check::drain_after_recovery(
-                &mut r,
-                &cfg,
-                &mut oracle,
-                seed,
-                Devices::Instant,
-                &mut out,
-            );
+            check::drain_after_recovery(&mut r, cfg, oracle, seed, devices(&mut timed), out);
         }
-    }
+        r.got
+    });
     // (c) The cache device is lost: the backing store alone, both when the
     // backing store survived the host (networked storage: every completed write
     // is there) and when it lost power too (only what it had made durable).
-    check::backing_alone(&cfg, &backing_alive, false, &mut oracle, &mut out);
+    check::backing_alone(cfg, &crash.backing_alive, false, oracle, out);
     if oracle.violations.is_empty() {
-        check::backing_alone(&cfg, &backing_crash, true, &mut oracle, &mut out);
+        check::backing_alone(cfg, &crash.backing, true, oracle, out);
     }
-
-    out.violations = oracle.violations;
-    out
+    if let Some(g) = &got {
+        if let Some(sec) = std::env::var("NVWC_VOPR_SECTOR")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            let d = |img: &[u8]| oracle::decode(oracle::sector_of(img, sec), sec);
+            eprintln!(
+                "DEBUG crash at {now}: sector {sec}: got {:?} backing {:?} alive {:?}",
+                d(g),
+                d(&crash.backing),
+                d(&crash.backing_alive)
+            );
+        }
+        oracle.mark_lost(g);
+    }
+    got
 }
 
 /// Take the engine's events: journal transactions closed (for check (c)).

@@ -11,9 +11,13 @@
 //! to the recovered image ([`Oracle::begin_round`]): a synthetic *base* write
 //! stands for every sector's recovered contents, and any other write from
 //! before the crash showing up later is a resurrection. The *backing view*
-//! (check (c)) is what the backing store alone may hold: any prefix of the
-//! whole history, where writes that an earlier crash lost (sectors recovery
-//! did not show) no longer exist ([`Oracle::mark_lost`]).
+//! (check (c)) is what the backing store alone may hold: a prefix of the
+//! whole history. Its *era* is the latest round a write it shows belongs to:
+//! a state of round `r` continues from the image recovery showed before
+//! round `r`, so in it the sectors earlier crashes lost (that recovery did
+//! not show: [`Oracle::mark_lost`]) no longer exist. A state showing only
+//! writes of rounds before a crash may still show what that crash lost: it is
+//! a point in time from before the crash.
 
 use std::collections::HashMap;
 
@@ -73,9 +77,12 @@ pub(crate) struct WriteRec {
     pub first_sector: u64,
     pub sectors: u64,
     pub seq: u64,
-    /// Sectors (bit `i` = `first_sector + i`) an earlier crash lost: recovery
-    /// did not show them, so the backing store must never show them either.
-    pub lost: u64,
+    /// The round (1 before the first crash) the write was issued in.
+    pub round: u32,
+    /// Sectors (bit `i` = `first_sector + i`) a crash lost, per crash (the
+    /// crash ending round `k`): recovery did not show them, so no state of
+    /// a later round may show them.
+    pub lost: Vec<(u32, u64)>,
 }
 
 #[derive(Clone, Debug)]
@@ -117,6 +124,8 @@ pub(crate) struct Oracle {
     pub violations: Vec<String>,
     /// Set after the first crash ([`Oracle::begin_round`]).
     pub base: Option<Base>,
+    /// The round now running (1 before the first crash).
+    pub round: u32,
 }
 
 impl Oracle {
@@ -130,7 +139,8 @@ impl Oracle {
             first_sector: 0,
             sectors: 0,
             seq: 0,
-            lost: 0,
+            round: 0,
+            lost: Vec::new(),
         };
         Oracle {
             writes: vec![init],
@@ -140,6 +150,7 @@ impl Oracle {
             txns: Vec::new(),
             violations: Vec::new(),
             base: None,
+            round: 1,
         }
     }
 
@@ -171,12 +182,23 @@ impl Oracle {
             .unwrap_or(&[])
     }
 
-    /// Was sector `s` of write `w` lost by an earlier crash?
-    pub fn lost_at(&self, w: u32, s: u64) -> bool {
+    /// A write's history, for violation messages.
+    pub fn describe(&self, w: u32) -> String {
+        let r = &self.writes[w as usize];
+        format!(
+            "w{w}: round {}, issued {}, done {:?}, ok {}, fua {}, lost {:?}",
+            r.round, r.issue, r.done, r.ok, r.fua, r.lost
+        )
+    }
+
+    /// Was sector `s` of write `w` lost by a crash before round `era`?
+    pub fn lost_before(&self, w: u32, s: u64, era: u32) -> bool {
         let r = &self.writes[w as usize];
         s >= r.first_sector
             && s < r.first_sector + r.sectors
-            && r.lost >> (s - r.first_sector) & 1 == 1
+            && r.lost
+                .iter()
+                .any(|&(k, m)| k < era && m >> (s - r.first_sector) & 1 == 1)
     }
 
     /// The client view of sector `s` holding `buf`: the base write where it
@@ -287,7 +309,7 @@ impl Oracle {
     /// `w`, or a write not ordered before `w`)?
     pub fn keeps(&self, s: u64, v: Val, w: u32) -> bool {
         let Some(b) = self.base.as_ref().map(|b| b.id) else {
-            return self.keeps_plain(s, v, w);
+            return self.keeps_plain(s, v, w, self.round);
         };
         // A zero write of this round, not ordered before `w`.
         let zeroed = || {
@@ -300,24 +322,21 @@ impl Oracle {
             Val::Zero => zeroed(),
             // A write from before the crash that recovery did not show.
             Val::W(x) if x < b => false,
-            _ => self.keeps_plain(s, v, w),
+            _ => self.keeps_plain(s, v, w, self.round),
         }
     }
 
-    /// Backing view of [`Oracle::keeps`]: any write of the whole history,
-    /// except sectors an earlier crash lost.
-    pub fn keeps_plain(&self, s: u64, v: Val, w: u32) -> bool {
+    /// Backing view of [`Oracle::keeps`] in a state of round `era`: any
+    /// write of the whole history, except sectors a crash before `era` lost.
+    pub fn keeps_plain(&self, s: u64, v: Val, w: u32, era: u32) -> bool {
+        let gone = |x: u32| self.lost_before(x, s, era);
         match v {
             Val::Garbage => false,
-            Val::W(x) if x == w => !self.lost_at(x, s),
+            Val::W(x) if x == w => !gone(x),
             Val::W(INIT) => false,
-            Val::W(x) => {
-                self.writes_to(s).contains(&x) && !self.before(x, w) && !self.lost_at(x, s)
-            }
+            Val::W(x) => self.writes_to(s).contains(&x) && !self.before(x, w) && !gone(x),
             Val::Zero => self.writes_to(s).iter().any(|&x| {
-                self.writes[x as usize].zero
-                    && (x == w || !self.before(x, w))
-                    && !self.lost_at(x, s)
+                self.writes[x as usize].zero && (x == w || !self.before(x, w)) && !gone(x)
             }),
         }
     }
@@ -371,24 +390,29 @@ impl Oracle {
         })
     }
 
-    /// After a crash: mark, per write, the sectors the recovered image
-    /// `got` (what the engine showed after recovery) lost, so the backing
-    /// view never accepts them again. Failed or unacknowledged writes are
-    /// left alone (they may be anywhere, torn).
+    /// After the crash ending this round: mark, per write, the sectors the
+    /// recovered image `got` (what the engine showed after recovery) lost,
+    /// so no state of a later round accepts them. Failed or unacknowledged
+    /// writes are left alone (they may be anywhere, torn).
     pub fn mark_lost(&mut self, got: &[u8]) {
+        let k = self.round;
         for w in 1..self.writes.len() as u32 {
             if self.acked_ok(w).is_none() {
                 continue;
             }
             let r = &self.writes[w as usize];
-            let mut lost = r.lost;
+            let mut lost = 0u64;
             for s in r.first_sector..r.first_sector + r.sectors {
                 let v = decode(sector_of(got, s), s);
-                if !self.keeps_plain(s, v, w) && !self.trimmed_after(s, w) {
+                // A trim does not excuse it: whatever recovery showed is what
+                // the next round starts from.
+                if !self.lost_before(w, s, k) && !self.keeps_plain(s, v, w, k) {
                     lost |= 1 << (s - r.first_sector);
                 }
             }
-            self.writes[w as usize].lost = lost;
+            if lost != 0 {
+                self.writes[w as usize].lost.push((k, lost));
+            }
         }
     }
 
@@ -397,6 +421,7 @@ impl Oracle {
     pub fn begin_round(&mut self, got: Vec<u8>) {
         let t = self.tick();
         let id = self.writes.len() as u32;
+        self.round += 1;
         self.writes.push(WriteRec {
             issue: t,
             done: Some(t),
@@ -406,7 +431,8 @@ impl Oracle {
             first_sector: 0,
             sectors: 0,
             seq: 0,
-            lost: 0,
+            round: self.round,
+            lost: Vec::new(),
         });
         self.base = Some(Base { id, image: got });
     }
@@ -429,7 +455,8 @@ mod tests {
             first_sector: first,
             sectors,
             seq: w as u64,
-            lost: 0,
+            round: o.round,
+            lost: Vec::new(),
         });
         for s in first..first + sectors {
             o.by_sector.entry(s).or_default().push(w);
@@ -486,8 +513,9 @@ mod tests {
         stamp(&mut img[SECTOR..], INIT, 1);
         o.mark_lost(&img);
         o.clock = 50;
-        assert!(!o.lost_at(w1, 0));
-        assert!(o.lost_at(w2, 1));
+        assert!(!o.lost_before(w1, 0, 2));
+        assert!(o.lost_before(w2, 1, 2), "lost for states after the crash");
+        assert!(!o.lost_before(w2, 1, 1), "not for states from before it");
         o.begin_round(img.clone());
         let base = o.base.as_ref().unwrap().id;
         assert_eq!(o.client_val(&img[..SECTOR], 0), Val::W(base));
@@ -499,8 +527,10 @@ mod tests {
         assert!(!o.read_ok(1, v, 100, 101), "a lost write resurrected");
         assert!(!o.possible(1, v));
         assert!(o.read_ok(1, Val::W(base), 100, 101));
-        // The backing view never accepts the lost sector either.
-        assert!(!o.keeps_plain(1, Val::W(w2), w2));
+        // The backing view accepts the lost sector only in a state from
+        // before the crash.
+        assert!(!o.keeps_plain(1, Val::W(w2), w2, 2));
+        assert!(o.keeps_plain(1, Val::W(w2), w2, 1));
         // A write of this round supersedes the recovered image.
         let w3 = write(&mut o, 0, 1, 102, 103);
         assert!(!o.read_ok(0, Val::W(base), 104, 105));

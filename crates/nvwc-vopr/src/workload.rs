@@ -76,7 +76,8 @@ impl Workload {
                 first_sector: first,
                 sectors: nsec,
                 seq: 0,
-                lost: 0,
+                round: o.round,
+                lost: Vec::new(),
             });
             for s in first..first + nsec {
                 o.by_sector.entry(s).or_default().push(w);
@@ -232,6 +233,10 @@ impl Client for Workload {
 
     fn all_issued(&self) -> bool {
         self.issued >= self.n_ops
+    }
+
+    fn records_txns(&self) -> bool {
+        true
     }
 }
 

@@ -64,6 +64,12 @@ pub(crate) trait Client {
     fn outstanding(&self) -> (usize, Option<(u64, u64)>);
     /// Every request the client will ever issue has been issued.
     fn all_issued(&self) -> bool;
+    /// The oracle learns the journal transactions this engine closes (the
+    /// workload's engine: not one that only reads back or drains after a
+    /// crash, whose recovery merged transactions the oracle cannot know).
+    fn records_txns(&self) -> bool {
+        false
+    }
 }
 
 /// Why [`World::run`] returned.
@@ -184,7 +190,10 @@ impl World {
                 stuck.1 += 1;
                 if stuck.1 > STUCK_EVENTS {
                     o.violations.push(format!(
-                        "livelock: {STUCK_EVENTS} events without simulated time passing"
+                        "livelock: {STUCK_EVENTS} events without simulated time passing (t={}, engine deadline {:?}, {} commands in flight)",
+                        self.now,
+                        self.eng.poll_timeout(),
+                        self.inflight.len()
                     ));
                     return Stop::Violation;
                 }
@@ -220,7 +229,11 @@ impl World {
             if retry {
                 self.push(self.now, Ev::Client);
             }
-            crate::collect_events(&mut self.eng, o, false, out);
+            if client.records_txns() {
+                crate::collect_events(&mut self.eng, o, false, out);
+            } else {
+                while self.eng.poll_event().is_some() {}
+            }
             if let Some(t) = self.eng.poll_timeout() {
                 let t = t.max(self.now);
                 if self.timeout_at.is_none_or(|x| t < x) {
@@ -359,5 +372,79 @@ impl World {
                 _ => None,
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    /// A client with one request the engine never answers, and a tick every
+    /// 100 ms that keeps events coming (as a timer that keeps firing would).
+    struct Hung {
+        ticks: u64,
+    }
+
+    impl Client for Hung {
+        fn issue(
+            &mut self,
+            w: &mut World,
+            _o: &mut Oracle,
+            _rng: &mut ChaCha8Rng,
+            _out: &mut SeedOutcome,
+        ) -> Option<u64> {
+            self.ticks += 1;
+            Some(w.now + 100_000_000)
+        }
+        fn reply(&mut self, _: Reply<Bytes>, _: u64, _: &mut Oracle, _: &mut SeedOutcome) -> bool {
+            false
+        }
+        fn outstanding(&self) -> (usize, Option<(u64, u64)>) {
+            (1, Some((7, 0)))
+        }
+        fn all_issued(&self) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn a_request_outstanding_past_the_bound_fails_while_events_keep_coming() {
+        let cfg = Config::new(4096, 16, 64 * 4096, WritePolicyKind::WriteBack);
+        let eng = Engine::new(cfg).unwrap();
+        let lat = Latency {
+            cache: (1, 2),
+            backing: (1, 2),
+            err_rate: 0.0,
+        };
+        let mut w = World::new(
+            eng,
+            Disk::new(vec![0; 1 << 20]),
+            Disk::new(vec![0; 1 << 20]),
+            lat,
+            0,
+            (0, 0),
+        );
+        let mut o = Oracle::new();
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let mut out = SeedOutcome::default();
+        let mut c = Hung { ticks: 0 };
+        let stop = w.run(
+            &mut c,
+            &mut o,
+            &mut rng,
+            &mut out,
+            u64::MAX,
+            &mut |_, _, _| true,
+            &|_| false,
+        );
+        assert_eq!(stop, Stop::Violation);
+        assert!(
+            o.violations[0].starts_with("liveness: request #7"),
+            "{:?}",
+            o.violations
+        );
+        assert!(w.now > LIVENESS_NS && w.now <= LIVENESS_NS + 200_000_000);
+        assert!(c.ticks > 300, "events kept coming: {}", c.ticks);
     }
 }

@@ -1,27 +1,47 @@
-//! The VOPR's verdict bites on write-back: with a planted bug that breaks the
-//! flush contract (check (b)), the run that passes without it fails. The
-//! `nvwc vopr` command exits with the same verdict
+//! The VOPR's verdict bites: with a planted bug, a run that passes without
+//! it fails. The `nvwc vopr` command exits with the same verdict
 //! (`PolicySummary::verdict`), so this is the command failing.
 //!
-//! One test per binary: the planted bug is process-wide.
+//! The planted bug is process-wide: the tests of this binary take turns.
+
+use std::sync::Mutex;
 
 use nvwc_core::mutation::{self, Mutation};
 use nvwc_core::{FetchMode, WritePolicyKind};
-use nvwc_vopr::{run_many, Options};
+use nvwc_vopr::{run_many, Options, PolicySummary};
+
+static TURN: Mutex<()> = Mutex::new(());
+
+/// Run `seeds` seeds without the bug, then with it.
+fn with_and_without(m: Mutation, opts: &Options, seeds: u64) -> (PolicySummary, PolicySummary) {
+    let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
+    mutation::set(Mutation::None);
+    let clean = run_many(opts, 0, seeds, 2, &|_| {});
+    mutation::set(m);
+    let planted = run_many(opts, 0, seeds, 2, &|_| {});
+    mutation::set(Mutation::None);
+    eprintln!(
+        "{m:?} on {}: failing seeds by check (a, b, c, other): without the bug {:?}, with it {:?}",
+        opts.policy, clean.by_check, planted.by_check
+    );
+    (clean, planted)
+}
+
+fn opts(policy: WritePolicyKind, fetch: Option<FetchMode>) -> Options {
+    Options {
+        policy,
+        replacement: None,
+        verbose: false,
+        fetch,
+        admission: None,
+    }
+}
 
 #[test]
 fn a_write_back_flush_contract_violation_fails_the_run() {
-    let opts = Options {
-        policy: WritePolicyKind::WriteBack,
-        replacement: None,
-        verbose: false,
-        // Direct patch writes need partial writes kept as patches.
-        fetch: Some(FetchMode::Lazy),
-        admission: None,
-    };
-    let seeds = 1500;
-    mutation::set(Mutation::None);
-    let clean = run_many(&opts, 0, seeds, 2, &|_| {});
+    // Direct patch writes need partial writes kept as patches.
+    let o = opts(WritePolicyKind::WriteBack, Some(FetchMode::Lazy));
+    let (clean, planted) = with_and_without(Mutation::FlushSkipsDirectCover, &o, 1500);
     assert_eq!(clean.by_check[1], 0, "no (b) failure without the bug");
     assert!(clean.by_check[2] > 0, "write-back fails (c) on some seeds");
     assert_eq!(
@@ -29,19 +49,26 @@ fn a_write_back_flush_contract_violation_fails_the_run() {
         Ok(()),
         "write-back failing only (c) passes"
     );
-
-    mutation::set(Mutation::FlushSkipsDirectCover);
-    let planted = run_many(&opts, 0, seeds, 2, &|_| {});
-    mutation::set(Mutation::None);
-    eprintln!(
-        "failing seeds by check (a, b, c, other): without the bug {:?}, with it {:?}",
-        clean.by_check, planted.by_check
-    );
-    assert!(
-        planted.by_check[1] > 0,
-        "the planted bug fails check (b) on some seeds: {:?}",
-        planted.by_check
-    );
+    assert!(planted.by_check[1] > 0, "the planted bug fails (b)");
     let why = planted.verdict().expect_err("a (b) failure fails the run");
     assert!(why.contains("(b)"), "{why}");
+}
+
+#[test]
+fn a_request_never_answered_fails_the_run() {
+    for policy in [WritePolicyKind::WriteBack, WritePolicyKind::Ordered] {
+        let o = opts(policy, None);
+        let (clean, planted) = with_and_without(Mutation::FlushNeverAnswered, &o, 300);
+        assert_eq!(clean.by_check[3], 0);
+        assert_eq!(clean.verdict(), Ok(()));
+        assert!(
+            planted.by_check[3] > 0,
+            "a FLUSH never answered fails 'other'"
+        );
+        let why = planted.verdict().expect_err("a hung request fails the run");
+        assert!(
+            why.contains("other") || why.contains("seeds failed"),
+            "{why}"
+        );
+    }
 }

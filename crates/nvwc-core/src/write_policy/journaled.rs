@@ -457,22 +457,33 @@ impl WritePolicy for Journaled {
         }
         self.txns.push_back(open);
     }
+    /// Only deadlines a timeout can act on: the open transaction's age
+    /// while it holds something (`seal` closes nothing else), and the
+    /// checkpoint delay of the next transaction to checkpoint while no
+    /// checkpoint or its commit is in flight (their completions look again).
+    /// A deadline that stayed due while the engine waits for a device would
+    /// make a driver that honours it spin at one instant.
     fn deadline(&self) -> Option<u64> {
         let mut d: Option<u64> = None;
         if !self.hints && self.cfg.txn_max_age_ns > 0 {
             if let Some(t) = self.txns.back() {
-                if let Some(at) = t.opened_at {
+                if let Some(at) = t
+                    .opened_at
+                    .filter(|_| !t.slots.is_empty() || t.inflight > 0)
+                {
                     d = Some(at.saturating_add(self.cfg.txn_max_age_ns));
                 }
             }
         }
-        if self.cfg.checkpoint_delay_ns > 0 && !self.ckpt_in_flight {
-            for t in &self.txns {
-                if let TxnState::Committed { at } = t.state {
-                    let x = at.saturating_add(self.cfg.checkpoint_delay_ns);
-                    d = Some(d.map_or(x, |d| d.min(x)));
-                    break;
-                }
+        if self.cfg.checkpoint_delay_ns > 0 && !self.ckpt_in_flight && !self.awaiting_commit {
+            let first = self.txns.front().map(|t| t.id);
+            let next = first.and_then(|f| {
+                let i = (self.checkpointed_upto + 1).checked_sub(f)? as usize;
+                self.txns.get(i)
+            });
+            if let Some(TxnState::Committed { at }) = next.map(|t| t.state) {
+                let x = at.saturating_add(self.cfg.checkpoint_delay_ns);
+                d = Some(d.map_or(x, |d| d.min(x)));
             }
         }
         d

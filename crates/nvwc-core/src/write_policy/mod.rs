@@ -105,6 +105,14 @@ pub trait WritePolicy: Send {
     fn on_write_issue(&mut self, now: u64, seq: u64) -> Group;
     /// A client write's data reached the cache (all its blocks); it may still wait for a commit.
     fn on_write_data_done(&mut self, _now: u64, _group: Group) {}
+    /// Slots whose entry [`WritePolicy::entry_aux`] changes when `group`'s
+    /// write completes: every version of the group, including those that
+    /// reached the cache before the write completed by another path than
+    /// the write's own pieces (a patch persisted as a partial version). The
+    /// engine rewrites their entries at the next commit.
+    fn aux_changed_on_completion(&self, _group: Group) -> &[u32] {
+        &[]
+    }
     /// A client write was acknowledged.
     fn on_write_ack(&mut self, _now: u64, _group: Group) {}
     /// A write of `group` was acknowledged with some of its data held as a

@@ -383,6 +383,10 @@ impl WritePolicy for Ordered {
         let c = self.next_cidx;
         self.complete(group as u32, c);
     }
+    /// The completion index is in every version's entry (`entry_aux`).
+    fn aux_changed_on_completion(&self, group: Group) -> &[u32] {
+        &self.nodes[group as usize].slots
+    }
     fn on_patch_pending(&mut self, group: Group) {
         let n = &mut self.nodes[group as usize];
         assert!(n.live && !n.destaged, "patch of a destaged node");
