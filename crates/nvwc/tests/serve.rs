@@ -1293,6 +1293,33 @@ fn bind_wrong_backing_is_refused_and_force_attach_rebinds() {
         err.contains(&format!("bound to file {}/other.img", dir.display())),
         "{err}"
     );
+    // A new cache takes other.img over; from then on the old one is stale
+    // there (its contents could overwrite what the new one wrote back).
+    let s = start_with(
+        &dir,
+        &[
+            "--backing",
+            "other.img",
+            "--cache",
+            "d.img",
+            "--cache-size",
+            "8M",
+        ],
+    );
+    qemu_io(
+        &dir,
+        &["read -P 0xbb 1M 64k", "write -P 0xdd 0 64k", "flush"],
+    );
+    drop(s);
+    let cache = read(&dir, "c.img");
+    let err = refused(&dir, &with("other.img", &[]));
+    assert!(
+        err.contains("c.img is stale for file")
+            && err.contains("bound to another cache")
+            && err.contains("It holds "),
+        "{err}"
+    );
+    assert!(read(&dir, "c.img") == cache);
     let _ = std::fs::remove_dir_all(&dir);
 }
 
