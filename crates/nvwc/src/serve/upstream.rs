@@ -530,6 +530,52 @@ mod tests {
         });
     }
 
+    /// The label lives in the trailer block's second sector: none before a
+    /// region exists, none until written, found again after, and the
+    /// trailer (the region) is untouched by it.
+    #[test]
+    fn label_in_the_region_trailer() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let dir = std::env::temp_dir().join(format!("nvwc-ulabel-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let sock = dir.join("m.sock");
+            let _ = std::fs::remove_file(&sock);
+            let mem = std::sync::Arc::new(nvwc_nbd::MemoryExport::with_size("", 64 << 20));
+            let server = nvwc_nbd::Server::builder()
+                .export(mem.clone())
+                .build()
+                .unwrap();
+            server.listen_unix(&sock).await.unwrap();
+            let uri = format!("nbd+unix:///?socket={}", sock.display());
+
+            let mut up = Upstream::connect(&uri).await.unwrap();
+            assert_eq!(up.read_label().await.unwrap(), None);
+            assert_eq!(up.label_for([1; 16], 5), None, "no region, no label");
+            assert_eq!(up.planned_start(2 << 20).unwrap(), 61 << 20);
+            assert_eq!(
+                mem.contents(63 << 20, 1 << 20),
+                vec![0u8; 1 << 20],
+                "connect writes nothing"
+            );
+            assert!(up.ensure_region(2 << 20).await.unwrap());
+            let r = up.region().unwrap();
+            assert_eq!(up.read_label().await.unwrap(), None);
+            let l = up.label_for([1; 16], 5).unwrap();
+            assert_eq!((l.offset, l.data_len), (r.trailer + 512, r.start));
+            up.write_label(&l).await.unwrap();
+            let up = Upstream::connect(&uri).await.unwrap();
+            assert_eq!(up.region(), Some(r), "the trailer is intact");
+            assert_eq!(up.read_label().await.unwrap(), Some(l));
+            server.shutdown().await;
+            let _ = std::fs::remove_dir_all(&dir);
+        });
+    }
+
     #[test]
     fn log_round_trip_and_torn_logs() {
         let r = region();
