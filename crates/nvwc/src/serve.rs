@@ -20,6 +20,12 @@
 //! redo region at its end (`docs/BACKING-FORMAT.md`), replayed on start and by
 //! `nvwc recover`, so the backing store alone is always at a checkpoint
 //! boundary.
+//!
+//! Binding (`bind.rs`, `format.rs`, `label.rs`; `docs/ON-DISK-FORMAT.md`,
+//! "Binding"): a cache is opened only with the backing store its superblock
+//! names (the store carries a label naming the cache), and a cache device is
+//! formatted only when it is blank. Both are decided before anything is
+//! written to either device.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
