@@ -454,13 +454,27 @@ pub struct CacheImage {
     pub table: Vec<u8>,
 }
 
-/// Errors opening an existing cache device.
+/// Errors opening an existing cache device. The message includes the
+/// inner error's, so it is not also given as a `source` (a chain printed
+/// whole would repeat it).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RecoverError {
     #[error("invalid configuration: {0}")]
-    Config(#[from] ConfigError),
+    Config(ConfigError),
     #[error("cache device metadata: {0}")]
-    Format(#[from] FormatError),
+    Format(FormatError),
+}
+
+impl From<ConfigError> for RecoverError {
+    fn from(e: ConfigError) -> Self {
+        RecoverError::Config(e)
+    }
+}
+
+impl From<FormatError> for RecoverError {
+    fn from(e: FormatError) -> Self {
+        RecoverError::Format(e)
+    }
 }
 
 /// The engine. See the module docs.

@@ -1,7 +1,8 @@
 //! The cache device's on-disk format (documented in `docs/ON-DISK-FORMAT.md`).
 //!
 //! ```text
-//! offset 0        superblock (4 KiB region, record in the first 512 B)
+//! offset 0        superblock (4 KiB region, record in the first 512 B; from
+//!                 byte 56 on, the backing store the cache is bound to)
 //! offset 4 KiB    commit record A (512 B record in a 4 KiB region)
 //! offset 8 KiB    commit record B
 //! offset 12 KiB   slot table: 4 KiB pages of 63 64-byte entries, two copies
@@ -124,8 +125,176 @@ fn get32(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(b[at..at + 4].try_into().unwrap())
 }
 
-/// The superblock: written once at format time.
+/// Superblock flag: bytes 60..504 record the backing store the cache is
+/// bound to ([`BackingId`]). Superblocks written before binding existed
+/// have zeroes there, so the flag is clear.
+pub const SB_BOUND: u32 = 1;
+/// Superblock flag: the device holds nothing any backing store needs (set by
+/// `nvwc detach` after writing everything back, and by `nvwc format
+/// --force`). The next open formats it afresh, keeping its uuid.
+pub const SB_EMPTY: u32 = 2;
+
+/// What kind of backing store a cache is bound to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BackingKind {
+    /// A regular file: identified by the label nvwc appends after its data.
+    File,
+    /// A block device: identified by its stable name and size (no label:
+    /// a block device cannot grow, and every byte of it is the client's).
+    Block,
+    /// An upstream NBD export: URI, export name and size, plus the label in
+    /// its redo region when it has one.
+    Nbd,
+}
+
+impl BackingKind {
+    /// Code stored in the superblock.
+    pub fn code(self) -> u32 {
+        match self {
+            BackingKind::File => 1,
+            BackingKind::Block => 2,
+            BackingKind::Nbd => 3,
+        }
+    }
+    /// The kind of a stored code.
+    pub fn from_code(c: u32) -> Option<Self> {
+        Some(match c {
+            1 => BackingKind::File,
+            2 => BackingKind::Block,
+            3 => BackingKind::Nbd,
+            _ => return None,
+        })
+    }
+}
+
+/// A string stored in a fixed-size superblock field: its first bytes (cut
+/// at a character boundary), plus the whole string's length and CRC-32, so
+/// that a string too long for the field still compares exactly.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Text {
+    /// The stored prefix (the whole string when it fits).
+    pub shown: String,
+    /// Length of the whole string in bytes.
+    pub len: u32,
+    /// CRC-32 of the whole string.
+    pub crc: u32,
+}
+
+impl Text {
+    /// `full`, to be stored in a field of `cap` bytes.
+    pub fn new(full: &str, cap: usize) -> Self {
+        let mut end = full.len().min(cap);
+        while !full.is_char_boundary(end) {
+            end -= 1;
+        }
+        Text {
+            shown: full[..end].to_string(),
+            len: full.len().min(u32::MAX as usize) as u32,
+            crc: crc(full.as_bytes()),
+        }
+    }
+    /// Whether `full` is the string this was made from.
+    pub fn is(&self, full: &str) -> bool {
+        full.len() == self.len as usize
+            && crc(full.as_bytes()) == self.crc
+            && full.starts_with(&self.shown)
+    }
+    /// Only a prefix is stored.
+    pub fn truncated(&self) -> bool {
+        self.shown.len() < self.len as usize
+    }
+}
+
+impl std::fmt::Display for Text {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.shown)?;
+        if self.truncated() {
+            f.write_str("…")?;
+        }
+        Ok(())
+    }
+}
+
+/// Bytes of the superblock's location field.
+pub const LOCATION_BYTES: usize = 256;
+/// Bytes of the superblock's export-name field.
+pub const NAME_BYTES: usize = 144;
+
+/// The identity of the backing store a cache is bound to (superblock bytes
+/// 60..504, valid with [`SB_BOUND`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackingId {
+    pub kind: BackingKind,
+    /// The uuid of the nvwc label on the backing store; all zero when it
+    /// carries none (a block device, an upstream without a redo region).
+    pub uuid: [u8; 16],
+    /// The backing store's size in bytes: a file's data (without the label),
+    /// a block device's size, an upstream export's size.
+    pub size: u64,
+    /// Where it was: a file's or block device's path (for a block device
+    /// its `/dev/disk/by-id` name when it has one), an upstream's URI.
+    pub location: Text,
+    /// An upstream's export name (empty otherwise).
+    pub name: Text,
+}
+
+impl BackingId {
+    /// An identity; `location` and `name` are cut to their fields' sizes.
+    pub fn new(kind: BackingKind, uuid: [u8; 16], size: u64, location: &str, name: &str) -> Self {
+        BackingId {
+            kind,
+            uuid,
+            size,
+            location: Text::new(location, LOCATION_BYTES),
+            name: Text::new(name, NAME_BYTES),
+        }
+    }
+    /// The backing store carries an nvwc label.
+    pub fn labelled(&self) -> bool {
+        self.uuid != [0; 16]
+    }
+}
+
+/// A uuid as `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`.
+pub fn uuid_string(u: &[u8; 16]) -> String {
+    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+impl std::fmt::Display for BackingId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let label = if self.labelled() {
+            format!("nvwc label {}", uuid_string(&self.uuid))
+        } else {
+            "no nvwc label".to_string()
+        };
+        match self.kind {
+            BackingKind::File => write!(f, "file {} ({label}, {} bytes)", self.location, self.size),
+            BackingKind::Block => write!(
+                f,
+                "block device {} ({label}, {} bytes)",
+                self.location, self.size
+            ),
+            BackingKind::Nbd => write!(
+                f,
+                "NBD export \"{}\" at {} ({label}, {} bytes)",
+                self.name, self.location, self.size
+            ),
+        }
+    }
+}
+
+/// The superblock: written at format time, and rewritten whole (one
+/// 512-byte sector) only while no request is served: when the cache is
+/// bound to a backing store, or emptied ([`SB_EMPTY`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Superblock {
     pub version: u32,
     pub block_size: u32,
@@ -134,10 +303,15 @@ pub struct Superblock {
     pub data_offset: u64,
     pub write_policy: u32,
     pub uuid: u64,
+    /// [`SB_EMPTY`] (and [`SB_BOUND`], which encoding derives from `backing`).
+    pub flags: u32,
+    /// The backing store the cache is bound to; `None` in a superblock
+    /// written before binding existed (or by `nvwc format --force`).
+    pub backing: Option<BackingId>,
 }
 
 impl Superblock {
-    /// The superblock for a fresh device formatted for `cfg`.
+    /// The superblock for a fresh device formatted for `cfg` (not bound yet).
     pub fn for_config(cfg: &Config, uuid: u64) -> Self {
         let l = Layout::new(cfg);
         Superblock {
@@ -148,7 +322,13 @@ impl Superblock {
             data_offset: l.data_offset,
             write_policy: cfg.write_policy.code(),
             uuid,
+            flags: 0,
+            backing: None,
         }
+    }
+    /// The device holds nothing any backing store needs ([`SB_EMPTY`]).
+    pub fn empty(&self) -> bool {
+        self.flags & SB_EMPTY != 0
     }
     /// 512-byte encoding.
     pub fn encode(&self) -> Vec<u8> {
@@ -161,6 +341,24 @@ impl Superblock {
         put64(&mut b, 32, self.data_offset);
         put32(&mut b, 40, self.write_policy);
         put64(&mut b, 48, self.uuid);
+        let mut flags = self.flags & !SB_BOUND;
+        if let Some(id) = &self.backing {
+            flags |= SB_BOUND;
+            put32(&mut b, 60, id.kind.code());
+            b[64..80].copy_from_slice(&id.uuid);
+            put64(&mut b, 80, id.size);
+            for (at, t, cap) in [
+                (88, &id.location, LOCATION_BYTES),
+                (96, &id.name, NAME_BYTES),
+            ] {
+                put32(&mut b, at, t.len);
+                put32(&mut b, at + 4, t.crc);
+                let field = if at == 88 { 104 } else { 104 + LOCATION_BYTES };
+                let n = t.shown.len().min(cap);
+                b[field..field + n].copy_from_slice(&t.shown.as_bytes()[..n]);
+            }
+        }
+        put32(&mut b, 56, flags);
         let c = crc(&b[0..508]);
         put32(&mut b, 508, c);
         b
@@ -176,6 +374,40 @@ impl Superblock {
         if crc(&b[0..508]) != get32(b, 508) {
             return Err(FormatError::Checksum("superblock"));
         }
+        let flags = get32(b, 56);
+        let backing = if flags & SB_BOUND != 0 {
+            let kind = BackingKind::from_code(get32(b, 60))
+                .ok_or(FormatError::BackingKind(get32(b, 60)))?;
+            let text = |at: usize, field: usize, cap: usize| {
+                let len = get32(b, at);
+                let mut raw = &b[field..field + (len as usize).min(cap)];
+                if len as usize > cap {
+                    // A cut string may stop short of the field (at a
+                    // character boundary); the rest is zero.
+                    while let [rest @ .., 0] = raw {
+                        raw = rest;
+                    }
+                }
+                // Stored cut at a character boundary; anything else is not ours.
+                let shown = std::str::from_utf8(raw)
+                    .map_err(|_| FormatError::Checksum("superblock text"))?
+                    .to_string();
+                Ok::<_, FormatError>(Text {
+                    shown,
+                    len,
+                    crc: get32(b, at + 4),
+                })
+            };
+            Some(BackingId {
+                kind,
+                uuid: b[64..80].try_into().expect("16 bytes"),
+                size: get64(b, 80),
+                location: text(88, 104, LOCATION_BYTES)?,
+                name: text(96, 104 + LOCATION_BYTES, NAME_BYTES)?,
+            })
+        } else {
+            None
+        };
         let sb = Superblock {
             version: get32(b, 8),
             block_size: get32(b, 12),
@@ -184,6 +416,8 @@ impl Superblock {
             data_offset: get64(b, 32),
             write_policy: get32(b, 40),
             uuid: get64(b, 48),
+            flags: flags & !SB_BOUND,
+            backing,
         };
         if !(FORMAT_VERSION_MIN..=FORMAT_VERSION).contains(&sb.version) {
             return Err(FormatError::Version(sb.version));
@@ -352,6 +586,8 @@ pub enum FormatError {
     Policy { found: String },
     #[error("no valid commit record")]
     NoCommit,
+    #[error("superblock names an unknown backing store kind {0}")]
+    BackingKind(u32),
 }
 
 /// The bytes a fresh cache device needs, as `(offset, bytes)` writes; everything
@@ -476,8 +712,110 @@ mod tests {
         assert_eq!(CommitRecord::decode(&b), None);
         let cfg = Config::new(4096, 100, 1 << 30, WritePolicyKind::Ordered);
         let sb = Superblock::for_config(&cfg, 42);
-        assert_eq!(Superblock::decode(&sb.encode()), Ok(sb));
+        assert_eq!(Superblock::decode(&sb.encode()), Ok(sb.clone()));
         assert!(check_superblock(&sb, &cfg).is_ok());
+    }
+
+    /// A superblock as written before binding existed: the same fields,
+    /// zeroes from byte 56 on.
+    fn pre_binding_superblock(sb: &Superblock) -> Vec<u8> {
+        let mut b = vec![0u8; 512];
+        b[0..8].copy_from_slice(SB_MAGIC);
+        put32(&mut b, 8, sb.version);
+        put32(&mut b, 12, sb.block_size);
+        put64(&mut b, 16, sb.capacity);
+        put64(&mut b, 24, sb.backing_size);
+        put64(&mut b, 32, sb.data_offset);
+        put32(&mut b, 40, sb.write_policy);
+        put64(&mut b, 48, sb.uuid);
+        let c = crc(&b[0..508]);
+        put32(&mut b, 508, c);
+        b
+    }
+
+    #[test]
+    fn bound_superblock_roundtrip_and_old_superblocks() {
+        let cfg = Config::new(4096, 100, 1 << 30, WritePolicyKind::WriteBack);
+        let mut sb = Superblock::for_config(&cfg, 7);
+        // An unbound superblock encodes exactly as before binding existed.
+        assert_eq!(sb.encode(), pre_binding_superblock(&sb));
+        let old = Superblock::decode(&pre_binding_superblock(&sb)).unwrap();
+        assert_eq!((old.backing.clone(), old.flags), (None, 0));
+        assert_eq!(old, sb);
+
+        let uuid = [0x5a; 16];
+        sb.backing = Some(BackingId::new(
+            BackingKind::File,
+            uuid,
+            1 << 30,
+            "/srv/a.img",
+            "",
+        ));
+        let b = sb.encode();
+        assert_eq!(get32(&b, 56), SB_BOUND);
+        let back = Superblock::decode(&b).unwrap();
+        assert_eq!(back, sb);
+        let id = back.backing.unwrap();
+        assert!(id.labelled() && id.location.is("/srv/a.img") && !id.location.is("/srv/b.img"));
+        assert_eq!(
+            id.to_string(),
+            "file /srv/a.img (nvwc label 5a5a5a5a-5a5a-5a5a-5a5a-5a5a5a5a5a5a, 1073741824 bytes)"
+        );
+
+        // Every binding byte is under the CRC.
+        for at in [56, 60, 64, 79, 80, 88, 100, 104, 400, 503] {
+            let mut t = b.clone();
+            t[at] ^= 1;
+            assert_eq!(
+                Superblock::decode(&t),
+                Err(FormatError::Checksum("superblock")),
+                "byte {at}"
+            );
+        }
+        // An unknown kind is refused, not guessed.
+        let mut t = b.clone();
+        put32(&mut t, 60, 9);
+        let c = crc(&t[0..508]);
+        put32(&mut t, 508, c);
+        assert_eq!(Superblock::decode(&t), Err(FormatError::BackingKind(9)));
+
+        // The empty flag survives (with or without a binding).
+        sb.flags = SB_EMPTY;
+        let e = Superblock::decode(&sb.encode()).unwrap();
+        assert!(e.empty() && e.backing.is_some());
+        sb.backing = None;
+        assert!(Superblock::decode(&sb.encode()).unwrap().empty());
+    }
+
+    #[test]
+    fn long_locations_are_cut_but_compare_exactly() {
+        let cfg = Config::new(4096, 100, 1 << 30, WritePolicyKind::Journaled);
+        let mut sb = Superblock::for_config(&cfg, 7);
+        // A URI longer than its field, with a two-byte character at the cut.
+        let uri = format!(
+            "nbd+unix:///?socket=/{}é{}",
+            "d".repeat(234),
+            "x".repeat(300)
+        );
+        let name = "n".repeat(NAME_BYTES + 10);
+        sb.backing = Some(BackingId::new(
+            BackingKind::Nbd,
+            [0; 16],
+            1 << 30,
+            &uri,
+            &name,
+        ));
+        let id = Superblock::decode(&sb.encode()).unwrap().backing.unwrap();
+        assert!(id.location.truncated() && id.location.shown.len() == LOCATION_BYTES - 1);
+        assert!(id.location.is(&uri), "the whole URI still matches");
+        let mut other = uri.clone();
+        other.pop();
+        other.push('y');
+        assert!(!id.location.is(&other), "a difference past the cut is seen");
+        assert!(id.name.is(&name) && !id.name.is(&name[1..]));
+        assert!(!id.labelled());
+        assert!(id.to_string().starts_with("NBD export \"nnn"));
+        assert!(id.to_string().contains("…"));
     }
 
     #[test]

@@ -45,6 +45,8 @@ enum Cmd {
     Detach(serve::CtlArgs),
     /// Make a backing store consistent alone (after losing the cache device).
     Recover(serve::RecoverArgs),
+    /// Start a cache device over: erase it so that the next `nvwc serve` formats it.
+    Format(serve::format::FormatArgs),
     /// Deterministic simulation testing of the engine under crashes.
     Vopr(vopr::Args),
     /// Trace-driven simulation: sweep write policies, replacement policies and cache sizes.
@@ -69,6 +71,7 @@ fn main() -> ExitCode {
     let r = match cli.cmd {
         Cmd::Serve(a) => serve::run(a),
         Cmd::Recover(a) => serve::recover(a),
+        Cmd::Format(a) => serve::format::run(a),
         Cmd::Status(a) => serve::control("status", a),
         Cmd::Hint(a) => serve::hint(a),
         Cmd::Flush(a) => serve::control("flush", a),

@@ -20,6 +20,12 @@
 //! redo region at its end (`docs/BACKING-FORMAT.md`), replayed on start and by
 //! `nvwc recover`, so the backing store alone is always at a checkpoint
 //! boundary.
+//!
+//! Binding (`bind.rs`, `format.rs`, `label.rs`; `docs/ON-DISK-FORMAT.md`,
+//! "Binding"): a cache is opened only with the backing store its superblock
+//! names (the store carries a label naming the cache), and a cache device is
+//! formatted only when it is blank. Both are decided before anything is
+//! written to either device.
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -37,7 +43,10 @@ use nvwc_core::*;
 use nvwc_nbd::export::{BoxFuture, Export, ExportInfo, NbdResult, RequestCtx, WriteZeroesFlags};
 use nvwc_nbd::NbdError;
 
+mod bind;
+pub(crate) mod format;
 mod host;
+mod label;
 pub(crate) mod log;
 mod mapped;
 mod upstream;
@@ -157,6 +166,12 @@ pub struct Args {
     /// `kill -9` can take of writes no FLUSH covered.
     #[arg(long, default_value_t = 1000)]
     commit_interval_ms: u64,
+    /// Bind each export's cache to the backing store given even when the
+    /// cache is bound to another one (a disk moved or copied on purpose),
+    /// or the store has been bound to another cache since. The cache's
+    /// dirty blocks are then written to this store. Logged at warn.
+    #[arg(long)]
+    force_attach: bool,
     /// Also commit once this many cache entries changed (default: the
     /// cache's block count, at least 4096, so in practice the interval
     /// decides). FLUSH, FUA and reclaiming space commit whenever they need
@@ -472,6 +487,11 @@ struct NvwcExport {
     /// `hinted` is non-zero, so unhinted serving takes no lock).
     hints: Mutex<std::collections::HashSet<u64>>,
     hinted: AtomicU64,
+    /// The cache device (a handle for its superblock) and its superblock as
+    /// bound at start: `nvwc detach` marks it emptied.
+    cache_path: PathBuf,
+    cache_meta: File,
+    superblock: layout::Superblock,
 }
 
 /// Upper bounds (µs) of the latency histogram buckets; the last is +Inf.
@@ -1015,52 +1035,11 @@ fn file_len(f: &mut File) -> Result<u64> {
     Ok(f.seek(SeekFrom::End(0))?)
 }
 
+#[cfg(test)]
 fn read_at(f: &File, off: u64, len: u64) -> Result<Vec<u8>> {
     let mut b = vec![0u8; len as usize];
     f.read_exact_at(&mut b, off)?;
     Ok(b)
-}
-
-/// Open (recover or format) the engine for these files.
-fn open_engine(cfg: Config, cache: &File, fresh: bool, name: &str) -> Result<Engine<Bytes>> {
-    let l = Layout::new(&cfg);
-    let sb = read_at(cache, 0, 512)?;
-    if !fresh && layout::Superblock::decode(&sb).is_ok() {
-        let image = CacheImage {
-            superblock: sb,
-            commit_a: read_at(cache, l.commit_offset(0), 512)?,
-            commit_b: read_at(cache, l.commit_offset(1), 512)?,
-            table: read_at(cache, layout::TABLE_OFFSET, l.table_bytes)?,
-        };
-        let (e, rep) = Engine::recover(cfg, &image).context("recovering the cache device")?;
-        log!(
-            info,
-            "recovered",
-            export = name,
-            commit = rep.commit,
-            clean_shutdown = rep.clean_shutdown,
-            dirty = rep.dirty_versions,
-            clean = rep.clean_versions,
-            discarded = rep.discarded
-        );
-        return Ok(e);
-    }
-    let uuid = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(1);
-    for (off, b) in layout::format_writes(&cfg, uuid) {
-        cache.write_all_at(&b, off)?;
-    }
-    cache.sync_data()?;
-    log!(
-        info,
-        "formatted",
-        export = name,
-        capacity_blocks = cfg.capacity_blocks,
-        block_size = cfg.block_size
-    );
-    Ok(Engine::new(cfg)?)
 }
 
 /// One export to serve, from the default flags or an `--export` value.
@@ -1140,23 +1119,47 @@ fn is_upstream(spec: &str) -> bool {
     spec.starts_with("nbd://") || spec.starts_with("nbd+unix://")
 }
 
-/// Open the backing store, cache and engine of one export and start its host.
-fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result<Arc<NvwcExport>> {
+/// A backing store as found at start, before anything is written to it
+/// (a missing backing file is created empty: `created`).
+struct BackingFound {
+    given: bind::Given,
+    /// Bytes the export may use, before rounding to the block size (for an
+    /// upstream that gets its redo region at this start: what lies before it).
+    usable: u64,
+    store: Store,
+    created: Option<PathBuf>,
+}
+
+enum Store {
+    /// A file or block device; `data_len`: a file's bytes before its label.
+    File {
+        file: File,
+        redo: PathBuf,
+        data_len: u64,
+    },
+    /// An upstream; `want_region`: journaled and no region yet (its log size).
+    Nbd {
+        up: upstream::Upstream,
+        want_region: Option<u64>,
+    },
+}
+
+/// Open the backing store of export `e` and read its identity, writing nothing.
+fn find_backing(
+    e: &ExportSpec,
+    a: &Args,
+    wp: WritePolicyKind,
+    capacity: u64,
+    rt: &tokio::runtime::Runtime,
+) -> Result<BackingFound> {
+    use nvwc_core::layout::{BackingId, BackingKind};
     let bs = a.block_size;
-    let wp: WritePolicyKind = e.write_policy.parse()?;
-    let repl: ReplacementKind = e
-        .replacement
-        .parse()
-        .map_err(|err| anyhow::anyhow!("replacement policy: {err}"))?;
-    let (mut cache, cache_new) = open_or_create(Path::new(&e.cache), e.cache_size, true)?;
-    let capacity = Layout::capacity_for(file_len(&mut cache)?, bs as u32);
-    // Largest request the engine sees: the NBD max block (trim and zeroes
-    // are split to it). It bounds a checkpoint group.
-    let max_req = ((capacity / 2).max(1) * bs)
-        .min(u64::from(nvwc_nbd::export::MAX_BLOCK_LIMIT))
-        .max(bs);
-    let upstream = is_upstream(&e.backing);
-    let (backend, usable_raw, redo) = if upstream {
+    if is_upstream(&e.backing) {
+        // Largest request the engine sees: the NBD max block (trim and
+        // zeroes are split to it). It bounds a checkpoint group.
+        let max_req = ((capacity / 2).max(1) * bs)
+            .min(u64::from(nvwc_nbd::export::MAX_BLOCK_LIMIT))
+            .max(bs);
         // A journaled checkpoint group holds at most `merge` transactions of
         // at most `txn_blocks` blocks plus the write that closed each one,
         // and never more blocks than the cache has.
@@ -1180,19 +1183,7 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
             Some(r) => r,
             None => needed.max(16 << 20),
         };
-        let (up, replayed) = rt.block_on(upstream::Upstream::open(
-            &e.backing,
-            wp.is_journaled().then_some(want),
-        ))?;
-        if replayed > 0 {
-            log!(
-                info,
-                "redo_replayed",
-                export = &e.name,
-                backing = &e.backing,
-                writes = replayed
-            );
-        }
+        let up = rt.block_on(upstream::Upstream::connect(&e.backing))?;
         if let Some(r) = up.region() {
             if wp.is_journaled() && r.log_len < needed {
                 bail!(
@@ -1201,45 +1192,135 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
                     r.log_len
                 );
             }
-            log!(
-                info,
-                "redo_region",
-                export = &e.name,
-                start = r.start,
-                log_bytes = r.log_len
-            );
         }
-        let usable = up.usable();
-        (
-            Backend::Nbd(Arc::new(up), rt.handle().clone()),
+        let want_region = (wp.is_journaled() && up.region().is_none()).then_some(want);
+        let usable = match want_region {
+            Some(w) => up
+                .planned_start(w)
+                .with_context(|| format!("upstream {}", e.backing))?,
+            None => up.usable(),
+        };
+        let label = rt.block_on(up.read_label())?;
+        let name = up.info().name.clone();
+        let given = bind::Given {
+            id: BackingId::new(
+                BackingKind::Nbd,
+                label.map_or([0; 16], |l| l.uuid),
+                up.size(),
+                &e.backing,
+                &name,
+            ),
+            location: e.backing.clone(),
+            name,
+            label,
+            can_label: up.region().is_some() || want_region.is_some(),
+            aliases: Vec::new(),
+        };
+        return Ok(BackingFound {
+            given,
             usable,
-            None,
-        )
-    } else {
-        let path = PathBuf::from(&e.backing);
-        let (mut backing, _) = open_or_create(&path, e.size, false)?;
-        let redo_path = PathBuf::from(format!("{}.nvwc-redo", path.display()));
-        let replayed = Redo::replay(&redo_path, &backing)?;
-        if replayed > 0 {
-            log!(
-                info,
-                "redo_replayed",
-                export = &e.name,
-                backing = &e.backing,
-                writes = replayed
-            );
-        }
-        let len = file_len(&mut backing)?;
-        (
-            Backend::File(backing),
-            len,
-            Some(Redo {
-                path: redo_path,
-                pending: false.into(),
-            }),
-        )
+            store: Store::Nbd { up, want_region },
+            created: None,
+        });
+    }
+    let path = PathBuf::from(&e.backing);
+    let redo = PathBuf::from(format!("{}.nvwc-redo", path.display()));
+    let block = std::fs::metadata(&path).is_ok_and(|m| {
+        use std::os::unix::fs::FileTypeExt;
+        m.file_type().is_block_device()
+    });
+    if block {
+        let mut file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        let len = file_len(&mut file)?;
+        let names = bind::block_names(&path);
+        let given = bind::Given {
+            id: BackingId::new(BackingKind::Block, [0; 16], len, &names[0], ""),
+            location: names[0].clone(),
+            name: String::new(),
+            label: None,
+            can_label: false,
+            aliases: names,
+        };
+        return Ok(BackingFound {
+            given,
+            usable: len,
+            store: Store::File {
+                file,
+                redo,
+                data_len: len,
+            },
+            created: None,
+        });
+    }
+    let (mut file, created) = open_or_create(&path, e.size, false)?;
+    let len = file_len(&mut file)?;
+    let label = label::read_file_label(&file, len)
+        .with_context(|| format!("reading {}", path.display()))?;
+    let data_len = label.map_or(len, |l| l.data_len);
+    let shown = bind::shown_path(&path).display().to_string();
+    let given = bind::Given {
+        id: BackingId::new(
+            BackingKind::File,
+            label.map_or([0; 16], |l| l.uuid),
+            data_len,
+            &shown,
+            "",
+        ),
+        location: shown,
+        name: String::new(),
+        label,
+        can_label: true,
+        aliases: Vec::new(),
     };
-    let usable = usable_raw / bs * bs;
+    Ok(BackingFound {
+        given,
+        usable: data_len,
+        store: Store::File {
+            file,
+            redo,
+            data_len,
+        },
+        created: created.then_some(path),
+    })
+}
+
+/// Open the backing store, cache and engine of one export and start its host.
+///
+/// Order (`docs/ON-DISK-FORMAT.md`, "Binding"): read the cache device and
+/// the backing store and decide whether they belong together, writing
+/// nothing; recover the engine from the cache's metadata (pure); only then
+/// write: the backing store's own recovery (redo log), the label (durable),
+/// the cache's format or superblock (durable). No request is served before
+/// all of it, so no dirty data exists before the binding is durable.
+fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result<Arc<NvwcExport>> {
+    use bind::Reason;
+    let bs = a.block_size;
+    let wp: WritePolicyKind = e.write_policy.parse()?;
+    let repl: ReplacementKind = e
+        .replacement
+        .parse()
+        .map_err(|err| anyhow::anyhow!("replacement policy: {err}"))?;
+    let cache_name = e.cache.display().to_string();
+    let (mut cache, cache_new) = open_or_create(Path::new(&e.cache), e.cache_size, true)?;
+    format::lock(&cache, &e.cache)?;
+    let cache_len = file_len(&mut cache)?;
+    let capacity = Layout::capacity_for(cache_len, bs as u32);
+    if capacity == 0 {
+        bail!("cache {cache_name} ({cache_len} bytes) has no room for one {bs}-byte block and its metadata");
+    }
+    let found = format::inspect(
+        &cache,
+        &e.cache,
+        cache_new,
+        &Layout::new(&Config::new(bs as u32, capacity, bs, wp)),
+    )?;
+    let mut backing = find_backing(e, a, wp, capacity, rt)?;
+    let upstream = matches!(backing.store, Store::Nbd { .. });
+    let usable = backing.usable / bs * bs;
     if usable == 0 {
         bail!("backing store {} is smaller than one block", e.backing);
     }
@@ -1270,7 +1351,203 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
         .unwrap_or(capacity.clamp(4096, u64::from(u32::MAX)) as u32)
         .max(1);
     cfg.validate()?;
-    let eng = open_engine(cfg.clone(), &cache, cache_new, &e.name)?;
+
+    // Decide, writing nothing yet.
+    let cache_uuid = match &found {
+        format::Found::Blank => label::new_cache_uuid().context("choosing a cache uuid")?,
+        format::Found::Empty(sb) | format::Found::Cache(sb) => sb.uuid,
+    };
+    let side = match &found {
+        format::Found::Cache(sb) => bind::Cache::Existing(sb),
+        _ => bind::Cache::Fresh { uuid: cache_uuid },
+    };
+    let mut uuid_err = None;
+    let decided = bind::decide(
+        &cache_name,
+        side,
+        &backing.given,
+        a.force_attach,
+        &mut || {
+            label::new_uuid().unwrap_or_else(|err| {
+                uuid_err = Some(err);
+                [0; 16]
+            })
+        },
+    );
+    if let Some(err) = uuid_err {
+        return Err(err).context("choosing a label uuid");
+    }
+    let plan = match decided {
+        Ok(p) => p,
+        Err(mut err) => {
+            if let (
+                bind::BindError::Mismatch { dirty, .. } | bind::BindError::Stale { dirty, .. },
+                format::Found::Cache(sb),
+            ) = (&mut err, &found)
+            {
+                *dirty = bind::dirty_note(format::dirty_blocks(&cache, sb));
+            }
+            if let Some(p) = &backing.created {
+                // Created by this start (a mistyped path?): leave no trace.
+                let _ = std::fs::remove_file(p);
+            }
+            return Err(err.into());
+        }
+    };
+    // Recover (pure: reads the cache, writes nothing) before any write, so
+    // that a cache this configuration cannot open is refused untouched.
+    let l = Layout::new(&cfg);
+    let recovered = match &found {
+        format::Found::Cache(_) => {
+            let image = format::read_image(&cache, &l)
+                .with_context(|| format!("reading the cache device {cache_name}"))?;
+            let (eng, rep) = Engine::recover(cfg.clone(), &image)
+                .with_context(|| format!("recovering the cache device {cache_name}"))?;
+            Some((eng, rep))
+        }
+        _ => None,
+    };
+
+    // The backing store's own recovery: a checkpoint its redo log holds.
+    let replayed = match &mut backing.store {
+        Store::File { file, redo, .. } => Redo::replay(redo, file)?,
+        Store::Nbd { up, want_region } => {
+            if let Some(w) = *want_region {
+                rt.block_on(up.ensure_region(w))
+                    .with_context(|| format!("creating the redo region on {}", e.backing))?;
+            }
+            rt.block_on(up.replay())?
+        }
+    };
+    if replayed > 0 {
+        log!(
+            info,
+            "redo_replayed",
+            export = &e.name,
+            backing = &e.backing,
+            writes = replayed
+        );
+    }
+    if let Store::Nbd { up, .. } = &backing.store {
+        if let Some(r) = up.region() {
+            log!(
+                info,
+                "redo_region",
+                export = &e.name,
+                start = r.start,
+                log_bytes = r.log_len
+            );
+        }
+    }
+    // The label, durable before the superblock names it.
+    if let Some((uuid, c)) = plan.label {
+        match &backing.store {
+            Store::File { file, data_len, .. } => {
+                let l = label::Label {
+                    uuid,
+                    cache: c,
+                    data_len: *data_len,
+                    offset: label::file_label_offset(*data_len),
+                };
+                label::write_file_label(file, &l, backing.given.label.is_none())
+                    .with_context(|| format!("writing the nvwc label on {}", e.backing))?;
+            }
+            Store::Nbd { up, .. } => {
+                let l = up
+                    .label_for(uuid, c)
+                    .context("an upstream label needs a redo region")?;
+                rt.block_on(up.write_label(&l))
+                    .with_context(|| format!("writing the nvwc label on {}", e.backing))?;
+            }
+        }
+    }
+    // The cache: formatted, or its superblock rewritten, with the binding.
+    let bound = Some(plan.id.clone());
+    let (eng, superblock) = match (recovered, found) {
+        (Some((eng, rep)), format::Found::Cache(mut sb)) => {
+            if sb.backing != bound {
+                sb.backing = bound;
+                format::write_superblock(&cache, &sb)
+                    .with_context(|| format!("writing the superblock of {cache_name}"))?;
+            }
+            log!(
+                info,
+                "recovered",
+                export = &e.name,
+                commit = rep.commit,
+                clean_shutdown = rep.clean_shutdown,
+                dirty = rep.dirty_versions,
+                clean = rep.clean_versions,
+                discarded = rep.discarded
+            );
+            (eng, sb)
+        }
+        (_, found) => {
+            let mut sb = layout::Superblock::for_config(&cfg, cache_uuid);
+            sb.backing = bound;
+            format::format(&cache, &cfg, &sb)
+                .with_context(|| format!("formatting the cache device {cache_name}"))?;
+            log!(
+                info,
+                "formatted",
+                export = &e.name,
+                capacity_blocks = cfg.capacity_blocks,
+                block_size = cfg.block_size,
+                emptied_before = matches!(found, format::Found::Empty(_))
+            );
+            (Engine::new(cfg.clone())?, sb)
+        }
+    };
+    let (level, how, detail) = match &plan.reason {
+        Reason::Same => (None, "", String::new()),
+        Reason::Fresh => (Some(log::Level::Info), "fresh", String::new()),
+        Reason::Labelled => (Some(log::Level::Info), "labelled", String::new()),
+        Reason::Reclaimed => (Some(log::Level::Info), "reclaimed", String::new()),
+        Reason::Moved { from } => (Some(log::Level::Info), "moved", format!("was at {from}")),
+        Reason::Adopted => (
+            Some(log::Level::Warn),
+            "adopted",
+            "the cache was formatted before binding existed and is bound to this backing store from now on".to_string(),
+        ),
+        Reason::TookOver { from } => (
+            Some(log::Level::Warn),
+            "took-over",
+            format!(
+                "the backing store was bound to cache {}, which is refused from now on",
+                bind::cache_name(*from)
+            ),
+        ),
+        Reason::Forced { was } => (
+            Some(log::Level::Warn),
+            "force-attach",
+            format!("the cache was bound to {was}"),
+        ),
+    };
+    if let Some(level) = level {
+        log::emit(
+            level,
+            "bound",
+            &[
+                ("export", log::V::from(e.name.as_str())),
+                ("cache", log::V::from(cache_name.as_str())),
+                ("how", log::V::from(how)),
+                ("backing", log::V::from(plan.id.to_string())),
+                ("detail", log::V::from(detail)),
+            ],
+        );
+    }
+    let BackingFound { store, .. } = backing;
+    let (backend, redo) = match store {
+        Store::File { file, redo, .. } => (
+            Backend::File(file),
+            Some(Redo {
+                path: redo,
+                pending: false.into(),
+            }),
+        ),
+        Store::Nbd { up, .. } => (Backend::Nbd(Arc::new(up), rt.handle().clone()), None),
+    };
+    let meta = cache.try_clone()?;
     let max_write = eng.max_write_bytes();
 
     // Block devices report size 0 in their metadata: ask the end instead.
@@ -1340,6 +1617,9 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
         critical: e.critical,
         hints: Mutex::default(),
         hinted: AtomicU64::new(0),
+        cache_path: e.cache.clone(),
+        cache_meta: meta,
+        superblock,
     }))
 }
 
@@ -1468,19 +1748,26 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
         println!("  (a named export: nbd+unix:///NAME?socket={})", sock.display());
         println!("stop with Ctrl-C or SIGTERM (in-flight requests finish, metadata is committed)");
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => log!(info, "signal", signal = "SIGINT"),
-            _ = term.recv() => log!(info, "signal", signal = "SIGTERM"),
-            _ = stop.notified() => log!(info, "detached", dirty_blocks = 0u64),
-        }
+        let detached = tokio::select! {
+            _ = tokio::signal::ctrl_c() => { log!(info, "signal", signal = "SIGINT"); false }
+            _ = term.recv() => { log!(info, "signal", signal = "SIGTERM"); false }
+            _ = stop.notified() => { log!(info, "detached", dirty_blocks = 0u64); true }
+        };
         log!(info, "stopping");
         ctl.abort();
         server.shutdown().await;
-        anyhow::Ok(())
+        anyhow::Ok(detached)
     });
-    code?;
+    let detached = code?;
     for e in exports.iter() {
-        match e.host.shutdown(Duration::from_secs(60)) {
+        let st = e.host.shutdown(Duration::from_secs(60));
+        if let Some(st) = st
+            .as_ref()
+            .filter(|st| detached && st.dirty_blocks == 0 && st.patched_blocks == 0)
+        {
+            release_cache(e, st);
+        }
+        match st {
             Some(st) => log!(
                 info,
                 "stopped",
@@ -1495,6 +1782,33 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
         }
     }
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// After `nvwc detach` wrote everything back: mark the cache emptied, so
+/// that its next start formats it afresh (and may bind it to any backing
+/// store) instead of serving clean copies that writes made to the backing
+/// store alone since would have made stale. One superblock sector, synced;
+/// if it fails, the cache stays bound and holds only clean blocks.
+fn release_cache(e: &NvwcExport, st: &Stats) {
+    let mut sb = e.superblock.clone();
+    sb.flags |= layout::SB_EMPTY;
+    let cache = e.cache_path.display().to_string();
+    match format::write_superblock(&e.cache_meta, &sb) {
+        Ok(()) => log!(
+            info,
+            "released",
+            export = &e.info.name,
+            cache = cache,
+            destaged_blocks = st.destaged_blocks
+        ),
+        Err(err) => log!(
+            warn,
+            "release_failed",
+            export = &e.info.name,
+            cache = cache,
+            error = err.to_string()
+        ),
+    }
 }
 
 /// Live connections: id -> (peer, export once the handshake chose one).
@@ -1643,7 +1957,7 @@ pub struct RecoverArgs {
 
 pub fn recover(a: RecoverArgs) -> Result<std::process::ExitCode> {
     let spec = a.backing.to_string_lossy().to_string();
-    let n = if is_upstream(&spec) {
+    let (n, found) = if is_upstream(&spec) {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
@@ -1653,15 +1967,22 @@ pub fn recover(a: RecoverArgs) -> Result<std::process::ExitCode> {
                 "nvwc recover: {spec} has no redo region (never served journaled); nothing to do"
             );
         }
-        n
+        (n, rt.block_on(up.read_label())?)
     } else {
-        let backing = OpenOptions::new()
+        let mut backing = OpenOptions::new()
             .read(true)
             .write(true)
             .open(&a.backing)
             .with_context(|| format!("opening {}", a.backing.display()))?;
         let redo = PathBuf::from(format!("{}.nvwc-redo", a.backing.display()));
-        Redo::replay(&redo, &backing)?
+        let n = Redo::replay(&redo, &backing)?;
+        let len = file_len(&mut backing)?;
+        let found = if backing.metadata()?.is_file() {
+            label::read_file_label(&backing, len)?
+        } else {
+            None
+        };
+        (n, found)
     };
     if n > 0 {
         println!(
@@ -1669,6 +1990,17 @@ pub fn recover(a: RecoverArgs) -> Result<std::process::ExitCode> {
         );
     } else {
         println!("nvwc recover: no interrupted checkpoint; {spec} is consistent as it is");
+    }
+    // The binding is left as it is: the cache it names may not be lost after
+    // all (restarting it is then safe, nothing else wrote here). A new cache
+    // takes the store over, and from then on the old one is refused.
+    if let Some(l) = found.filter(|l| l.cache != 0) {
+        println!(
+            "nvwc recover: {spec} is bound to cache {} (nvwc label {}); a new cache started over it \
+             takes it over, and that cache is refused from then on",
+            bind::cache_name(l.cache),
+            bind::label_name(&l)
+        );
     }
     Ok(std::process::ExitCode::SUCCESS)
 }

@@ -45,7 +45,9 @@ const MAX_OPTION_REPLY: u32 = 1 << 20;
 const MAX_CHUNK: u32 = 80 << 20;
 const IO_BUF: usize = 128 * 1024;
 
-/// Errors returned by [`Client`].
+/// Errors returned by [`Client`]. A message that includes an inner error's
+/// does not also give it as a `source`, so a chain printed whole names each
+/// cause once.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// Bad URI.
@@ -53,7 +55,7 @@ pub enum ClientError {
     Uri(#[from] UriError),
     /// Socket error.
     #[error("I/O error: {0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
     /// The server violated the protocol (the connection is closed).
     #[error("protocol error: {0}")]
     Protocol(String),
@@ -69,7 +71,7 @@ pub enum ClientError {
     },
     /// The server answered the request with an error.
     #[error("server error: {0}")]
-    Server(#[from] NbdError),
+    Server(NbdError),
     /// The export does not advertise the feature this call needs.
     #[error("not supported by this export: {0}")]
     Unsupported(&'static str),
@@ -79,6 +81,18 @@ pub enum ClientError {
     /// The connection is closed (or closing).
     #[error("disconnected: {0}")]
     Disconnected(String),
+}
+
+impl From<io::Error> for ClientError {
+    fn from(e: io::Error) -> Self {
+        ClientError::Io(e)
+    }
+}
+
+impl From<NbdError> for ClientError {
+    fn from(e: NbdError) -> Self {
+        ClientError::Server(e)
+    }
 }
 
 impl From<CodecError> for ClientError {

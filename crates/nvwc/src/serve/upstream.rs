@@ -28,6 +28,8 @@ use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use nvwc_nbd::Client;
 
+use super::label::{Label, LABEL_BYTES};
+
 const TRAILER_MAGIC: &[u8; 8] = b"NVWCRGN1";
 const LOG_MAGIC: &[u8; 8] = b"NVWCRLOG";
 const BLOCK: u64 = 4096;
@@ -194,6 +196,16 @@ impl Upstream {
     /// pending log replayed); with `want_log_len = Some(n)` and no region, a
     /// region with `n` bytes of log area is created.
     pub async fn open(uri: &str, want_log_len: Option<u64>) -> Result<(Upstream, usize)> {
+        let mut up = Upstream::connect(uri).await?;
+        if let Some(want) = want_log_len {
+            up.ensure_region(want).await?;
+        }
+        let replayed = up.replay().await?;
+        Ok((up, replayed))
+    }
+
+    /// Connect to `uri` and find its region, writing nothing.
+    pub async fn connect(uri: &str) -> Result<Upstream> {
         let client = Client::connect(uri)
             .await
             .with_context(|| format!("connecting to {uri}"))?;
@@ -202,42 +214,89 @@ impl Upstream {
             region: None,
             log_pending: std::sync::atomic::AtomicBool::new(false),
         };
-        let size = up.client.size();
-        let aligned = size / BLOCK * BLOCK;
+        let aligned = up.client.size() / BLOCK * BLOCK;
         if aligned >= BLOCK {
             let t = up.read_all(aligned - BLOCK, BLOCK).await?;
             up.region = RedoRegion::decode_trailer(&t, aligned - BLOCK);
         }
-        if up.region.is_none() {
-            if let Some(want) = want_log_len {
-                let want = want.div_ceil(BLOCK) * BLOCK;
-                let trailer = aligned.saturating_sub(BLOCK);
-                let start = trailer.saturating_sub(want) / ALIGN * ALIGN;
-                if start == 0 {
-                    bail!(
-                        "upstream {uri} ({size} bytes) is too small for a {want}-byte redo region"
-                    );
-                }
-                let r = RedoRegion {
-                    start,
-                    log_len: trailer - start,
-                    trailer,
-                    uuid: std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map(|d| d.as_nanos() as u64)
-                        .unwrap_or(1),
-                };
-                // An empty log header first, then the trailer that makes the
-                // region exist: a crash in between leaves no region at all.
-                up.write_all(start, &vec![0u8; BLOCK as usize]).await?;
-                up.client.flush().await?;
-                up.write_all(trailer, &r.encode_trailer(size)).await?;
-                up.client.flush().await?;
-                up.region = Some(r);
-            }
+        Ok(up)
+    }
+
+    /// Where a region with `want_log_len` bytes of log area would start
+    /// (the existing region's start if there is one).
+    pub fn planned_start(&self, want_log_len: u64) -> Result<u64> {
+        if let Some(r) = self.region {
+            return Ok(r.start);
         }
-        let replayed = up.replay().await?;
-        Ok((up, replayed))
+        let size = self.client.size();
+        let want = want_log_len.div_ceil(BLOCK) * BLOCK;
+        let trailer = (size / BLOCK * BLOCK).saturating_sub(BLOCK);
+        let start = trailer.saturating_sub(want) / ALIGN * ALIGN;
+        if start == 0 {
+            bail!("upstream ({size} bytes) is too small for a {want}-byte redo region");
+        }
+        Ok(start)
+    }
+
+    /// Create a region with `want_log_len` bytes of log area unless there is
+    /// one. Returns whether it created one.
+    pub async fn ensure_region(&mut self, want_log_len: u64) -> Result<bool> {
+        if self.region.is_some() {
+            return Ok(false);
+        }
+        let start = self.planned_start(want_log_len)?;
+        let size = self.client.size();
+        let trailer = size / BLOCK * BLOCK - BLOCK;
+        let r = RedoRegion {
+            start,
+            log_len: trailer - start,
+            trailer,
+            uuid: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1),
+        };
+        // An empty log header first, then the trailer that makes the
+        // region exist: a crash in between leaves no region at all.
+        self.write_all(start, &vec![0u8; BLOCK as usize]).await?;
+        self.client.flush().await?;
+        self.write_all(trailer, &r.encode_trailer(size)).await?;
+        self.client.flush().await?;
+        self.region = Some(r);
+        Ok(true)
+    }
+
+    /// Where the label lives: the second sector of the region's trailer block.
+    fn label_offset(&self) -> Option<u64> {
+        self.region.map(|r| r.trailer + LABEL_BYTES as u64)
+    }
+
+    /// The label in the region, if there is a region and it carries one.
+    pub async fn read_label(&self) -> Result<Option<Label>> {
+        let (Some(at), Some(r)) = (self.label_offset(), self.region) else {
+            return Ok(None);
+        };
+        let b = self.client.read(at, LABEL_BYTES as u32).await?;
+        Ok(Label::decode(&b, at).filter(|l| l.data_len == r.start))
+    }
+
+    /// A label for this upstream (`None` without a region).
+    pub fn label_for(&self, uuid: [u8; 16], cache: u64) -> Option<Label> {
+        Some(Label {
+            uuid,
+            cache,
+            data_len: self.region?.start,
+            offset: self.label_offset()?,
+        })
+    }
+
+    /// Write the label's sector and FLUSH.
+    pub async fn write_label(&self, l: &Label) -> Result<()> {
+        self.client
+            .write(l.offset, Bytes::from(l.encode()), false)
+            .await?;
+        self.client.flush().await?;
+        Ok(())
     }
 
     /// The region, if this upstream has one.
@@ -466,6 +525,52 @@ mod tests {
                 vec![1u8; 4096],
                 "torn group not applied"
             );
+            server.shutdown().await;
+            let _ = std::fs::remove_dir_all(&dir);
+        });
+    }
+
+    /// The label lives in the trailer block's second sector: none before a
+    /// region exists, none until written, found again after, and the
+    /// trailer (the region) is untouched by it.
+    #[test]
+    fn label_in_the_region_trailer() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let dir = std::env::temp_dir().join(format!("nvwc-ulabel-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let sock = dir.join("m.sock");
+            let _ = std::fs::remove_file(&sock);
+            let mem = std::sync::Arc::new(nvwc_nbd::MemoryExport::with_size("", 64 << 20));
+            let server = nvwc_nbd::Server::builder()
+                .export(mem.clone())
+                .build()
+                .unwrap();
+            server.listen_unix(&sock).await.unwrap();
+            let uri = format!("nbd+unix:///?socket={}", sock.display());
+
+            let mut up = Upstream::connect(&uri).await.unwrap();
+            assert_eq!(up.read_label().await.unwrap(), None);
+            assert_eq!(up.label_for([1; 16], 5), None, "no region, no label");
+            assert_eq!(up.planned_start(2 << 20).unwrap(), 61 << 20);
+            assert_eq!(
+                mem.contents(63 << 20, 1 << 20),
+                vec![0u8; 1 << 20],
+                "connect writes nothing"
+            );
+            assert!(up.ensure_region(2 << 20).await.unwrap());
+            let r = up.region().unwrap();
+            assert_eq!(up.read_label().await.unwrap(), None);
+            let l = up.label_for([1; 16], 5).unwrap();
+            assert_eq!((l.offset, l.data_len), (r.trailer + 512, r.start));
+            up.write_label(&l).await.unwrap();
+            let up = Upstream::connect(&uri).await.unwrap();
+            assert_eq!(up.region(), Some(r), "the trailer is intact");
+            assert_eq!(up.read_label().await.unwrap(), Some(l));
             server.shutdown().await;
             let _ = std::fs::remove_dir_all(&dir);
         });
