@@ -460,10 +460,21 @@ impl Device {
 
 // ------------------------------------------------------------------ NBD export
 
+/// Largest READ/WRITE payload every export advertises and accepts
+/// (`NBD_INFO_BLOCK_SIZE`), whatever its cache size and write policy: the
+/// NBD spec's 32 MiB, what a client that negotiated nothing may send, and
+/// the most qemu's client ever asks for. Writes longer than the engine takes
+/// at once are split into pieces ([`NvwcExport::pieces`]).
+const MAX_PAYLOAD: u32 = 32 << 20;
+
 /// One export: its engine host, as the NBD server sees it.
 struct NvwcExport {
     host: Arc<host::Host>,
     info: ExportInfo,
+    /// Cache block size.
+    block: u64,
+    /// Most cache blocks one engine request may span (its pieces).
+    piece_blocks: u64,
     /// Request latency per class: `[normal, critical]` (admission hints).
     lat: [Latency; 2],
     /// Every request of this export is critical (`--export NAME:critical`).
@@ -533,42 +544,73 @@ impl NvwcExport {
     }
 
     async fn call(&self, ctx: &RequestCtx, op: ReqOp<Bytes>) -> NbdResult<Option<Bytes>> {
-        let tag = self.tag(ctx.conn_id);
-        let kind = match &op {
-            ReqOp::Read { .. } => 0,
-            ReqOp::Write { .. } => 1,
-            ReqOp::Flush | ReqOp::Checkpoint => 2,
-            ReqOp::Trim { .. } => 3,
-            ReqOp::WriteZeroes { .. } => 4,
-        };
-        if matches!(
-            op,
-            ReqOp::Write { .. } | ReqOp::WriteZeroes { .. } | ReqOp::Trim { .. }
-        ) && self.host.degraded()
-        {
-            // Refused before any device sees it: the export is read-only now.
-            return Err(NbdError::perm(
-                "the cache device failed: the export is read-only until the server restarts",
-            ));
-        }
-        let t = Instant::now();
-        let r = match self.host.call(op, tag).await {
-            Ok(reply) => reply.result.map_err(nbd_err),
-            Err(e) => Err(nbd_err(e)),
-        };
-        self.lat[tag.critical as usize].record(kind, t.elapsed().as_micros() as u64);
-        r
+        self.calls(ctx, std::iter::once(op)).await
     }
 
-    /// Split a trim or zero range into pieces of at most `max_block` bytes,
-    /// so that no engine write (and no checkpoint group) grows past what the
-    /// export advertises. NBD gives neither command any atomicity.
-    fn pieces(&self, offset: u64, len: u32) -> impl Iterator<Item = (u64, u32)> {
-        let step = u64::from(self.info.max_block);
-        let end = offset + u64::from(len);
-        (offset..end)
-            .step_by(step as usize)
-            .map(move |o| (o, (end - o).min(step) as u32))
+    /// Run `ops`, the engine requests one client request stands for, one
+    /// after another: each is submitted once the one before it has
+    /// completed (replied), and the first error ends the request. Returns the
+    /// last one's reply; the latency recorded is the client request's.
+    async fn calls(
+        &self,
+        ctx: &RequestCtx,
+        ops: impl Iterator<Item = ReqOp<Bytes>> + Send,
+    ) -> NbdResult<Option<Bytes>> {
+        let tag = self.tag(ctx.conn_id);
+        let t = Instant::now();
+        let mut kind = None;
+        let mut out = Ok(None);
+        for op in ops {
+            kind.get_or_insert(match &op {
+                ReqOp::Read { .. } => 0,
+                ReqOp::Write { .. } => 1,
+                ReqOp::Flush | ReqOp::Checkpoint => 2,
+                ReqOp::Trim { .. } => 3,
+                ReqOp::WriteZeroes { .. } => 4,
+            });
+            if matches!(
+                op,
+                ReqOp::Write { .. } | ReqOp::WriteZeroes { .. } | ReqOp::Trim { .. }
+            ) && self.host.degraded()
+            {
+                // Refused before any device sees it: the export is read-only now.
+                out = Err(NbdError::perm(
+                    "the cache device failed: the export is read-only until the server restarts",
+                ));
+                break;
+            }
+            out = match self.host.call(op, tag).await {
+                Ok(reply) => reply.result.map_err(nbd_err),
+                Err(e) => Err(nbd_err(e)),
+            };
+            if out.is_err() {
+                break;
+            }
+        }
+        if let Some(kind) = kind {
+            self.lat[tag.critical as usize].record(kind, t.elapsed().as_micros() as u64);
+        }
+        out
+    }
+
+    /// Split `len` bytes at `offset` into the engine requests a client
+    /// request becomes: cut at block boundaries, each spanning at most
+    /// `piece_blocks` blocks, so that none is larger than the engine takes
+    /// (`Engine::max_write_bytes`) or than a checkpoint group is sized for.
+    /// A request that fits is one piece. NBD gives a multi-block request no
+    /// atomicity, and each piece keeps its write policy's guarantee (see
+    /// `docs/ARCHITECTURE.md`, "Requests larger than the engine takes").
+    fn pieces(&self, offset: u64, len: u64) -> impl Iterator<Item = (u64, u64)> + Send {
+        let (bs, n, end) = (self.block, self.piece_blocks, offset + len);
+        let mut at = offset;
+        std::iter::from_fn(move || {
+            (at < end).then(|| {
+                let next = ((at / bs + n) * bs).min(end);
+                let piece = (at, next - at);
+                at = next;
+                piece
+            })
+        })
     }
 }
 
@@ -872,9 +914,17 @@ impl Export for NvwcExport {
         fua: bool,
     ) -> BoxFuture<'_, NbdResult<()>> {
         Box::pin(async move {
-            self.call(&ctx, ReqOp::Write { offset, data, fua })
-                .await
-                .map(|_| ())
+            // Each piece is a view of the one payload buffer (no copy), and
+            // carries the FUA flag: the reply waits until every piece is
+            // durable.
+            let ops = self
+                .pieces(offset, data.len() as u64)
+                .map(|(o, len)| ReqOp::Write {
+                    offset: o,
+                    data: data.slice((o - offset) as usize..(o - offset + len) as usize),
+                    fua,
+                });
+            self.calls(&ctx, ops).await.map(|_| ())
         })
     }
     fn write_direct(
@@ -887,6 +937,10 @@ impl Export for NvwcExport {
     ) -> Option<BoxFuture<'static, NbdResult<()>>> {
         if self.host.degraded() {
             // `write` refuses it (read-only now).
+            return None;
+        }
+        if self.pieces(offset, u64::from(len)).nth(1).is_some() {
+            // Longer than one engine request: `write` splits it.
             return None;
         }
         let tag = self.tag(ctx.conn_id);
@@ -914,9 +968,13 @@ impl Export for NvwcExport {
         fua: bool,
     ) -> BoxFuture<'_, NbdResult<()>> {
         Box::pin(async move {
-            for (offset, len) in self.pieces(offset, len) {
-                self.call(&ctx, ReqOp::Trim { offset, len }).await?;
-            }
+            let ops = self
+                .pieces(offset, u64::from(len))
+                .map(|(offset, len)| ReqOp::Trim {
+                    offset,
+                    len: len as u32,
+                });
+            self.calls(&ctx, ops).await?;
             if fua {
                 self.call(&ctx, ReqOp::Flush).await?;
             }
@@ -935,27 +993,26 @@ impl Export for NvwcExport {
                 // Zeroes are written like data: not faster than a write.
                 return Err(NbdError::new(nvwc_nbd::ErrorCode::NotSup, "no fast zero"));
             }
-            for (offset, len) in self.pieces(offset, len) {
-                self.call(
-                    &ctx,
-                    ReqOp::WriteZeroes {
-                        offset,
-                        len,
-                        fua: flags.fua,
-                    },
-                )
-                .await?;
-            }
-            Ok(())
+            let ops = self
+                .pieces(offset, u64::from(len))
+                .map(|(offset, len)| ReqOp::WriteZeroes {
+                    offset,
+                    len: len as u32,
+                    fua: flags.fua,
+                });
+            self.calls(&ctx, ops).await.map(|_| ())
         })
     }
     fn cache(&self, ctx: RequestCtx, offset: u64, len: u32) -> BoxFuture<'_, NbdResult<()>> {
         // A read fills the cache (read-allocate).
         Box::pin(async move {
-            for (offset, len) in self.pieces(offset, len) {
-                self.call(&ctx, ReqOp::Read { offset, len }).await?;
-            }
-            Ok(())
+            let ops = self
+                .pieces(offset, u64::from(len))
+                .map(|(offset, len)| ReqOp::Read {
+                    offset,
+                    len: len as u32,
+                });
+            self.calls(&ctx, ops).await.map(|_| ())
         })
     }
 }
@@ -1150,21 +1207,24 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
         .map_err(|err| anyhow::anyhow!("replacement policy: {err}"))?;
     let (mut cache, cache_new) = open_or_create(Path::new(&e.cache), e.cache_size, true)?;
     let capacity = Layout::capacity_for(file_len(&mut cache)?, bs as u32);
-    // Largest request the engine sees: the NBD max block (trim and zeroes
-    // are split to it). It bounds a checkpoint group.
-    let max_req = ((capacity / 2).max(1) * bs)
-        .min(u64::from(nvwc_nbd::export::MAX_BLOCK_LIMIT))
-        .max(bs);
     let upstream = is_upstream(&e.backing);
+    // Largest request the engine sees (client requests are split to it,
+    // `NvwcExport::pieces`): what the engine accepts (half the cache), at
+    // most the largest client payload, and 8 MiB for journaled over NBD,
+    // where it bounds a checkpoint group in the redo region.
+    let max_req = ((capacity / 2).max(1) * bs)
+        .min(if upstream && wp.is_journaled() {
+            8 << 20
+        } else {
+            u64::from(MAX_PAYLOAD)
+        })
+        .max(bs)
+        / bs
+        * bs;
     let (backend, usable_raw, redo) = if upstream {
         // A journaled checkpoint group holds at most `merge` transactions of
         // at most `txn_blocks` blocks plus the write that closed each one,
         // and never more blocks than the cache has.
-        let max_req = if wp.is_journaled() {
-            max_req.min(8 << 20)
-        } else {
-            max_req
-        };
         let txn = u64::from(a.txn_blocks).min((capacity / 4).max(1));
         let merge = u64::from(
             Config::new(bs as u32, capacity, bs, wp)
@@ -1271,7 +1331,7 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
         .max(1);
     cfg.validate()?;
     let eng = open_engine(cfg.clone(), &cache, cache_new, &e.name)?;
-    let max_write = eng.max_write_bytes();
+    let piece_blocks = max_req.min(eng.max_write_bytes()) / bs;
 
     // Block devices report size 0 in their metadata: ask the end instead.
     let cache_len = (&cache).seek(SeekFrom::End(0)).unwrap_or(0);
@@ -1312,14 +1372,12 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
     info.description = format!("nvwc {wp} cache over {}", e.backing);
     info.read_only = e.read_only;
     info.can_fast_zero = false;
+    // Truthful sizes: any byte range works (partial blocks are patched or
+    // read-modify-written), whole aligned blocks avoid that, and every
+    // request up to MAX_PAYLOAD is taken, in pieces if the cache is small.
     info.min_block = 1;
     info.pref_block = bs as u32;
-    let cap = if upstream && wp.is_journaled() {
-        8 << 20
-    } else {
-        nvwc_nbd::export::MAX_BLOCK_LIMIT as u64
-    };
-    info.max_block = (max_write.min(cap) as u32).max(bs as u32);
+    info.max_block = MAX_PAYLOAD;
     log!(
         info,
         "export",
@@ -1336,6 +1394,8 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
     Ok(Arc::new(NvwcExport {
         host,
         info,
+        block: bs,
+        piece_blocks,
         lat: Default::default(),
         critical: e.critical,
         hints: Mutex::default(),
