@@ -464,7 +464,7 @@ impl Device {
 /// (`NBD_INFO_BLOCK_SIZE`), whatever its cache size and write policy: the
 /// NBD spec's 32 MiB, what a client that negotiated nothing may send, and
 /// the most qemu's client ever asks for. Writes longer than the engine takes
-/// at once are split into pieces ([`NvwcExport::pieces`]).
+/// at once are split into several engine writes ([`NvwcExport::split`]).
 const MAX_PAYLOAD: u32 = 32 << 20;
 
 /// One export: its engine host, as the NBD server sees it.
@@ -473,8 +473,9 @@ struct NvwcExport {
     info: ExportInfo,
     /// Cache block size.
     block: u64,
-    /// Most cache blocks one engine request may span (its pieces).
-    piece_blocks: u64,
+    /// Most cache blocks one engine request may span: longer client
+    /// requests are split ([`NvwcExport::split`]).
+    split_blocks: u64,
     /// Request latency per class: `[normal, critical]` (admission hints).
     lat: [Latency; 2],
     /// Every request of this export is critical (`--export NAME:critical`).
@@ -595,20 +596,20 @@ impl NvwcExport {
 
     /// Split `len` bytes at `offset` into the engine requests a client
     /// request becomes: cut at block boundaries, each spanning at most
-    /// `piece_blocks` blocks, so that none is larger than the engine takes
+    /// `split_blocks` blocks, so that none is larger than the engine takes
     /// (`Engine::max_write_bytes`) or than a checkpoint group is sized for.
-    /// A request that fits is one piece. NBD gives a multi-block request no
-    /// atomicity, and each piece keeps its write policy's guarantee (see
-    /// `docs/ARCHITECTURE.md`, "Requests larger than the engine takes").
-    fn pieces(&self, offset: u64, len: u64) -> impl Iterator<Item = (u64, u64)> + Send {
-        let (bs, n, end) = (self.block, self.piece_blocks, offset + len);
+    /// A request that fits is one. NBD gives a multi-block request no
+    /// atomicity, and each engine request keeps its write policy's
+    /// guarantee (`docs/ARCHITECTURE.md`, "Requests of every advertised size").
+    fn split(&self, offset: u64, len: u64) -> impl Iterator<Item = (u64, u64)> + Send {
+        let (bs, n, end) = (self.block, self.split_blocks, offset + len);
         let mut at = offset;
         std::iter::from_fn(move || {
             (at < end).then(|| {
                 let next = ((at / bs + n) * bs).min(end);
-                let piece = (at, next - at);
+                let range = (at, next - at);
                 at = next;
-                piece
+                range
             })
         })
     }
@@ -914,11 +915,11 @@ impl Export for NvwcExport {
         fua: bool,
     ) -> BoxFuture<'_, NbdResult<()>> {
         Box::pin(async move {
-            // Each piece is a view of the one payload buffer (no copy), and
-            // carries the FUA flag: the reply waits until every piece is
-            // durable.
+            // Each engine write is a view of the one payload buffer (no
+            // copy) and carries the FUA flag: the reply waits until all of
+            // them are durable.
             let ops = self
-                .pieces(offset, data.len() as u64)
+                .split(offset, data.len() as u64)
                 .map(|(o, len)| ReqOp::Write {
                     offset: o,
                     data: data.slice((o - offset) as usize..(o - offset + len) as usize),
@@ -939,7 +940,7 @@ impl Export for NvwcExport {
             // `write` refuses it (read-only now).
             return None;
         }
-        if self.pieces(offset, u64::from(len)).nth(1).is_some() {
+        if self.split(offset, u64::from(len)).nth(1).is_some() {
             // Longer than one engine request: `write` splits it.
             return None;
         }
@@ -969,7 +970,7 @@ impl Export for NvwcExport {
     ) -> BoxFuture<'_, NbdResult<()>> {
         Box::pin(async move {
             let ops = self
-                .pieces(offset, u64::from(len))
+                .split(offset, u64::from(len))
                 .map(|(offset, len)| ReqOp::Trim {
                     offset,
                     len: len as u32,
@@ -994,7 +995,7 @@ impl Export for NvwcExport {
                 return Err(NbdError::new(nvwc_nbd::ErrorCode::NotSup, "no fast zero"));
             }
             let ops = self
-                .pieces(offset, u64::from(len))
+                .split(offset, u64::from(len))
                 .map(|(offset, len)| ReqOp::WriteZeroes {
                     offset,
                     len: len as u32,
@@ -1007,7 +1008,7 @@ impl Export for NvwcExport {
         // A read fills the cache (read-allocate).
         Box::pin(async move {
             let ops = self
-                .pieces(offset, u64::from(len))
+                .split(offset, u64::from(len))
                 .map(|(offset, len)| ReqOp::Read {
                     offset,
                     len: len as u32,
@@ -1209,7 +1210,7 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
     let capacity = Layout::capacity_for(file_len(&mut cache)?, bs as u32);
     let upstream = is_upstream(&e.backing);
     // Largest request the engine sees (client requests are split to it,
-    // `NvwcExport::pieces`): what the engine accepts (half the cache), at
+    // `NvwcExport::split`): what the engine accepts (half the cache), at
     // most the largest client payload, and 8 MiB for journaled over NBD,
     // where it bounds a checkpoint group in the redo region.
     let max_req = ((capacity / 2).max(1) * bs)
@@ -1331,7 +1332,7 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
         .max(1);
     cfg.validate()?;
     let eng = open_engine(cfg.clone(), &cache, cache_new, &e.name)?;
-    let piece_blocks = max_req.min(eng.max_write_bytes()) / bs;
+    let split_blocks = max_req.min(eng.max_write_bytes()) / bs;
 
     // Block devices report size 0 in their metadata: ask the end instead.
     let cache_len = (&cache).seek(SeekFrom::End(0)).unwrap_or(0);
@@ -1374,7 +1375,7 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
     info.can_fast_zero = false;
     // Truthful sizes: any byte range works (partial blocks are patched or
     // read-modify-written), whole aligned blocks avoid that, and every
-    // request up to MAX_PAYLOAD is taken, in pieces if the cache is small.
+    // request up to MAX_PAYLOAD is taken, split if the cache is small.
     info.min_block = 1;
     info.pref_block = bs as u32;
     info.max_block = MAX_PAYLOAD;
@@ -1395,7 +1396,7 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
         host,
         info,
         block: bs,
-        piece_blocks,
+        split_blocks,
         lat: Default::default(),
         critical: e.critical,
         hints: Mutex::default(),

@@ -1169,7 +1169,7 @@ const WRITE_POLICIES: [&str; 5] = [
 ];
 
 /// `len` bytes for export offset `off`, of write number `seed`: every byte
-/// depends on its offset, so a piece written at the wrong place, or a block
+/// depends on its offset, so a range written at the wrong place, or a block
 /// left from another write, is caught.
 fn pattern(seed: u64, off: u64, len: usize) -> Vec<u8> {
     (off..off + len as u64)
@@ -1391,9 +1391,9 @@ fn maxreq_case(policy: &str, cache: &str, upstream: bool) {
 
     // A FUA write a little longer than one engine write on the 16 MiB
     // cache (many on the smallest), its head a partial block, into an idle
-    // cache, then `kill -9`: every piece is durable, the head too (a
+    // cache, then `kill -9`: every engine write is durable, the first too (a
     // partial write that is not FUA becomes a patch in RAM, which the
-    // commit of a later FUA piece does not cover).
+    // commit of a later FUA engine write does not cover).
     let early = (150 << 20 | 1000, (9 << 20) + 555, 77);
     rt.block_on(async {
         let c = Client::connect(&uri(&dir)).await.unwrap();
@@ -1463,7 +1463,7 @@ fn maxreq_case(policy: &str, cache: &str, upstream: bool) {
             expect.push((off, len, seed));
         });
     }
-    // Crash right after the FUA write's reply: every piece of it is durable.
+    // Crash right after the FUA write's reply: all of it is durable.
     drop(s);
     let s = start_with(&dir, &refs);
     let c = rt.block_on(Client::connect(&uri(&dir))).unwrap();
