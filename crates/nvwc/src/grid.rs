@@ -77,6 +77,8 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
                     backing_uri: None,
                     error_file: None,
                     server_args: Vec::new(),
+                    cache_size: crate::crashtest::CACHE_SIZE,
+                    max_write_blocks: 4,
                 };
                 let r = run_trial(&t, &root, false)
                     .with_context(|| format!("grid trial {p} {mode} {i} (seed {})", t.seed))?;

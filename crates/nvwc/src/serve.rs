@@ -475,10 +475,22 @@ impl Device {
 
 // ------------------------------------------------------------------ NBD export
 
+/// Largest READ/WRITE payload every export advertises and accepts
+/// (`NBD_INFO_BLOCK_SIZE`), whatever its cache size and write policy: the
+/// NBD spec's 32 MiB, what a client that negotiated nothing may send, and
+/// the most qemu's client ever asks for. Writes longer than the engine takes
+/// at once are split into several engine writes ([`NvwcExport::split`]).
+const MAX_PAYLOAD: u32 = 32 << 20;
+
 /// One export: its engine host, as the NBD server sees it.
 struct NvwcExport {
     host: Arc<host::Host>,
     info: ExportInfo,
+    /// Cache block size.
+    block: u64,
+    /// Most cache blocks one engine request may span: longer client
+    /// requests are split ([`NvwcExport::split`]).
+    split_blocks: u64,
     /// Request latency per class: `[normal, critical]` (admission hints).
     lat: [Latency; 2],
     /// Every request of this export is critical (`--export NAME:critical`).
@@ -553,42 +565,73 @@ impl NvwcExport {
     }
 
     async fn call(&self, ctx: &RequestCtx, op: ReqOp<Bytes>) -> NbdResult<Option<Bytes>> {
-        let tag = self.tag(ctx.conn_id);
-        let kind = match &op {
-            ReqOp::Read { .. } => 0,
-            ReqOp::Write { .. } => 1,
-            ReqOp::Flush | ReqOp::Checkpoint => 2,
-            ReqOp::Trim { .. } => 3,
-            ReqOp::WriteZeroes { .. } => 4,
-        };
-        if matches!(
-            op,
-            ReqOp::Write { .. } | ReqOp::WriteZeroes { .. } | ReqOp::Trim { .. }
-        ) && self.host.degraded()
-        {
-            // Refused before any device sees it: the export is read-only now.
-            return Err(NbdError::perm(
-                "the cache device failed: the export is read-only until the server restarts",
-            ));
-        }
-        let t = Instant::now();
-        let r = match self.host.call(op, tag).await {
-            Ok(reply) => reply.result.map_err(nbd_err),
-            Err(e) => Err(nbd_err(e)),
-        };
-        self.lat[tag.critical as usize].record(kind, t.elapsed().as_micros() as u64);
-        r
+        self.calls(ctx, std::iter::once(op)).await
     }
 
-    /// Split a trim or zero range into pieces of at most `max_block` bytes,
-    /// so that no engine write (and no checkpoint group) grows past what the
-    /// export advertises. NBD gives neither command any atomicity.
-    fn pieces(&self, offset: u64, len: u32) -> impl Iterator<Item = (u64, u32)> {
-        let step = u64::from(self.info.max_block);
-        let end = offset + u64::from(len);
-        (offset..end)
-            .step_by(step as usize)
-            .map(move |o| (o, (end - o).min(step) as u32))
+    /// Run `ops`, the engine requests one client request stands for, one
+    /// after another: each is submitted once the one before it has
+    /// completed (replied), and the first error ends the request. Returns the
+    /// last one's reply; the latency recorded is the client request's.
+    async fn calls(
+        &self,
+        ctx: &RequestCtx,
+        ops: impl Iterator<Item = ReqOp<Bytes>> + Send,
+    ) -> NbdResult<Option<Bytes>> {
+        let tag = self.tag(ctx.conn_id);
+        let t = Instant::now();
+        let mut kind = None;
+        let mut out = Ok(None);
+        for op in ops {
+            kind.get_or_insert(match &op {
+                ReqOp::Read { .. } => 0,
+                ReqOp::Write { .. } => 1,
+                ReqOp::Flush | ReqOp::Checkpoint => 2,
+                ReqOp::Trim { .. } => 3,
+                ReqOp::WriteZeroes { .. } => 4,
+            });
+            if matches!(
+                op,
+                ReqOp::Write { .. } | ReqOp::WriteZeroes { .. } | ReqOp::Trim { .. }
+            ) && self.host.degraded()
+            {
+                // Refused before any device sees it: the export is read-only now.
+                out = Err(NbdError::perm(
+                    "the cache device failed: the export is read-only until the server restarts",
+                ));
+                break;
+            }
+            out = match self.host.call(op, tag).await {
+                Ok(reply) => reply.result.map_err(nbd_err),
+                Err(e) => Err(nbd_err(e)),
+            };
+            if out.is_err() {
+                break;
+            }
+        }
+        if let Some(kind) = kind {
+            self.lat[tag.critical as usize].record(kind, t.elapsed().as_micros() as u64);
+        }
+        out
+    }
+
+    /// Split `len` bytes at `offset` into the engine requests a client
+    /// request becomes: cut at block boundaries, each spanning at most
+    /// `split_blocks` blocks, so that none is larger than the engine takes
+    /// (`Engine::max_write_bytes`) or than a checkpoint group is sized for.
+    /// A request that fits is one. NBD gives a multi-block request no
+    /// atomicity, and each engine request keeps its write policy's
+    /// guarantee (`docs/ARCHITECTURE.md`, "Requests of every advertised size").
+    fn split(&self, offset: u64, len: u64) -> impl Iterator<Item = (u64, u64)> + Send {
+        let (bs, n, end) = (self.block, self.split_blocks, offset + len);
+        let mut at = offset;
+        std::iter::from_fn(move || {
+            (at < end).then(|| {
+                let next = ((at / bs + n) * bs).min(end);
+                let range = (at, next - at);
+                at = next;
+                range
+            })
+        })
     }
 }
 
@@ -892,9 +935,17 @@ impl Export for NvwcExport {
         fua: bool,
     ) -> BoxFuture<'_, NbdResult<()>> {
         Box::pin(async move {
-            self.call(&ctx, ReqOp::Write { offset, data, fua })
-                .await
-                .map(|_| ())
+            // Each engine write is a view of the one payload buffer (no
+            // copy) and carries the FUA flag: the reply waits until all of
+            // them are durable.
+            let ops = self
+                .split(offset, data.len() as u64)
+                .map(|(o, len)| ReqOp::Write {
+                    offset: o,
+                    data: data.slice((o - offset) as usize..(o - offset + len) as usize),
+                    fua,
+                });
+            self.calls(&ctx, ops).await.map(|_| ())
         })
     }
     fn write_direct(
@@ -907,6 +958,10 @@ impl Export for NvwcExport {
     ) -> Option<BoxFuture<'static, NbdResult<()>>> {
         if self.host.degraded() {
             // `write` refuses it (read-only now).
+            return None;
+        }
+        if self.split(offset, u64::from(len)).nth(1).is_some() {
+            // Longer than one engine request: `write` splits it.
             return None;
         }
         let tag = self.tag(ctx.conn_id);
@@ -934,9 +989,13 @@ impl Export for NvwcExport {
         fua: bool,
     ) -> BoxFuture<'_, NbdResult<()>> {
         Box::pin(async move {
-            for (offset, len) in self.pieces(offset, len) {
-                self.call(&ctx, ReqOp::Trim { offset, len }).await?;
-            }
+            let ops = self
+                .split(offset, u64::from(len))
+                .map(|(offset, len)| ReqOp::Trim {
+                    offset,
+                    len: len as u32,
+                });
+            self.calls(&ctx, ops).await?;
             if fua {
                 self.call(&ctx, ReqOp::Flush).await?;
             }
@@ -955,27 +1014,26 @@ impl Export for NvwcExport {
                 // Zeroes are written like data: not faster than a write.
                 return Err(NbdError::new(nvwc_nbd::ErrorCode::NotSup, "no fast zero"));
             }
-            for (offset, len) in self.pieces(offset, len) {
-                self.call(
-                    &ctx,
-                    ReqOp::WriteZeroes {
-                        offset,
-                        len,
-                        fua: flags.fua,
-                    },
-                )
-                .await?;
-            }
-            Ok(())
+            let ops = self
+                .split(offset, u64::from(len))
+                .map(|(offset, len)| ReqOp::WriteZeroes {
+                    offset,
+                    len: len as u32,
+                    fua: flags.fua,
+                });
+            self.calls(&ctx, ops).await.map(|_| ())
         })
     }
     fn cache(&self, ctx: RequestCtx, offset: u64, len: u32) -> BoxFuture<'_, NbdResult<()>> {
         // A read fills the cache (read-allocate).
         Box::pin(async move {
-            for (offset, len) in self.pieces(offset, len) {
-                self.call(&ctx, ReqOp::Read { offset, len }).await?;
-            }
-            Ok(())
+            let ops = self
+                .split(offset, u64::from(len))
+                .map(|(offset, len)| ReqOp::Read {
+                    offset,
+                    len: len as u32,
+                });
+            self.calls(&ctx, ops).await.map(|_| ())
         })
     }
 }
@@ -1119,6 +1177,22 @@ fn is_upstream(spec: &str) -> bool {
     spec.starts_with("nbd://") || spec.starts_with("nbd+unix://")
 }
 
+/// Largest request the engine sees (client requests are split to it,
+/// `NvwcExport::split`): what the engine accepts (half the cache), at most
+/// the largest client payload, and 8 MiB for journaled over NBD, where it
+/// bounds a checkpoint group in the redo region.
+fn max_request(capacity: u64, bs: u64, upstream: bool, wp: WritePolicyKind) -> u64 {
+    ((capacity / 2).max(1) * bs)
+        .min(if upstream && wp.is_journaled() {
+            8 << 20
+        } else {
+            u64::from(MAX_PAYLOAD)
+        })
+        .max(bs)
+        / bs
+        * bs
+}
+
 /// A backing store as found at start, before anything is written to it
 /// (a missing backing file is created empty: `created`).
 struct BackingFound {
@@ -1155,19 +1229,10 @@ fn find_backing(
     use nvwc_core::layout::{BackingId, BackingKind};
     let bs = a.block_size;
     if is_upstream(&e.backing) {
-        // Largest request the engine sees: the NBD max block (trim and
-        // zeroes are split to it). It bounds a checkpoint group.
-        let max_req = ((capacity / 2).max(1) * bs)
-            .min(u64::from(nvwc_nbd::export::MAX_BLOCK_LIMIT))
-            .max(bs);
+        let max_req = max_request(capacity, bs, true, wp);
         // A journaled checkpoint group holds at most `merge` transactions of
         // at most `txn_blocks` blocks plus the write that closed each one,
         // and never more blocks than the cache has.
-        let max_req = if wp.is_journaled() {
-            max_req.min(8 << 20)
-        } else {
-            max_req
-        };
         let txn = u64::from(a.txn_blocks).min((capacity / 4).max(1));
         let merge = u64::from(
             Config::new(bs as u32, capacity, bs, wp)
@@ -1548,7 +1613,7 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
         Store::Nbd { up, .. } => (Backend::Nbd(Arc::new(up), rt.handle().clone()), None),
     };
     let meta = cache.try_clone()?;
-    let max_write = eng.max_write_bytes();
+    let split_blocks = max_request(capacity, bs, upstream, wp).min(eng.max_write_bytes()) / bs;
 
     // Block devices report size 0 in their metadata: ask the end instead.
     let cache_len = (&cache).seek(SeekFrom::End(0)).unwrap_or(0);
@@ -1589,14 +1654,12 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
     info.description = format!("nvwc {wp} cache over {}", e.backing);
     info.read_only = e.read_only;
     info.can_fast_zero = false;
+    // Truthful sizes: any byte range works (partial blocks are patched or
+    // read-modify-written), whole aligned blocks avoid that, and every
+    // request up to MAX_PAYLOAD is taken, split if the cache is small.
     info.min_block = 1;
     info.pref_block = bs as u32;
-    let cap = if upstream && wp.is_journaled() {
-        8 << 20
-    } else {
-        nvwc_nbd::export::MAX_BLOCK_LIMIT as u64
-    };
-    info.max_block = (max_write.min(cap) as u32).max(bs as u32);
+    info.max_block = MAX_PAYLOAD;
     log!(
         info,
         "export",
@@ -1613,6 +1676,8 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
     Ok(Arc::new(NvwcExport {
         host,
         info,
+        block: bs,
+        split_blocks,
         lat: Default::default(),
         critical: e.critical,
         hints: Mutex::default(),

@@ -1516,3 +1516,395 @@ fn bind_upstream_nbd_identity_and_label() {
     drop((up_a, up_b));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+// ------------------------------------------------- every advertised request
+
+/// The largest READ/WRITE payload the server advertises, whatever its cache.
+const MAX_PAYLOAD: u32 = 32 << 20;
+const WRITE_POLICIES: [&str; 5] = [
+    "write-through",
+    "write-back",
+    "ordered",
+    "journaled",
+    "journaled-hints",
+];
+
+/// `len` bytes for export offset `off`, of write number `seed`: every byte
+/// depends on its offset, so a range written at the wrong place, or a block
+/// left from another write, is caught.
+fn pattern(seed: u64, off: u64, len: usize) -> Vec<u8> {
+    (off..off + len as u64)
+        .map(|x| ((x ^ seed << 40).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56) as u8)
+        .collect()
+}
+
+/// The peak resident memory of process `pid` (`VmHWM`), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib = st
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<u64>().ok())
+        .expect("VmHWM in /proc/PID/status");
+    kib << 10
+}
+
+/// A raw NBD connection for the requests `nvwc_nbd::Client` refuses to
+/// send (longer than the advertised maximum), with simple or structured
+/// replies.
+struct RawNbd {
+    s: std::os::unix::net::UnixStream,
+    structured: bool,
+}
+
+impl RawNbd {
+    fn connect(sock: &Path, structured: bool) -> RawNbd {
+        use nvwc_nbd::proto::{
+            self, client_flags, rep, ClientOption, InfoRequest, OptionReplyHeader,
+        };
+        use std::io::{Read, Write};
+        let mut s = std::os::unix::net::UnixStream::connect(sock).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        let mut g = [0u8; proto::GREETING_LEN];
+        s.read_exact(&mut g).unwrap();
+        proto::decode_server_greeting(&g).unwrap();
+        s.write_all(&proto::encode_client_flags(
+            client_flags::FIXED_NEWSTYLE | client_flags::NO_ZEROES,
+        ))
+        .unwrap();
+        let mut opts = Vec::new();
+        if structured {
+            opts.push(ClientOption::StructuredReply);
+        }
+        opts.push(ClientOption::Go(InfoRequest {
+            name: String::new(),
+            requests: vec![],
+        }));
+        for o in opts {
+            s.write_all(&o.encode()).unwrap();
+            loop {
+                let mut h = [0u8; OptionReplyHeader::LEN];
+                s.read_exact(&mut h).unwrap();
+                let h = OptionReplyHeader::decode(&h).unwrap();
+                let mut d = vec![0u8; h.length as usize];
+                s.read_exact(&mut d).unwrap();
+                assert!(!rep::is_error(h.reply_type), "option refused: {h:?}");
+                if h.reply_type == rep::ACK {
+                    break;
+                }
+            }
+        }
+        RawNbd { s, structured }
+    }
+
+    /// Send a request whose payload is `payload_len` bytes of `fill`.
+    fn send(&mut self, cmd: u16, handle: u64, offset: u64, len: u32, payload_len: u64, fill: u8) {
+        use std::io::Write;
+        let h = nvwc_nbd::proto::RequestHeader {
+            flags: 0,
+            command: cmd.into(),
+            handle,
+            offset,
+            length: len,
+        };
+        self.s.write_all(&h.encode()).unwrap();
+        let chunk = vec![fill; 1 << 20];
+        let mut left = payload_len;
+        while left > 0 {
+            let n = left.min(chunk.len() as u64) as usize;
+            self.s.write_all(&chunk[..n]).unwrap();
+            left -= n as u64;
+        }
+    }
+
+    /// The reply to request `handle`: its error value (0: success) and data.
+    fn reply(&mut self, handle: u64, read_len: u32) -> (u32, Vec<u8>) {
+        use nvwc_nbd::proto::{reply_flags, ChunkHeader, ChunkPayload, SimpleReplyHeader};
+        use std::io::Read;
+        if !self.structured {
+            let mut h = [0u8; SimpleReplyHeader::LEN];
+            self.s.read_exact(&mut h).unwrap();
+            let h = SimpleReplyHeader::decode(&h).unwrap();
+            assert_eq!(h.handle, handle);
+            let mut data = vec![0u8; if h.error == 0 { read_len as usize } else { 0 }];
+            self.s.read_exact(&mut data).unwrap();
+            return (h.error, data);
+        }
+        let (mut error, mut data) = (0, Vec::new());
+        loop {
+            let mut h = [0u8; ChunkHeader::LEN];
+            self.s.read_exact(&mut h).unwrap();
+            let h = ChunkHeader::decode(&h).unwrap();
+            assert_eq!(h.handle, handle);
+            let mut p = vec![0u8; h.length as usize];
+            self.s.read_exact(&mut p).unwrap();
+            match ChunkPayload::decode(h.kind, bytes::Bytes::from(p)).unwrap() {
+                ChunkPayload::Error { error: e, .. } => error = e,
+                ChunkPayload::OffsetData { data: d, .. } => data.extend_from_slice(&d),
+                _ => {}
+            }
+            if h.flags & reply_flags::DONE != 0 {
+                return (error, data);
+            }
+        }
+    }
+}
+
+/// One server: `policy` over a file backing (or an upstream nbdkit) with a
+/// `cache`-sized cache. Checks what it advertises; that requests one byte
+/// over the maximum get an error reply on a connection that keeps working
+/// (and that a huge one is not buffered); `kill -9` right after a FUA write
+/// of a few engine writes; then single requests of every size up to the
+/// maximum, aligned and not, FUA and not, including write-zeroes, trim and
+/// cache longer than the maximum; `kill -9` right after a FUA write of the
+/// maximum at an unaligned offset; and after the restart every byte reads
+/// back, through our client, qemu-io and nbdcopy, all with requests of the
+/// maximum.
+fn maxreq_case(policy: &str, cache: &str, upstream: bool) {
+    use nvwc_nbd::Client;
+    let what = format!(
+        "{policy}, {cache} cache, {}",
+        if upstream { "upstream" } else { "file" }
+    );
+    let dir = tempdir(&format!("maxreq-{policy}-{cache}-{upstream}"));
+    let backing = Backing::new(&dir, upstream, "256M");
+    let mut args = backing.args();
+    // No commit by time: what survives `kill -9` is what FUA and FLUSH made durable.
+    args.extend(
+        [
+            "--cache-size",
+            cache,
+            "--write-policy",
+            policy,
+            "--commit-interval-ms",
+            "600000",
+        ]
+        .map(String::from),
+    );
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let s = start_with(&dir, &refs);
+    let t0 = Instant::now();
+
+    // What a libnbd client is told.
+    let out = Command::new("nbdinfo")
+        .arg("--json")
+        .arg(uri(&dir))
+        .output()
+        .unwrap();
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).expect("nbdinfo --json");
+    let e = &info["exports"][0];
+    assert_eq!(
+        (
+            e["block_size_minimum"].as_u64(),
+            e["block_size_preferred"].as_u64(),
+            e["block_size_maximum"].as_u64()
+        ),
+        (Some(1), Some(4096), Some(u64::from(MAX_PAYLOAD))),
+        "{what}: advertised block sizes"
+    );
+
+    // One byte over the maximum: an error reply, and the connection (and
+    // another) keeps working.
+    let sock = dir.join("nvwc-data/nvwc.sock");
+    let rss0 = peak_rss(s.0.id());
+    for structured in [false, true] {
+        let mut r = RawNbd::connect(&sock, structured);
+        let over = MAX_PAYLOAD + 1;
+        r.send(1, 1, 0, over, u64::from(over), 0xee);
+        assert_eq!(r.reply(1, 0).0, 22, "{what}: write of max + 1: EINVAL");
+        r.send(0, 2, 0, over, 0, 0);
+        let want = if structured { 75 } else { 22 };
+        assert_eq!(r.reply(2, over).0, want, "{what}: read of max + 1");
+        // A huge write is skipped, not held: 512 MiB must not show in the
+        // server's peak memory.
+        r.send(1, 3, 0, 1 << 29, 1 << 29, 0xee);
+        assert_eq!(r.reply(3, 0).0, 22, "{what}: huge write: EINVAL");
+        r.send(0, 4, 0, 4096, 0, 0);
+        let (err, data) = r.reply(4, 4096);
+        assert_eq!(
+            (err, data.len()),
+            (0, 4096),
+            "{what}: same connection after"
+        );
+    }
+    let rss1 = peak_rss(s.0.id());
+    assert!(
+        rss1 < rss0 + (64 << 20),
+        "{what}: refused writes were held in memory: peak RSS {rss0} -> {rss1}"
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let check = |c: &Client, ranges: &[(u64, usize, u64)], what: &str| {
+        rt.block_on(async {
+            for &(off, len, seed) in ranges {
+                let got = c.read(off, len as u32).await.expect("read");
+                assert!(
+                    got[..] == pattern(seed, off, len)[..],
+                    "{what}: {len} bytes at {off} read back wrong"
+                );
+            }
+        })
+    };
+    let mut expect: Vec<(u64, usize, u64)> = Vec::new();
+
+    // A FUA write a little longer than one engine write on the 16 MiB
+    // cache (many on the smallest), its head a partial block, into an idle
+    // cache, then `kill -9`: every engine write is durable, the first too (a
+    // partial write that is not FUA becomes a patch in RAM, which the
+    // commit of a later FUA engine write does not cover).
+    let early = (150 << 20 | 1000, (9 << 20) + 555, 77);
+    rt.block_on(async {
+        let c = Client::connect(&uri(&dir)).await.unwrap();
+        let (off, len, seed) = early;
+        c.write(off, bytes::Bytes::from(pattern(seed, off, len)), true)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: FUA write of {len} at {off}: {e}"));
+    });
+    expect.push(early);
+    drop(s);
+    let s = start_with(&dir, &refs);
+    let c = rt.block_on(Client::connect(&uri(&dir))).unwrap();
+    check(&c, &expect, &format!("{what}, after kill -9"));
+    rt.block_on(c.disconnect()).unwrap();
+
+    let max = MAX_PAYLOAD as usize;
+    // (offset, length, FUA): every size up to the maximum, one request each.
+    let writes: [(u64, usize, bool); 7] = [
+        (0, 4096, false),
+        (1 << 20, 1 << 20, false),
+        (2 << 20, 8 << 20, true),
+        (10 << 20, 16 << 20, false),
+        (32 << 20, max, false),
+        // Not aligned, in offset and length.
+        (64 << 20, max - 12345, false),
+        (96 << 20, 5 << 20 | 777, true),
+    ];
+    // Written last, with FUA, right before `kill -9`: the maximum, not aligned.
+    let fua_max = (104 << 20 | 1000, max);
+    // Longer than the maximum (no payload): zeroes over the first two
+    // writes' tail, trim and cache anywhere.
+    let zero = (40 << 20 | 333, 40 << 20);
+    {
+        let c = rt.block_on(Client::connect(&uri(&dir))).unwrap();
+        assert_eq!(c.info().max_block, MAX_PAYLOAD);
+        rt.block_on(async {
+            for (i, &(off, len, fua)) in writes.iter().enumerate() {
+                let seed = i as u64 + 1;
+                c.write(off, bytes::Bytes::from(pattern(seed, off, len)), fua)
+                    .await
+                    .unwrap_or_else(|e| panic!("{what}: write of {len} at {off}: {e}"));
+                expect.push((off, len, seed));
+            }
+            c.write_zeroes(zero.0, zero.1, Default::default())
+                .await
+                .unwrap_or_else(|e| panic!("{what}: write-zeroes {zero:?}: {e}"));
+            c.trim(160 << 20, 48 << 20, false)
+                .await
+                .unwrap_or_else(|e| panic!("{what}: trim: {e}"));
+            c.cache(0, 64 << 20)
+                .await
+                .unwrap_or_else(|e| panic!("{what}: cache: {e}"));
+            c.flush().await.unwrap();
+        });
+        // The zeroes cut the 32 MiB write at 32M short, and the next one's head.
+        expect[5].1 = (zero.0 - expect[5].0) as usize;
+        let end = zero.0 + u64::from(zero.1);
+        let (o6, l6, s6) = expect[6];
+        expect[6] = (end, (o6 + l6 as u64 - end) as usize, s6);
+        check(&c, &expect, &what);
+        rt.block_on(async {
+            let seed = 99;
+            let (off, len) = fua_max;
+            c.write(off, bytes::Bytes::from(pattern(seed, off, len)), true)
+                .await
+                .unwrap_or_else(|e| panic!("{what}: FUA write of the maximum: {e}"));
+            expect.push((off, len, seed));
+        });
+    }
+    // Crash right after the FUA write's reply: all of it is durable.
+    drop(s);
+    let s = start_with(&dir, &refs);
+    let c = rt.block_on(Client::connect(&uri(&dir))).unwrap();
+    check(&c, &expect, &format!("{what}, after kill -9"));
+    rt.block_on(async {
+        let mut at = zero.0;
+        while at < zero.0 + u64::from(zero.1) {
+            let len = (zero.0 + u64::from(zero.1) - at).min(u64::from(MAX_PAYLOAD)) as u32;
+            let got = c.read(at, len).await.unwrap();
+            assert!(got.iter().all(|&b| b == 0), "{what}: zeroes at {at}");
+            at += u64::from(len);
+        }
+        c.disconnect().await.unwrap();
+    });
+
+    // Real clients with requests of the maximum: qemu-io (one 32 MiB request
+    // each) and nbdcopy (libnbd refuses requests over the advertised maximum).
+    qemu_io(
+        &dir,
+        &[
+            "write -P 0x5a 200M 32M",
+            "read -P 0x5a 200M 32M",
+            "write -P 0xa5 150001 32M",
+            "read -P 0xa5 150001 32M",
+        ],
+    );
+    let src = dir.join("src.bin");
+    let back = dir.join("back.bin");
+    must(&format!(
+        "head -c 33566777 /dev/urandom > {}",
+        src.display()
+    ));
+    must(&format!(
+        "nbdcopy --request-size=33554432 --connections=1 --flush {} '{}'",
+        src.display(),
+        uri(&dir)
+    ));
+    must(&format!(
+        "nbdcopy --request-size=33554432 --connections=1 '{}' {}",
+        uri(&dir),
+        back.display()
+    ));
+    let a = must(&format!("head -c 33566777 {} | md5sum", back.display()));
+    let b = must(&format!("md5sum < {}", src.display()));
+    assert_eq!(
+        a.split_whitespace().next(),
+        b.split_whitespace().next(),
+        "{what}: nbdcopy round trip differs"
+    );
+    eprintln!("{what}: {:?}", t0.elapsed());
+    drop(s);
+    drop(backing);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Every request up to the advertised maximum works on the smallest cache
+/// the server accepts (16 blocks: each 32 MiB write is 1024 engine writes),
+/// for every write policy.
+#[test]
+fn maxreq_smallest_cache_every_policy() {
+    if !tool("qemu-io") || !tool("nbdinfo") || !tool("nbdcopy") {
+        return;
+    }
+    for policy in WRITE_POLICIES {
+        maxreq_case(policy, "84K", false);
+    }
+}
+
+/// The same on a 16 MiB cache (32 MiB writes are five engine writes), for
+/// every write policy, and journaled over an upstream NBD server, where
+/// engine writes are at most 8 MiB (a checkpoint group's bound).
+#[test]
+fn maxreq_16m_cache_every_policy() {
+    if !tool("qemu-io") || !tool("nbdinfo") || !tool("nbdcopy") {
+        return;
+    }
+    for policy in WRITE_POLICIES {
+        maxreq_case(policy, "16M", false);
+    }
+    if tool("nbdkit") {
+        maxreq_case("journaled", "64M", true);
+    }
+}

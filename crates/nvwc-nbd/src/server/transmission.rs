@@ -24,7 +24,6 @@ use crate::export::{
 };
 use crate::proto::{
     self, cmd_flags, reply_flags, ChunkPayload, Command, Extent, RequestHeader, SimpleReplyHeader,
-    SAFE_PAYLOAD_LEN,
 };
 
 const IO_BUF: usize = 128 * 1024;
@@ -255,20 +254,25 @@ where
         let mut bytes_permit = None;
         let mut permit = None;
         after_large_write = hdr.command == Command::Write && hdr.length >= LARGE_WRITE;
-        if hdr.command == Command::Write {
-            let len = hdr.length;
-            if len > conn.info.max_block && len > SAFE_PAYLOAD_LEN {
-                // Larger than both our limit and what the spec calls safe: DoS.
-                break End::Hard("oversized-write");
+        if hdr.command == Command::Write && validate(&conn, &hdr).is_err() {
+            // A write the export will not see (longer than the maximum
+            // payload, whatever its length; out of range; read-only; bad
+            // flags): its payload is read and dropped as it arrives, never
+            // held, so the stream stays in sync at no memory cost, and the
+            // error is answered below.
+            let len = u64::from(hdr.length);
+            let skipped =
+                tokio::io::copy_buf(&mut (&mut rd).take(len), &mut tokio::io::sink()).await;
+            if !matches!(skipped, Ok(n) if n == len) {
+                break End::Graceful("eof-mid-request");
             }
+        } else if hdr.command == Command::Write {
+            let len = hdr.length;
             // A large write whose payload is all queued on a unix socket
             // (nothing of it in the read buffer) is offered to the export
             // to receive straight into its storage.
             if let Some(fd) = direct_fd.as_ref().filter(|_| {
-                len >= LARGE_WRITE
-                    && rd.buffer().is_empty()
-                    && !inner.is_shutting_down()
-                    && validate(&conn, &hdr).is_ok()
+                len >= LARGE_WRITE && rd.buffer().is_empty() && !inner.is_shutting_down()
             }) {
                 let Ok(p) = sem.clone().acquire_owned().await else {
                     break End::Hard("internal");
