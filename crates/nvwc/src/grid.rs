@@ -77,6 +77,7 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
                     backing_uri: None,
                     error_file: None,
                     server_args: Vec::new(),
+                    workload: crate::crashtest::Workload::Small,
                 };
                 let r = run_trial(&t, &root, false)
                     .with_context(|| format!("grid trial {p} {mode} {i} (seed {})", t.seed))?;
