@@ -74,6 +74,19 @@ impl<F: Fn(&IoOp<Bytes>, Option<u64>) -> IoResult<Bytes>> Media for F {
     }
 }
 
+/// The bytes of a write the driver puts in the device's view itself
+/// ([`Layer::put_write`]): given how many bytes are written, the (offset,
+/// bytes) pieces, in order, for host-crash mode to record.
+pub enum Written<'a> {
+    /// Known before they are written (a buffer copied into the mapping):
+    /// recorded first, so that a crash in the middle of the copy may keep
+    /// any part of them, as a power loss may keep part of a write in flight.
+    Before(&'a dyn Fn(usize) -> Vec<(u64, Bytes)>),
+    /// Known only once written (a payload received from a socket): recorded
+    /// after; a crash in the middle loses the write whole.
+    After(&'a dyn Fn(usize) -> std::io::Result<Vec<(u64, Bytes)>>),
+}
+
 /// Why [`Layer::put_write`] failed.
 #[derive(Debug)]
 pub enum PutError {
@@ -452,17 +465,16 @@ impl Layer {
     /// A plain write of `len` bytes at `offset` that the driver puts in the
     /// device's view itself (the mapped cache file: cache-slot writes copied
     /// in by the kernel, direct writes received into it): `put(n)` writes
-    /// its first `n` bytes (`n < len` for a torn write), and `written(n)`
-    /// returns them as (offset, bytes) pieces, in order, for host-crash mode
-    /// to record. Faults apply as to a write through [`Layer::run`]; with
-    /// nothing configured this is just `put(len)`.
+    /// its first `n` bytes (`n < len` for a torn write), and `written`
+    /// gives them to host-crash mode to record. Faults apply as to a write
+    /// through [`Layer::run`]; with nothing configured this is just `put(len)`.
     pub fn put_write(
         &self,
         offset: u64,
         len: usize,
         dev: &impl Media,
         put: &mut dyn FnMut(usize) -> std::io::Result<()>,
-        written: &dyn Fn(usize) -> std::io::Result<Vec<(u64, Bytes)>>,
+        written: Written<'_>,
     ) -> Result<(), PutError> {
         if self.passthrough() {
             return put(len).map_err(PutError::Put);
@@ -502,11 +514,25 @@ impl Layer {
             }
         }
         if keep > 0 {
-            put(keep).map_err(PutError::Put)?;
-            if let Some(v) = &self.volatile {
-                written(keep)
+            let record = |w: std::io::Result<Vec<(u64, Bytes)>>| match &self.volatile {
+                Some(v) => w
                     .and_then(|w| v.completed(w))
-                    .map_err(|e| fail(self.log_failed(e)))?;
+                    .map_err(|e| fail(self.log_failed(e))),
+                None => Ok(()),
+            };
+            match written {
+                Written::Before(w) => {
+                    if self.volatile.is_some() {
+                        record(Ok(w(keep)))?;
+                    }
+                    put(keep).map_err(PutError::Put)?;
+                }
+                Written::After(w) => {
+                    put(keep).map_err(PutError::Put)?;
+                    if self.volatile.is_some() {
+                        record(w(keep))?;
+                    }
+                }
             }
         }
         match torn {
@@ -621,20 +647,29 @@ impl Layer {
             return dev.raw(op, group);
         };
         match op {
-            IoOp::Write { offset, data, fua } if group.is_none() => {
-                // A FUA write goes to the device now: hold off flushes, so
-                // that no older batch lands over it.
-                let _sync = fua.then(|| v.sync_lock());
+            IoOp::Write {
+                offset,
+                data,
+                fua: false,
+            } if group.is_none() => {
+                // Recorded before it is shown: a crash in the middle of the
+                // copy may keep any part of it (a write in flight).
+                v.completed(vec![(*offset, data.clone())])
+                    .map_err(|e| self.log_failed(e))?;
                 if dev.has_view() {
                     dev.show(*offset, data)?;
                 }
-                if *fua {
-                    dev.raw(op, None)?;
-                    v.durable(*offset, data).map_err(|e| self.log_failed(e))?;
-                } else {
-                    v.completed(vec![(*offset, data.clone())])
-                        .map_err(|e| self.log_failed(e))?;
+                Ok(None)
+            }
+            IoOp::Write { offset, data, .. } if group.is_none() => {
+                // FUA: to the device now. Flushes wait, so that no older
+                // batch lands over it.
+                let _sync = v.sync_lock();
+                if dev.has_view() {
+                    dev.show(*offset, data)?;
                 }
+                dev.raw(op, None)?;
+                v.durable(*offset, data).map_err(|e| self.log_failed(e))?;
                 Ok(None)
             }
             IoOp::Read { offset, len } => {

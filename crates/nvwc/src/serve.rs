@@ -417,7 +417,7 @@ impl Device {
                             m.write(offset, &prefix(&slices, n))
                         }
                     },
-                    &|n| Ok(pieces(offset, parts, n)),
+                    crate::fault::Written::Before(&|n| pieces(offset, parts, n)),
                 );
                 return match r {
                     Ok(()) => Ok(None),

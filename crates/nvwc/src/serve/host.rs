@@ -206,7 +206,7 @@ impl Host {
                     (end - start) as usize,
                     &**dev,
                     &mut |n| map.recv_into(start, n, &mut *recv),
-                    &received,
+                    crate::fault::Written::After(&received),
                 );
                 r.map(|()| None).map_err(|e| {
                     failed = true;
