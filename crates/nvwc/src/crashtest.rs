@@ -1,13 +1,26 @@
 //! `nvwc crashtest`: crash the live server and check what survives.
 //!
 //! Each trial starts `nvwc serve` (this same binary) on fresh files, runs a
-//! workload client over NBD that writes 4 KiB blocks whose contents encode
-//! (sequence number, block) and logs every request's issue and
-//! acknowledgement times with its FUA/FLUSH status, then crashes the server:
+//! workload client over NBD on a unix socket that writes blocks whose
+//! contents encode (sequence number, block) and logs every request's issue
+//! and acknowledgement times with its FUA/FLUSH status, then crashes the
+//! server. Workloads (`--workloads`): `small` writes 1 to 4 blocks of 4 KiB
+//! (the server buffers them and copies them into its mapped cache file; a
+//! 16 KiB one may go direct), `large` writes 16 to 64 KiB (each offered to
+//! the direct path: received from the socket straight into the mapped cache
+//! file). Each trial reports how many writes went direct and how many cache
+//! writes were copied into the mapping (`nvwc status` just before the crash).
+//! Crash modes:
 //!
-//! - `server-crash`: `kill -9` at a random time;
-//! - `host-crash`: the same, with both devices behind the volatile overlay of
-//!   `fault.rs` (un-synced writes are lost with the process, LazyFS-style);
+//! - `server-crash`: `kill -9` at a random time (the page cache survives);
+//! - `host-crash`: the same, with both devices in host-crash mode
+//!   (`fault/volatile.rs`): each file holds only what was made durable, the
+//!   cache file is mapped private so mapped and direct writes take their
+//!   usual path, and every write not yet durable is in a side log. After
+//!   the kill, a random subset of those writes, seeded by the trial's seed,
+//!   reaches each file in completion order, each lost, whole, or torn at
+//!   512-byte sectors, as a power loss may leave a disk's volatile cache
+//!   (`docs/ARCHITECTURE.md`, "Crash testing the live server");
 //! - `failpoint`: a random failpoint (`NVWC_FAILPOINTS`) aborts the server in
 //!   the commit window, a checkpoint, a redo apply or a write-back.
 //!
@@ -27,6 +40,13 @@
 //!    point-in-time to show what it does. Staleness (acknowledged writes
 //!    after the cut, and how long before the crash the first was
 //!    acknowledged) is reported.
+//!
+//! After a host crash a block may be torn: its sectors from different
+//! writes ([`Seen::Torn`]). Both checks then judge it sector by sector: each
+//! sector must hold what the block as a whole would have to (its durable
+//! write or a newer one; the prefix's write, or at the cut the write before
+//! it), so a tear of a write that was not durable passes and any sector of
+//! an older or foreign write fails.
 //!
 //! The client keeps one request in flight, so the server's sequence order is
 //! the client's issue order and the prefix search is exact.

@@ -672,11 +672,12 @@ impl Layer {
                 v.durable(*offset, data).map_err(|e| self.log_failed(e))?;
                 Ok(None)
             }
+            IoOp::Read { .. } if dev.has_view() => dev.raw(op, group),
             IoOp::Read { offset, len } => {
+                // The device and the overlay as of one moment: a FLUSH
+                // moves records from the one to the other.
+                let _sync = v.sync_lock();
                 let got = dev.raw(op, group)?;
-                if dev.has_view() {
-                    return Ok(got);
-                }
                 Ok(v.overlay(*offset, *len, got))
             }
             IoOp::Write { .. } | IoOp::Trim { .. } | IoOp::GroupBegin { .. } => dev.raw(op, group),

@@ -1,5 +1,6 @@
 //! Reduced crash, cache-loss, fault-injection and ext4 runs of `nvwc crashtest`
-//! and `nvwc grid` (the full runs are in docs/CRASH-TESTING.md).
+//! and `nvwc grid` (the full runs are in docs/ARCHITECTURE.md, "Crash
+//! testing the live server").
 //!
 //! Tools that may be missing (nbdkit; root, /dev/fuse, nbdfuse, losetup and
 //! e2fsck for ext4) skip their test, unless `NVWC_REQUIRE_TOOLS=1`.
@@ -57,7 +58,7 @@ fn fail_lines(trials: &[Value]) -> String {
         .join("\n")
 }
 
-/// kill -9, host crash (volatile overlay) and failpoints, every policy:
+/// kill -9, host crash (subsets and tears of unsynced writes) and failpoints, every policy:
 /// no flushed write lost; the backing alone keeps each policy's promise.
 #[test]
 fn crashes_keep_the_flush_contract_and_the_cache_lost_promises() {

@@ -91,14 +91,16 @@ impl Mapped {
             copied: AtomicU64::new(0),
             received: AtomicU64::new(0),
         };
-        // Probe: write the file's first byte back as it is (and read it
-        // through the mapping, which host-crash mode reads from).
+        // Probe: write the file's first byte back as it is (and, private,
+        // read it back: host-crash mode reads the cache through the mapping).
         let mut b = [0u8; 1];
         use std::os::unix::fs::FileExt;
         f.read_exact_at(&mut b, 0).ok()?;
         m.write(0, &[&b]).ok()?;
-        let mut back = [0u8; 1];
-        m.read(0, &mut back).ok().filter(|()| back == b)?;
+        if private {
+            let mut back = [0u8; 1];
+            m.read(0, &mut back).ok().filter(|()| back == b)?;
+        }
         m.copied.store(0, Ordering::Relaxed);
         Some(m)
     }
