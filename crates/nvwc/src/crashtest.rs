@@ -8,8 +8,11 @@
 //! (the server buffers them and copies them into its mapped cache file; a
 //! 16 KiB one may go direct), `large` writes 16 to 64 KiB (each offered to
 //! the direct path: received from the socket straight into the mapped cache
-//! file). Each trial reports how many writes went direct and how many cache
-//! writes were copied into the mapping (`nvwc status` just before the crash).
+//! file), `hot` is `large` within 1 MiB (write-back rewrites those blocks in
+//! place, which changes no slot entry: only the next FLUSH's device sync
+//! makes the bytes durable). Each trial reports how many writes went
+//! direct and how many cache writes were copied into the mapping (`nvwc
+//! status` just before the crash).
 //! Crash modes:
 //!
 //! - `server-crash`: `kill -9` at a random time (the page cache survives);
@@ -97,7 +100,8 @@ pub struct Args {
     /// Workloads, comma-separated: `small` (1 to 4 blocks: buffered writes,
     /// copied into the mapped cache file; the 16 KiB ones may go direct),
     /// `large` (16 to 64 KiB: direct writes, received from the unix socket
-    /// straight into the mapped cache file).
+    /// straight into the mapped cache file), `hot` (as `large`, within 1 MiB:
+    /// write-back rewrites the blocks in place).
     #[arg(long, default_value = "small")]
     pub workloads: String,
     /// Trials per policy, mode and workload.
@@ -391,27 +395,44 @@ pub enum Workload {
     /// 4 to 16 blocks (16 to 64 KiB): each is offered to the direct path (a
     /// unix socket, payload queued), received straight into the mapped cache.
     Large,
+    /// As `large`, within the first [`HOT_BLOCKS`] blocks: most writes
+    /// rewrite a block whose version a commit names, which write-back does
+    /// in place (no entry changes; only the next FLUSH's device sync makes
+    /// the new bytes durable).
+    Hot,
 }
+
+/// The region of the `hot` workload, in blocks (1 MiB).
+pub const HOT_BLOCKS: u64 = 256;
 
 impl Workload {
     pub fn parse(s: &str) -> Result<Workload> {
         match s {
             "small" => Ok(Workload::Small),
             "large" => Ok(Workload::Large),
-            w => bail!("unknown workload {w:?} (small, large)"),
+            "hot" => Ok(Workload::Hot),
+            w => bail!("unknown workload {w:?} (small, large, hot)"),
         }
     }
     pub fn name(self) -> &'static str {
         match self {
             Workload::Small => "small",
             Workload::Large => "large",
+            Workload::Hot => "hot",
         }
     }
     /// Write sizes in blocks, drawn uniformly.
     fn sizes(self) -> &'static [u64] {
         match self {
             Workload::Small => &[1, 1, 1, 2, 3, 4],
-            Workload::Large => &[4, 4, 8, 8, 16, 16],
+            Workload::Large | Workload::Hot => &[4, 4, 8, 8, 16, 16],
+        }
+    }
+    /// Blocks it writes, of a region of `blocks`.
+    fn span(self, blocks: u64) -> u64 {
+        match self {
+            Workload::Hot => HOT_BLOCKS.min(blocks),
+            _ => blocks,
         }
     }
 }
@@ -456,7 +477,7 @@ pub async fn workload(
         seq += 1;
         let sizes = kind.sizes();
         let n = sizes[rng.below(sizes.len() as u64) as usize];
-        let block = rng.below(blocks - n + 1);
+        let block = rng.below(kind.span(blocks) - n + 1);
         let fua = rng.below(10) == 0;
         let mut data = Vec::with_capacity((n * BS) as usize);
         for b in block..block + n {
