@@ -1,13 +1,29 @@
 //! `nvwc crashtest`: crash the live server and check what survives.
 //!
 //! Each trial starts `nvwc serve` (this same binary) on fresh files, runs a
-//! workload client over NBD that writes 4 KiB blocks whose contents encode
-//! (sequence number, block) and logs every request's issue and
-//! acknowledgement times with its FUA/FLUSH status, then crashes the server:
+//! workload client over NBD on a unix socket that writes blocks whose
+//! contents encode (sequence number, block) and logs every request's issue
+//! and acknowledgement times with its FUA/FLUSH status, then crashes the
+//! server. Workloads (`--workloads`): `small` writes 1 to 4 blocks of 4 KiB
+//! (the server buffers them and copies them into its mapped cache file; a
+//! 16 KiB one may go direct), `large` writes 16 to 64 KiB (each offered to
+//! the direct path: received from the socket straight into the mapped cache
+//! file), `hot` is `large` within 1 MiB (write-back rewrites those blocks in
+//! place, which changes no slot entry: only the next FLUSH's device sync
+//! makes the bytes durable). Each trial reports how many writes went
+//! direct and how many cache writes were copied into the mapping (`nvwc
+//! status` just before the crash).
+//! Crash modes:
 //!
-//! - `server-crash`: `kill -9` at a random time;
-//! - `host-crash`: the same, with both devices behind the volatile overlay of
-//!   `fault.rs` (un-synced writes are lost with the process, LazyFS-style);
+//! - `server-crash`: `kill -9` at a random time (the page cache survives);
+//! - `host-crash`: the same, with both devices in host-crash mode
+//!   (`fault/volatile.rs`): each file holds only what was made durable, the
+//!   cache file is mapped private so mapped and direct writes take their
+//!   usual path, and every write not yet durable is in a side log. After
+//!   the kill, a random subset of those writes, seeded by the trial's seed,
+//!   reaches each file in completion order, each lost, whole, or torn at
+//!   512-byte sectors, as a power loss may leave a disk's volatile cache
+//!   (`docs/ARCHITECTURE.md`, "Crash testing the live server");
 //! - `failpoint`: a random failpoint (`NVWC_FAILPOINTS`) aborts the server in
 //!   the commit window, a checkpoint, a redo apply or a write-back.
 //!
@@ -27,6 +43,13 @@
 //!    point-in-time to show what it does. Staleness (acknowledged writes
 //!    after the cut, and how long before the crash the first was
 //!    acknowledged) is reported.
+//!
+//! After a host crash a block may be torn: its sectors from different
+//! writes ([`Seen::Torn`]). Both checks then judge it sector by sector: each
+//! sector must hold what the block as a whole would have to (its durable
+//! write or a newer one; the prefix's write, or at the cut the write before
+//! it), so a tear of a write that was not durable passes and any sector of
+//! an older or foreign write fails.
 //!
 //! The client keeps one request in flight, so the server's sequence order is
 //! the client's issue order and the prefix search is exact.
@@ -74,7 +97,14 @@ pub struct Args {
     /// Crash modes, comma-separated: server-crash, host-crash, failpoint.
     #[arg(long, default_value = "server-crash,host-crash,failpoint")]
     pub modes: String,
-    /// Trials per policy and mode.
+    /// Workloads, comma-separated: `small` (1 to 4 blocks: buffered writes,
+    /// copied into the mapped cache file; the 16 KiB ones may go direct),
+    /// `large` (16 to 64 KiB: direct writes, received from the unix socket
+    /// straight into the mapped cache file), `hot` (as `large`, within 1 MiB:
+    /// write-back rewrites the blocks in place).
+    #[arg(long, default_value = "small")]
+    pub workloads: String,
+    /// Trials per policy, mode and workload.
     #[arg(long, default_value_t = 5)]
     pub trials: u32,
     /// Longest workload run before the crash (each trial picks at random up to this).
@@ -124,10 +154,11 @@ pub struct Args {
     /// accepts: 16 blocks).
     #[arg(long, default_value = "6M", value_parser = crate::serve::parse_size)]
     pub cache_size: u64,
-    /// Longest workload write, in 4 KiB blocks. A write spanning more than
-    /// half the cache's blocks reaches the engine as several writes
-    /// (`docs/ARCHITECTURE.md`, "Requests of every advertised size"); with
-    /// the default (4) the workload is the same as before this option.
+    /// Longest workload write, in 4 KiB blocks, beyond the workload's own
+    /// sizes. A write spanning more than half the cache's blocks reaches the
+    /// engine as several writes (`docs/ARCHITECTURE.md`, "Requests of every
+    /// advertised size"); with the default (4) the workload is the same as
+    /// before this option.
     #[arg(long, default_value_t = 4)]
     pub max_write_blocks: u64,
 }
@@ -321,6 +352,10 @@ pub fn block_bytes(nonce: u64, seq: u64, block: u64) -> Vec<u8> {
     b
 }
 
+/// The unit a device writes atomically (a torn write keeps whole sectors).
+pub const SECTOR: u64 = 512;
+const SECTORS: usize = (BS / SECTOR) as usize;
+
 /// What a block holds.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub enum Seen {
@@ -328,6 +363,23 @@ pub enum Seen {
     Seq(u64),
     /// Bytes no write of this run produced (torn, stale garbage, wrong block).
     Garbage,
+    /// After a host crash only: each 512-byte sector holds zeroes (0) or
+    /// what one write of this block put there, not all the same write: a
+    /// write the crash tore, as a disk may leave one it had not made
+    /// durable. Judged sector by sector.
+    Torn([u64; SECTORS]),
+}
+
+impl Seen {
+    /// Per sector: the write it shows (0: zeroes), or `None` for garbage.
+    fn sectors(&self) -> Option<[u64; SECTORS]> {
+        match *self {
+            Seen::Zero => Some([0; SECTORS]),
+            Seen::Seq(x) => Some([x; SECTORS]),
+            Seen::Torn(s) => Some(s),
+            Seen::Garbage => None,
+        }
+    }
 }
 
 pub fn decode(nonce: u64, block: u64, b: &[u8]) -> Seen {
@@ -345,9 +397,64 @@ pub fn decode(nonce: u64, block: u64, b: &[u8]) -> Seen {
     }
 }
 
+/// What the workload client writes.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum Workload {
+    /// 1 to 4 blocks (4 to 16 KiB): the server buffers them and copies them
+    /// into the mapped cache file; a 16 KiB one may be taken directly.
+    Small,
+    /// 4 to 16 blocks (16 to 64 KiB): each is offered to the direct path (a
+    /// unix socket, payload queued), received straight into the mapped cache.
+    Large,
+    /// As `large`, within the first [`HOT_BLOCKS`] blocks: most writes
+    /// rewrite a block whose version a commit names, which write-back does
+    /// in place (no entry changes; only the next FLUSH's device sync makes
+    /// the new bytes durable).
+    Hot,
+}
+
+/// The region of the `hot` workload, in blocks (1 MiB).
+pub const HOT_BLOCKS: u64 = 256;
+
+impl Workload {
+    pub fn parse(s: &str) -> Result<Workload> {
+        match s {
+            "small" => Ok(Workload::Small),
+            "large" => Ok(Workload::Large),
+            "hot" => Ok(Workload::Hot),
+            w => bail!("unknown workload {w:?} (small, large, hot)"),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Small => "small",
+            Workload::Large => "large",
+            Workload::Hot => "hot",
+        }
+    }
+    /// Write sizes in blocks, drawn uniformly.
+    fn sizes(self) -> &'static [u64] {
+        match self {
+            Workload::Small => &[1, 1, 1, 2, 3, 4],
+            Workload::Large | Workload::Hot => &[4, 4, 8, 8, 16, 16],
+        }
+    }
+    /// Blocks it writes, of a region of `blocks`.
+    fn span(self, blocks: u64) -> u64 {
+        match self {
+            Workload::Hot => HOT_BLOCKS.min(blocks),
+            _ => blocks,
+        }
+    }
+}
+
+/// Writes of at least this many bytes may go direct (over a unix socket).
+pub const DIRECT_MIN: u64 = 16 << 10;
+
 /// Run the workload until the connection breaks or `limit` passes.
-/// One request in flight; writes of 1 to 4 blocks, some FUA, a FLUSH every
-/// 1 to 24 writes.
+/// One request in flight; writes of the workload's sizes (and, with
+/// `max_write_blocks` above 4, longer ones a quarter of the time), some FUA,
+/// a FLUSH every 1 to 24 writes.
 #[allow(clippy::too_many_arguments)]
 pub async fn workload(
     uri: &str,
@@ -357,6 +464,7 @@ pub async fn workload(
     rng: &mut Rng,
     t0: Instant,
     limit: Duration,
+    kind: Workload,
 ) -> Result<Vec<Op>> {
     let c = connect(uri).await?;
     let us = || t0.elapsed().as_micros() as u64;
@@ -381,14 +489,16 @@ pub async fn workload(
         }
         until_flush -= 1;
         seq += 1;
-        let mut n = [1, 1, 1, 2, 3, 4][rng.below(6) as usize];
+        let sizes = kind.sizes();
+        let mut n = sizes[rng.below(sizes.len() as u64) as usize];
         // Longer writes, when asked for, a quarter of the time (no extra
         // draw otherwise, so a seed gives the workload it always gave).
         if max_write_blocks > 4 && rng.below(4) == 0 {
             n = 5 + rng.below(max_write_blocks - 4);
         }
-        let n = n.min(max_write_blocks.max(1)).min(blocks);
-        let block = rng.below(blocks - n + 1);
+        let span = kind.span(blocks);
+        let n = n.min(span);
+        let block = rng.below(span - n + 1);
         let fua = rng.below(10) == 0;
         let mut data = Vec::with_capacity((n * BS) as usize);
         for b in block..block + n {
@@ -418,9 +528,9 @@ pub async fn workload(
 }
 
 /// Read blocks `0..blocks` through NBD.
-pub async fn read_blocks_nbd(uri: &str, nonce: u64, blocks: u64) -> Result<Vec<Seen>> {
+pub async fn read_region_nbd(uri: &str, blocks: u64) -> Result<Vec<u8>> {
     let c = connect(uri).await?;
-    let mut out = Vec::with_capacity(blocks as usize);
+    let mut out = Vec::with_capacity((blocks * BS) as usize);
     let chunk = 64u64;
     let mut b = 0;
     while b < blocks {
@@ -429,27 +539,69 @@ pub async fn read_blocks_nbd(uri: &str, nonce: u64, blocks: u64) -> Result<Vec<S
             .read(b * BS, (n * BS) as u32)
             .await
             .context("reading back")?;
-        for i in 0..n {
-            let s = (i * BS) as usize;
-            out.push(decode(nonce, b + i, &d[s..s + BS as usize]));
-        }
+        out.extend_from_slice(&d);
         b += n;
     }
     let _ = c.disconnect().await;
     Ok(out)
 }
 
-pub fn read_blocks_file(path: &Path, nonce: u64, blocks: u64) -> Result<Vec<Seen>> {
-    let d = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    Ok((0..blocks)
-        .map(|b| {
-            let s = (b * BS) as usize;
-            match d.get(s..s + BS as usize) {
-                Some(x) => decode(nonce, b, x),
-                None => Seen::Zero,
-            }
+/// Read blocks `0..blocks` of a file (zeroes past its end).
+pub fn read_region_file(path: &Path, blocks: u64) -> Result<Vec<u8>> {
+    let mut d = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    d.resize((blocks * BS) as usize, 0);
+    Ok(d)
+}
+
+/// What each block of `region` holds. `torn`: after a host crash, a block
+/// no single write produced is read sector by sector against the writes
+/// `torn` logged for it ([`Seen::Torn`]); otherwise it is garbage.
+pub fn decode_region(nonce: u64, region: &[u8], torn: Option<&History>) -> Vec<Seen> {
+    region
+        .chunks(BS as usize)
+        .enumerate()
+        .map(|(b, d)| match (decode(nonce, b as u64, d), torn) {
+            (Seen::Garbage, Some(h)) => decode_sectors(nonce, b as u64, d, h.seqs(b)),
+            (s, _) => s,
         })
-        .collect())
+        .collect()
+}
+
+/// A block read as 512-byte sectors: [`Seen::Torn`] if every sector is
+/// zeroes or the bytes one of `candidates` (writes of this block) put there,
+/// else [`Seen::Garbage`].
+pub fn decode_sectors(
+    nonce: u64,
+    block: u64,
+    b: &[u8],
+    candidates: impl Iterator<Item = u64>,
+) -> Seen {
+    const S: usize = SECTOR as usize;
+    let mut secs = [None; SECTORS];
+    for (i, sec) in b.chunks(S).enumerate() {
+        if sec.iter().all(|&x| x == 0) {
+            secs[i] = Some(0);
+        }
+    }
+    for seq in candidates {
+        if secs.iter().all(Option::is_some) {
+            break;
+        }
+        let want = block_bytes(nonce, seq, block);
+        for (i, sec) in b.chunks(S).enumerate() {
+            if secs[i].is_none() && sec == &want[i * S..(i + 1) * S] {
+                secs[i] = Some(seq);
+            }
+        }
+    }
+    let mut out = [0u64; SECTORS];
+    for (o, s) in out.iter_mut().zip(secs) {
+        match s {
+            Some(x) => *o = x,
+            None => return Seen::Garbage,
+        }
+    }
+    Seen::Torn(out)
 }
 
 // ------------------------------------------------------------------ checks
@@ -549,6 +701,11 @@ impl History {
     fn wrote(&self, b: usize, seq: u64) -> bool {
         self.per_block[b].iter().any(|w| w.0 == seq)
     }
+
+    /// Every write to block `b`, newest first.
+    pub fn seqs(&self, b: usize) -> impl Iterator<Item = u64> + '_ {
+        self.per_block[b].iter().rev().map(|w| w.0)
+    }
 }
 
 /// Outcome of one check.
@@ -568,6 +725,8 @@ pub struct Check {
     /// Blocks not judged because a write to them failed after their floor
     /// (disk semantics, see [`check_flush_contract`]).
     pub failed_write_blocks: u64,
+    /// Blocks a host crash tore ([`Seen::Torn`]), judged sector by sector.
+    pub torn_blocks: u64,
     pub detail: String,
 }
 
@@ -576,8 +735,10 @@ pub struct Check {
 fn staleness(h: &History, seen: &[Seen], crash_us: u64) -> (u64, f64) {
     let mut missing = std::collections::HashSet::new();
     for (b, s) in seen.iter().enumerate() {
+        // A torn block shows a write only where all its sectors do.
         let have = match s {
             Seen::Seq(x) => *x,
+            Seen::Torn(secs) => secs.iter().copied().min().unwrap_or(0),
             _ => 0,
         };
         for w in &h.per_block[b] {
@@ -619,6 +780,18 @@ fn check_floor(
             }
             Seen::Zero => floor > 0,
             Seen::Seq(x) => x < floor || !h.wrote(b, x),
+            // Each sector on its own: its floor write's bytes, or a newer
+            // write's (one the crash tore).
+            Seen::Torn(secs) => {
+                c.torn_blocks += 1;
+                secs.iter().any(|&x| {
+                    if x == 0 {
+                        floor > 0
+                    } else {
+                        x < floor || !h.wrote(b, x)
+                    }
+                })
+            }
         };
         if bad {
             if c.bad_blocks < 3 {
@@ -688,6 +861,10 @@ pub fn check_point_in_time(
         match s {
             Seen::Garbage => c.garbage_blocks += 1,
             Seen::Seq(x) => newest = newest.max(*x),
+            Seen::Torn(secs) => {
+                c.torn_blocks += 1;
+                newest = newest.max(secs.iter().copied().max().unwrap_or(0));
+            }
             Seen::Zero => {}
         }
     }
@@ -712,16 +889,16 @@ pub fn check_point_in_time(
     };
     c.cut = Some(cut);
     for (b, s) in seen.iter().enumerate() {
-        let have = match s {
-            Seen::Seq(x) => *x,
-            Seen::Zero => 0,
-            Seen::Garbage => u64::MAX,
-        };
         let want = h.last_write(b, cut);
-        // The write at the cut may be partly there (no multi-block atomicity in NBD),
-        // unless the state must be flush-aligned.
-        let partial_ok = !flush_aligned && want == cut && have == h.last_write(b, cut - 1);
-        if have != want && !partial_ok {
+        // The write at the cut may be partly there (no multi-block atomicity
+        // in NBD; after a host crash, down to single sectors), unless the
+        // state must be flush-aligned.
+        let before = h.last_write(b, cut.saturating_sub(1));
+        let sector_ok = |x: u64| x == want || (!flush_aligned && want == cut && x == before);
+        let ok = s
+            .sectors()
+            .is_some_and(|secs| secs.iter().all(|&x| sector_ok(x)));
+        if !ok {
             if c.bad_blocks < 3 {
                 c.detail += &format!("block {b}: {s:?}, prefix {cut} wants {want}; ");
             }
@@ -782,6 +959,25 @@ pub struct TrialResult {
     pub degraded: Option<bool>,
     /// Journaled: transactions closed early for space (not at a FLUSH), per `nvwc status` just before the crash.
     pub forced_closes: Option<u64>,
+    pub workload: &'static str,
+    /// Client writes of 16 KiB or more: each offered to the direct path.
+    pub large_writes: u64,
+    /// Writes the server took directly (payload received from the socket
+    /// straight into the mapped cache file), per `nvwc status` just before
+    /// the crash.
+    pub direct_writes: Option<u64>,
+    /// Cache writes copied into the mapped cache file (slot and metadata
+    /// writes of buffered requests), same status.
+    pub mapped_writes: Option<u64>,
+    /// Host crash: what became of each device's writes that were not durable.
+    pub host_crash: Option<HostCrash>,
+}
+
+/// What a host crash did to the writes that were not durable (`fault/volatile.rs`).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct HostCrash {
+    pub cache: crate::fault::volatile::CrashOutcome,
+    pub backing: crate::fault::volatile::CrashOutcome,
 }
 
 /// One trial's plan.
@@ -805,6 +1001,7 @@ pub struct Trial {
     pub cache_size: u64,
     /// Longest workload write, in blocks (`--max-write-blocks`).
     pub max_write_blocks: u64,
+    pub workload: Workload,
 }
 
 impl Trial {
@@ -837,7 +1034,13 @@ const BACKING_SIZE: u64 = 16 << 20;
 pub const CACHE_SIZE: u64 = 6 << 20;
 
 pub fn run_trial(t: &Trial, root: &Path, keep: bool) -> Result<TrialResult> {
-    let dir = root.join(format!("{}-{}-{}", t.policy, t.mode, t.trial));
+    let dir = root.join(format!(
+        "{}-{}-{}-{}",
+        t.policy,
+        t.mode,
+        t.workload.name(),
+        t.trial
+    ));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     let mut rng = Rng::new(t.seed);
@@ -847,8 +1050,14 @@ pub fn run_trial(t: &Trial, root: &Path, keep: bool) -> Result<TrialResult> {
     match t.mode.as_str() {
         "server-crash" => {}
         "host-crash" => {
-            env.push(("NVWC_FAULT_CACHE".to_string(), "volatile".to_string()));
-            env.push(("NVWC_FAULT_BACKING".to_string(), "volatile".to_string()));
+            // Each device's writes that are not durable go to a side log,
+            // applied in part after the kill (below).
+            for (var, log) in [
+                ("NVWC_FAULT_CACHE", dir.join("cache.volatile")),
+                ("NVWC_FAULT_BACKING", dir.join("backing.volatile")),
+            ] {
+                env.push((var.to_string(), format!("volatile,log={}", log.display())));
+            }
         }
         "failpoint" => {
             // The redo log exists only under the journaled policies.
@@ -868,11 +1077,16 @@ pub fn run_trial(t: &Trial, root: &Path, keep: bool) -> Result<TrialResult> {
         }
         m => bail!("unknown crash mode {m:?} (server-crash, host-crash, failpoint)"),
     }
-    if let Some(f) = &t.fault_cache {
-        env.push(("NVWC_FAULT_CACHE".to_string(), f.clone()));
-    }
-    if let Some(f) = &t.fault_backing {
-        env.push(("NVWC_FAULT_BACKING".to_string(), f.clone()));
+    // Injected faults join the host-crash model's rule, if any.
+    for (var, spec) in [
+        ("NVWC_FAULT_CACHE", &t.fault_cache),
+        ("NVWC_FAULT_BACKING", &t.fault_backing),
+    ] {
+        let Some(spec) = spec else { continue };
+        match env.iter_mut().find(|(k, _)| k == var) {
+            Some((_, v)) => *v = format!("{v};{spec}"),
+            None => env.push((var.to_string(), spec.clone())),
+        }
     }
     let mut cfg = ServerCfg {
         dir: dir.clone(),
@@ -926,13 +1140,39 @@ pub fn run_trial(t: &Trial, root: &Path, keep: bool) -> Result<TrialResult> {
         &mut rng,
         t0,
         Duration::from_millis(run_ms + 10_000),
+        t.workload,
     ))?;
     let (crash_us, status) = killer.join().expect("killer thread");
     let signal = server.kill9();
     if let Some(f) = &t.error_file {
         std::fs::remove_file(f)?;
     }
+    let host_crash = t.mode == "host-crash";
+    // The host went down with the server: of each device's writes that were
+    // not durable, a random subset reaches it, some torn.
+    let crashed = if host_crash {
+        let mut crng = Rng::new(t.seed ^ 0x686f_7374_6372_7368);
+        let cache = apply_host_crash(
+            &dir.join("cache.volatile"),
+            &cfg.cache(),
+            None,
+            &rt,
+            &mut crng,
+        )?;
+        let backing = apply_host_crash(
+            &dir.join("backing.volatile"),
+            &cfg.backing(),
+            t.backing_uri.as_deref(),
+            &rt,
+            &mut crng,
+        )?;
+        Some(HostCrash { cache, backing })
+    } else {
+        None
+    };
     let h = History::new(&ops, REGION_BLOCKS);
+    // Blocks a host crash tore are read sector by sector.
+    let torn_from = host_crash.then_some(&h);
     let forced_closes = status
         .as_deref()
         .and_then(|s| counter(s, "journal_forced_closes"));
@@ -951,13 +1191,13 @@ pub fn run_trial(t: &Trial, root: &Path, keep: bool) -> Result<TrialResult> {
         }
         Ok(())
     };
-    let host_crash = t.mode == "host-crash";
     let failed_undefined = t.failed_writes_undefined();
 
     let (cache_intact, cache_lost) = if let Some(u) = &t.backing_uri {
         // Upstream: check the backing alone first (the restart below may write it back).
         recover(u)?;
-        let seen_lost = rt.block_on(read_blocks_nbd(u, nonce, REGION_BLOCKS))?;
+        let region = rt.block_on(read_region_nbd(u, REGION_BLOCKS))?;
+        let seen_lost = decode_region(nonce, &region, torn_from);
         let cache_lost = check_cache_lost(
             &t.policy,
             host_crash,
@@ -968,7 +1208,8 @@ pub fn run_trial(t: &Trial, root: &Path, keep: bool) -> Result<TrialResult> {
         );
         cfg.env.clear();
         let server = Server::start(&cfg, "serve-2.log")?;
-        let seen = rt.block_on(read_blocks_nbd(&cfg.uri(), nonce, REGION_BLOCKS))?;
+        let region = rt.block_on(read_region_nbd(&cfg.uri(), REGION_BLOCKS))?;
+        let seen = decode_region(nonce, &region, torn_from);
         server.kill9();
         (
             check_flush_contract(&h, &seen, crash_us, failed_undefined),
@@ -988,12 +1229,14 @@ pub fn run_trial(t: &Trial, root: &Path, keep: bool) -> Result<TrialResult> {
         // Cache intact: restart (no faults) and read everything back.
         cfg.env.clear();
         let server = Server::start(&cfg, "serve-2.log")?;
-        let seen = rt.block_on(read_blocks_nbd(&cfg.uri(), nonce, REGION_BLOCKS))?;
+        let region = rt.block_on(read_region_nbd(&cfg.uri(), REGION_BLOCKS))?;
+        let seen = decode_region(nonce, &region, torn_from);
         server.kill9();
         let cache_intact = check_flush_contract(&h, &seen, crash_us, failed_undefined);
 
         recover(&lost_backing.display().to_string())?;
-        let seen_lost = read_blocks_file(&lost_backing, nonce, REGION_BLOCKS)?;
+        let region = read_region_file(&lost_backing, REGION_BLOCKS)?;
+        let seen_lost = decode_region(nonce, &region, torn_from);
         let cache_lost = check_cache_lost(
             &t.policy,
             host_crash,
@@ -1021,8 +1264,20 @@ pub fn run_trial(t: &Trial, root: &Path, keep: bool) -> Result<TrialResult> {
         refused_writes: h.refused_writes,
         cache_intact,
         cache_lost,
-        degraded: status.map(|s| s.contains("\"cache_degraded\":1")),
+        degraded: status
+            .as_deref()
+            .map(|s| s.contains("\"cache_degraded\":1")),
         forced_closes,
+        workload: t.workload.name(),
+        large_writes: ops
+            .iter()
+            .filter(|o| matches!(o, Op::Write { n, .. } if n * BS >= DIRECT_MIN))
+            .count() as u64,
+        direct_writes: status.as_deref().and_then(|s| stat(s, "direct_writes")),
+        mapped_writes: status
+            .as_deref()
+            .and_then(|s| counter(s, "cache_mapped_writes")),
+        host_crash: crashed,
     };
     let failed = !r.cache_intact.ok || (!r.cache_lost.ok && t.policy != "write-back");
     if !(keep && failed) {
@@ -1036,6 +1291,44 @@ pub fn run_trial(t: &Trial, root: &Path, keep: bool) -> Result<TrialResult> {
         )?;
     }
     Ok(r)
+}
+
+/// A host crash on one device: apply a random subset of the writes its side
+/// log holds (`log`; none if it is missing), torn at sectors, to the file
+/// `file`, or through NBD to the upstream `uri`.
+fn apply_host_crash(
+    log: &Path,
+    file: &Path,
+    uri: Option<&str>,
+    rt: &tokio::runtime::Runtime,
+    rng: &mut Rng,
+) -> Result<crate::fault::volatile::CrashOutcome> {
+    use std::os::unix::fs::FileExt;
+    let mut pieces: Vec<(u64, Vec<u8>)> = Vec::new();
+    let out = crate::fault::volatile::apply_crash(log, &mut || rng.next(), &mut |o, d| {
+        pieces.push((o, d.to_vec()));
+        Ok(())
+    })
+    .with_context(|| format!("applying {}", log.display()))?;
+    match uri {
+        None => {
+            let f = std::fs::OpenOptions::new().write(true).open(file)?;
+            for (o, d) in &pieces {
+                f.write_all_at(d, *o)?;
+            }
+        }
+        Some(u) if !pieces.is_empty() => rt.block_on(async {
+            let c = connect(u).await?;
+            for (o, d) in pieces {
+                c.write(o, Bytes::from(d), false).await?;
+            }
+            c.flush().await?;
+            let _ = c.disconnect().await;
+            anyhow::Ok(())
+        })?,
+        Some(_) => {}
+    }
+    Ok(out)
 }
 
 /// Zero the workload region of an upstream backing store (the trials share it).
@@ -1103,12 +1396,22 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
     );
     let policies: Vec<&str> = a.policies.split(',').map(str::trim).collect();
     let modes: Vec<&str> = a.modes.split(',').map(str::trim).collect();
+    let workloads = a
+        .workloads
+        .split(',')
+        .map(|w| Workload::parse(w.trim()))
+        .collect::<Result<Vec<_>>>()?;
     let mut all = Vec::new();
     let mut n = 0u64;
-    let pb = trials_bar((policies.len() * modes.len()) as u64 * u64::from(a.trials));
+    let pb =
+        trials_bar((policies.len() * modes.len() * workloads.len()) as u64 * u64::from(a.trials));
     for p in &policies {
-        for m in &modes {
-            pb.set_message(format!("{p} {m}"));
+        for (m, w) in modes
+            .iter()
+            .flat_map(|m| workloads.iter().map(move |w| (m, *w)))
+        {
+            let wn = w.name();
+            pb.set_message(format!("{p} {m} {wn}"));
             for i in 0..a.trials {
                 n += 1;
                 let t = Trial {
@@ -1125,15 +1428,16 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
                     server_args: a.server_args.clone(),
                     cache_size: a.cache_size,
                     max_write_blocks: a.max_write_blocks,
+                    workload: w,
                 };
                 let r = run_trial(&t, &root, a.keep)
-                    .with_context(|| format!("trial {p} {m} {i} (seed {})", t.seed))?;
+                    .with_context(|| format!("trial {p} {m} {wn} {i} (seed {})", t.seed))?;
                 if a.json {
                     println!("{}", serde_json::to_string(&r)?);
                 } else if !r.cache_intact.ok || !r.cache_lost.ok {
                     pb.suspend(|| {
                         eprintln!(
-                            "  {p} {m} #{i} seed {}: cache intact {} {}; cache lost {} {}",
+                            "  {p} {m} {wn} #{i} seed {}: cache intact {} {}; cache lost {} {}",
                             r.seed,
                             verdict(r.cache_intact.ok),
                             r.cache_intact.detail,
@@ -1191,21 +1495,41 @@ fn verdict(ok: bool) -> &'static str {
     }
 }
 
-/// Per policy and mode.
-#[derive(Clone, Debug, serde::Serialize)]
+/// Per policy, mode and workload.
+#[derive(Clone, Debug, Default, serde::Serialize)]
 pub struct Summary {
     pub policy: String,
     pub mode: String,
+    pub workload: String,
     pub trials: u64,
     /// Trials where the restarted server lost a flushed (or FUA) write or showed garbage.
     pub flushed_lost_trials: u64,
+    /// Blocks, over all trials, where it did (lost flushed writes).
+    pub flushed_lost_blocks: u64,
     pub cache_lost_passes: u64,
+    /// Trials whose backing alone broke the policy's promise.
+    pub cache_lost_inconsistent: u64,
     /// Trials the server ended itself (a failpoint's or torn-crash's abort) rather than by kill -9.
     pub self_aborts: u64,
     /// Journaled-hints trials with forced closes (held to point-in-time, not flush-aligned).
     pub forced_close_trials: u64,
     pub acked_writes: u64,
     pub flushes_acked: u64,
+    /// Client writes of 16 KiB or more (offered to the direct path).
+    pub large_writes: u64,
+    /// Writes the server took directly (received into the mapped cache).
+    pub direct_writes: u64,
+    /// Cache writes copied into the mapped cache file.
+    pub mapped_writes: u64,
+    /// Host crashes: writes not durable at the crash (both devices), and
+    /// of those, how many were lost, kept whole, or torn.
+    pub crash_pending: u64,
+    pub crash_lost: u64,
+    pub crash_whole: u64,
+    pub crash_torn: u64,
+    /// Blocks read back torn (judged sector by sector), cache intact and lost.
+    pub torn_blocks_intact: u64,
+    pub torn_blocks_lost: u64,
     pub mean_stale_writes_cache_intact: f64,
     pub mean_stale_writes_cache_lost: f64,
     pub max_stale_ms_cache_lost: f64,
@@ -1216,23 +1540,15 @@ pub fn summarize(all: &[TrialResult]) -> Vec<Summary> {
     for r in all {
         let i = match out
             .iter()
-            .position(|s| s.policy == r.policy && s.mode == r.mode)
+            .position(|s| s.policy == r.policy && s.mode == r.mode && s.workload == r.workload)
         {
             Some(i) => i,
             None => {
                 out.push(Summary {
                     policy: r.policy.clone(),
                     mode: r.mode.clone(),
-                    trials: 0,
-                    flushed_lost_trials: 0,
-                    cache_lost_passes: 0,
-                    self_aborts: 0,
-                    forced_close_trials: 0,
-                    acked_writes: 0,
-                    flushes_acked: 0,
-                    mean_stale_writes_cache_intact: 0.0,
-                    mean_stale_writes_cache_lost: 0.0,
-                    max_stale_ms_cache_lost: 0.0,
+                    workload: r.workload.to_string(),
+                    ..Summary::default()
                 });
                 out.len() - 1
             }
@@ -1240,11 +1556,26 @@ pub fn summarize(all: &[TrialResult]) -> Vec<Summary> {
         let s = &mut out[i];
         s.trials += 1;
         s.flushed_lost_trials += u64::from(!r.cache_intact.ok);
+        s.flushed_lost_blocks += r.cache_intact.bad_blocks;
         s.cache_lost_passes += u64::from(r.cache_lost.ok);
+        s.cache_lost_inconsistent += u64::from(!r.cache_lost.ok);
         s.self_aborts += u64::from(r.signal == Some(6));
         s.forced_close_trials += u64::from(r.forced_closes.unwrap_or(0) > 0);
         s.acked_writes += r.acked;
         s.flushes_acked += r.flushes_acked;
+        s.large_writes += r.large_writes;
+        s.direct_writes += r.direct_writes.unwrap_or(0);
+        s.mapped_writes += r.mapped_writes.unwrap_or(0);
+        if let Some(hc) = &r.host_crash {
+            for o in [hc.cache, hc.backing] {
+                s.crash_pending += o.pending;
+                s.crash_lost += o.lost;
+                s.crash_whole += o.whole;
+                s.crash_torn += o.torn;
+            }
+        }
+        s.torn_blocks_intact += r.cache_intact.torn_blocks;
+        s.torn_blocks_lost += r.cache_lost.torn_blocks;
         s.mean_stale_writes_cache_intact += r.cache_intact.stale_writes as f64;
         s.mean_stale_writes_cache_lost += r.cache_lost.stale_writes as f64;
         s.max_stale_ms_cache_lost = s.max_stale_ms_cache_lost.max(r.cache_lost.stale_ms);
@@ -1258,36 +1589,44 @@ pub fn summarize(all: &[TrialResult]) -> Vec<Summary> {
 
 fn print_summary(s: &[Summary]) {
     println!(
-        "{:<16} {:<13} {:>6} {:>7} {:>13} {:>13} {:>8} {:>8} {:>10} {:>11} {:>12}",
+        "{:<16} {:<13} {:<6} {:>6} {:>6} {:>12} {:>13} {:>8} {:>8} {:>8} {:>8} {:>16} {:>10} {:>11} {:>12}",
         "policy",
         "mode",
+        "load",
         "trials",
         "aborts",
         "flushed-lost",
         "cache-lost ok",
         "acked",
         "flushes",
+        "direct",
+        "mapped",
+        "crash lost/torn",
         "stale(int)",
         "stale(lost)",
         "stale ms max"
     );
     for x in s {
         println!(
-            "{:<16} {:<13} {:>6} {:>7} {:>13} {:>13} {:>8} {:>8} {:>10.1} {:>11.1} {:>12.0}",
+            "{:<16} {:<13} {:<6} {:>6} {:>6} {:>12} {:>13} {:>8} {:>8} {:>8} {:>8} {:>16} {:>10.1} {:>11.1} {:>12.0}",
             x.policy,
             x.mode,
+            x.workload,
             x.trials,
             x.self_aborts,
             x.flushed_lost_trials,
             format!("{}/{}", x.cache_lost_passes, x.trials),
             x.acked_writes,
             x.flushes_acked,
+            x.direct_writes,
+            x.mapped_writes,
+            format!("{}/{}/{}", x.crash_lost, x.crash_torn, x.crash_pending),
             x.mean_stale_writes_cache_intact,
             x.mean_stale_writes_cache_lost,
             x.max_stale_ms_cache_lost
         );
     }
-    println!("(flushed-lost: trials where the restarted server lost an acknowledged write covered by a FLUSH or FUA; cache-lost ok: the backing alone kept the policy's promise; stale: acknowledged writes not visible, mean per trial; stale ms max: age at the crash of the oldest acknowledged write the backing alone missed; aborts: the server died at its failpoint)");
+    println!("(flushed-lost: trials where the restarted server lost an acknowledged write covered by a FLUSH or FUA; cache-lost ok: the backing alone kept the policy's promise; direct: writes received from the socket straight into the mapped cache; mapped: cache writes copied into it; crash lost/torn: of the writes not durable at a host crash (both devices), lost and torn / all; stale: acknowledged writes not visible, mean per trial; stale ms max: age at the crash of the oldest acknowledged write the backing alone missed; aborts: the server died at its failpoint)");
 }
 
 #[cfg(test)]
@@ -1345,6 +1684,56 @@ mod tests {
         let ops = vec![w(1, 0, 1, false), w(2, 0, 1, true), f(2)];
         let h = History::new(&ops, 1);
         assert!(!check_flush_contract(&h, &[Seen::Garbage], 100, true).ok);
+    }
+
+    /// A block made of the sectors of writes `secs` (0: zeroes).
+    fn mix(nonce: u64, block: u64, secs: [u64; SECTORS]) -> Vec<u8> {
+        let s = SECTOR as usize;
+        let mut b = vec![0u8; BS as usize];
+        for (i, &seq) in secs.iter().enumerate() {
+            if seq > 0 {
+                b[i * s..(i + 1) * s]
+                    .copy_from_slice(&block_bytes(nonce, seq, block)[i * s..(i + 1) * s]);
+            }
+        }
+        b
+    }
+
+    #[test]
+    fn torn_blocks_are_judged_sector_by_sector() {
+        // 1: block 0, flush; 2: blocks 0-1 (acked, not flushed); 3: block 1.
+        let ops = vec![w(1, 0, 1, true), f(1), w(2, 0, 2, true), w(3, 1, 1, true)];
+        let h = History::new(&ops, 2);
+        let region = |b0: [u64; 8], b1: [u64; 8]| [mix(5, 0, b0), mix(5, 1, b1)].concat();
+        // A torn block is garbage unless a host crash is being judged.
+        let r = region([2, 2, 1, 1, 1, 1, 2, 1], [3; 8]);
+        assert_eq!(decode_region(5, &r, None)[0], Seen::Garbage);
+        let seen = decode_region(5, &r, Some(&h));
+        assert_eq!(seen[0], Seen::Torn([2, 2, 1, 1, 1, 1, 2, 1]));
+        assert_eq!(seen[1], Seen::Seq(3));
+        // The flushed write 1, partly overwritten by write 2: kept.
+        let c = check_flush_contract(&h, &seen, 100, false);
+        assert!(c.ok && c.torn_blocks == 1, "{c:?}");
+        // A sector older than the floor (zeroes under write 1): lost.
+        let seen = decode_region(5, &region([2, 0, 1, 1, 1, 1, 1, 1], [3; 8]), Some(&h));
+        assert!(matches!(seen[0], Seen::Torn(_)));
+        assert!(!check_flush_contract(&h, &seen, 100, false).ok);
+        // A sector of another block's write, or of no write: garbage.
+        let mut r = region([2, 2, 1, 1, 1, 1, 1, 1], [3; 8]);
+        r[512..1024].copy_from_slice(&mix(5, 1, [3; 8])[512..1024]);
+        assert_eq!(decode_region(5, &r, Some(&h))[0], Seen::Garbage);
+        // Point in time: write 2 at the cut, torn across both its blocks.
+        let seen = decode_region(
+            5,
+            &region([2, 1, 2, 1, 1, 1, 1, 1], [0, 2, 2, 0, 0, 0, 0, 0]),
+            Some(&h),
+        );
+        let c = check_point_in_time(&h, &seen, 0, false);
+        assert!(c.ok && c.cut == Some(2) && c.torn_blocks == 2, "{c:?}");
+        // ... but not at a FLUSH, and a torn write before the cut is a hole.
+        assert!(!check_point_in_time(&h, &seen, 0, true).ok);
+        let seen = decode_region(5, &region([2, 1, 2, 1, 1, 1, 1, 1], [3; 8]), Some(&h));
+        assert!(!check_point_in_time(&h, &seen, 0, false).ok);
     }
 
     #[test]

@@ -12,11 +12,17 @@
 //!   the process: a crash in the middle of a write), and `volatile` (below).
 //!   A rule fires on the matching commands after the first `after`, at most
 //!   `count` times (default: always), each time with probability `prob`.
-//! - **simulate a host crash** (`volatile`, LazyFS-style): writes are kept in
-//!   a volatile overlay and reach the file only at a FLUSH (or as a FUA
-//!   write, or before a journaled group ends); reads see the overlay. A
-//!   `kill -9` then loses exactly what the device had not been told to make
-//!   durable, as a power loss would.
+//! - **simulate a host crash** (`volatile[,log=PATH]`; `fault/volatile.rs`):
+//!   the file holds only what is durable; a write reaches it only at a
+//!   FLUSH issued after the write completed (or as a FUA write, or before a
+//!   journaled group ends). Until then it is visible in the device's own
+//!   view (the cache file mapped *private*, so mapped cache writes and
+//!   direct writes take their usual path, `serve/mapped.rs`) or in the
+//!   layer's overlay on reads, and, with `log=PATH`, recorded in a side log
+//!   that outlives a `kill -9` (a named export's log is `PATH.NAME`). After
+//!   the kill, `nvwc crashtest` applies a random, seeded subset of the
+//!   logged writes, torn at 512-byte sectors ([`volatile::apply_crash`]), as
+//!   a power loss could leave them; without a log, the kill loses them all.
 //! - **abort at failpoints** (env `NVWC_FAILPOINTS=name:count[,name:count]`):
 //!   the `count`-th time the named point is reached the process aborts.
 //!   Points: `cache-flush` (after a cache sync: the commit window between the
@@ -42,6 +48,54 @@ use bytes::Bytes;
 use nvwc_core::{IoError, IoOp, IoResult};
 
 use crate::serve::log::log;
+
+pub mod volatile;
+
+/// The device under a [`Layer`].
+pub trait Media {
+    /// Run `op` on the device itself.
+    fn raw(&self, op: &IoOp<Bytes>, group: Option<u64>) -> IoResult<Bytes>;
+    /// Whether the device has a view of its own for writes that are not
+    /// durable (the cache file's private mapping in host-crash mode): the
+    /// layer puts them there with [`Media::show`], and `raw` reads see them.
+    /// Otherwise the layer overlays them on reads.
+    fn has_view(&self) -> bool {
+        false
+    }
+    /// Put a write in the device's view (never on the device itself).
+    fn show(&self, _offset: u64, _data: &[u8]) -> Result<(), IoError> {
+        Ok(())
+    }
+}
+
+impl<F: Fn(&IoOp<Bytes>, Option<u64>) -> IoResult<Bytes>> Media for F {
+    fn raw(&self, op: &IoOp<Bytes>, group: Option<u64>) -> IoResult<Bytes> {
+        self(op, group)
+    }
+}
+
+/// The bytes of a write the driver puts in the device's view itself
+/// ([`Layer::put_write`]): given how many bytes are written, the (offset,
+/// bytes) pieces, in order, for host-crash mode to record.
+pub enum Written<'a> {
+    /// Known before they are written (a buffer copied into the mapping):
+    /// recorded first, so that a crash in the middle of the copy may keep
+    /// any part of them, as a power loss may keep part of a write in flight.
+    Before(&'a dyn Fn(usize) -> Vec<(u64, Bytes)>),
+    /// Known only once written (a payload received from a socket): recorded
+    /// after; a crash in the middle loses the write whole.
+    After(&'a dyn Fn(usize) -> std::io::Result<Vec<(u64, Bytes)>>),
+}
+
+/// Why [`Layer::put_write`] failed.
+#[derive(Debug)]
+pub enum PutError {
+    /// The layer failed the write (an injected fault, or the side log could
+    /// not be written); counted and logged already.
+    Device(IoError),
+    /// `put` itself failed: the caller decides what that means.
+    Put(std::io::Error),
+}
 
 /// Which device a layer sits on.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -104,18 +158,33 @@ pub struct SpecError {
     why: String,
 }
 
-fn parse_rules(spec: &str) -> Result<(Vec<Rule>, bool), SpecError> {
+/// The `volatile` rule: host-crash mode, and where its side log goes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct VolatileSpec {
+    log: Option<std::path::PathBuf>,
+}
+
+fn parse_rules(spec: &str) -> Result<(Vec<Rule>, Option<VolatileSpec>), SpecError> {
     let err = |why: String| SpecError {
         spec: spec.to_string(),
         why,
     };
     let mut rules = Vec::new();
-    let mut volatile = false;
+    let mut volatile = None;
     for r in spec.split(';').map(str::trim).filter(|r| !r.is_empty()) {
         let mut parts = r.split(',').map(str::trim);
         let kind = match parts.next().unwrap_or_default() {
             "volatile" => {
-                volatile = true;
+                let mut v = VolatileSpec::default();
+                for kv in parts {
+                    match kv.split_once('=') {
+                        Some(("log", path)) if !path.is_empty() => v.log = Some(path.into()),
+                        _ => {
+                            return Err(err(format!("volatile: unknown option {kv:?} (log=PATH)")))
+                        }
+                    }
+                }
+                volatile = Some(v);
                 continue;
             }
             "eio" => Kind::Eio,
@@ -266,8 +335,8 @@ fn failpoints_armed() -> bool {
 pub struct Layer {
     role: Role,
     rules: Vec<Rule>,
-    /// Volatile overlay (host-crash simulation): un-synced writes, in order.
-    overlay: Option<Mutex<Vec<(u64, Bytes)>>>,
+    /// Host-crash mode: what is not durable yet (`fault/volatile.rs`).
+    volatile: Option<volatile::Volatile>,
     failed: AtomicBool,
     errors: AtomicU64,
     export: String,
@@ -284,6 +353,19 @@ impl Layer {
 
     pub fn new(role: Role, spec: &str, export: &str) -> Result<Layer, SpecError> {
         let (rules, volatile) = parse_rules(spec)?;
+        let volatile = volatile
+            .map(|v| {
+                // One log per export.
+                let log = v.log.map(|p| match export {
+                    "" => p,
+                    name => format!("{}.{name}", p.display()).into(),
+                });
+                volatile::Volatile::new(log.clone()).map_err(|e| SpecError {
+                    spec: spec.to_string(),
+                    why: format!("volatile: side log {log:?}: {e}"),
+                })
+            })
+            .transpose()?;
         if !spec.trim().is_empty() {
             log!(
                 warn,
@@ -296,7 +378,7 @@ impl Layer {
         Ok(Layer {
             role,
             rules,
-            overlay: volatile.then(Mutex::default),
+            volatile,
             failed: AtomicBool::new(false),
             errors: AtomicU64::new(0),
             err_log: crate::serve::log::Throttle::new(),
@@ -306,7 +388,13 @@ impl Layer {
 
     /// Nothing to inject, overlay or check: a command may bypass [`Layer::run`].
     pub fn passthrough(&self) -> bool {
-        self.rules.is_empty() && self.overlay.is_none() && !failpoints_armed()
+        self.rules.is_empty() && self.volatile.is_none() && !failpoints_armed()
+    }
+
+    /// Host-crash mode (`volatile`): the device's file must hold only what
+    /// the layer made durable (so a cache file is mapped private).
+    pub fn volatile(&self) -> bool {
+        self.volatile.is_some()
     }
 
     /// The device failed (cache: the export is degraded to read-only).
@@ -319,14 +407,29 @@ impl Layer {
         self.errors.load(Ordering::Relaxed)
     }
 
-    /// Run `op` through the layer; `raw` executes a command on the device itself.
-    pub fn run(
+    /// Host-crash mode: the stamp of a FLUSH (or group end) issued now, to
+    /// pass to [`Layer::run_issued`] when it runs later (on a worker): it
+    /// covers the writes completed before its issue, not those completed
+    /// while it waited to run. `None` otherwise.
+    pub fn issue_stamp(&self) -> Option<u64> {
+        self.volatile.as_ref().map(|v| v.stamp())
+    }
+
+    /// Run `op` through the layer on `dev`.
+    pub fn run(&self, op: &IoOp<Bytes>, group: Option<u64>, dev: &impl Media) -> IoResult<Bytes> {
+        self.run_issued(op, group, dev, None)
+    }
+
+    /// [`Layer::run`] for a command issued at `issued` ([`Layer::issue_stamp`];
+    /// `None`: now).
+    pub fn run_issued(
         &self,
         op: &IoOp<Bytes>,
         group: Option<u64>,
-        raw: impl Fn(&IoOp<Bytes>, Option<u64>) -> IoResult<Bytes>,
+        dev: &impl Media,
+        issued: Option<u64>,
     ) -> IoResult<Bytes> {
-        let r = self.run_inner(op, group, &raw);
+        let r = self.run_inner(op, group, dev, issued);
         if let Err(e) = &r {
             self.record_error(e);
         }
@@ -359,11 +462,110 @@ impl Layer {
         }
     }
 
+    /// A plain write of `len` bytes at `offset` that the driver puts in the
+    /// device's view itself (the mapped cache file: cache-slot writes copied
+    /// in by the kernel, direct writes received into it): `put(n)` writes
+    /// its first `n` bytes (`n < len` for a torn write), and `written`
+    /// gives them to host-crash mode to record. Faults apply as to a write
+    /// through [`Layer::run`]; with nothing configured this is just `put(len)`.
+    pub fn put_write(
+        &self,
+        offset: u64,
+        len: usize,
+        dev: &impl Media,
+        put: &mut dyn FnMut(usize) -> std::io::Result<()>,
+        written: Written<'_>,
+    ) -> Result<(), PutError> {
+        if self.passthrough() {
+            return put(len).map_err(PutError::Put);
+        }
+        let fail = |e: IoError| {
+            self.record_error(&e);
+            PutError::Device(e)
+        };
+        let probe = IoOp::Write {
+            offset,
+            data: Bytes::new(),
+            fua: false,
+        };
+        if failpoints_armed() {
+            self.failpoints_before(&probe, None);
+        }
+        let (mut keep, mut torn) = (len, None);
+        for rule in &self.rules {
+            if !rule.matches(&probe) {
+                continue;
+            }
+            let Some(r) = rule.fires() else { continue };
+            match rule.kind {
+                Kind::Eio => return Err(fail(IoError::Eio)),
+                Kind::NoSpace => return Err(fail(IoError::NoSpace)),
+                Kind::Timeout => {
+                    std::thread::sleep(Duration::from_millis(rule.ms));
+                    return Err(fail(IoError::Timeout));
+                }
+                Kind::Delay => std::thread::sleep(Duration::from_millis(rule.ms)),
+                Kind::Torn | Kind::TornCrash => {
+                    let sectors = len.div_ceil(512) as u64;
+                    keep = (((r % sectors.max(1)) * 512) as usize).min(len);
+                    torn = Some(rule.kind);
+                    break;
+                }
+            }
+        }
+        if keep > 0 {
+            let record = |w: std::io::Result<Vec<(u64, Bytes)>>| match &self.volatile {
+                Some(v) => w
+                    .and_then(|w| v.completed(w))
+                    .map_err(|e| fail(self.log_failed(e))),
+                None => Ok(()),
+            };
+            match written {
+                Written::Before(w) => {
+                    if self.volatile.is_some() {
+                        record(Ok(w(keep)))?;
+                    }
+                    put(keep).map_err(PutError::Put)?;
+                }
+                Written::After(w) => {
+                    put(keep).map_err(PutError::Put)?;
+                    if self.volatile.is_some() {
+                        record(w(keep))?;
+                    }
+                }
+            }
+        }
+        match torn {
+            Some(Kind::TornCrash) => {
+                // The page cache keeps what was written: a crash mid-write.
+                let _ = self.exec(&IoOp::Flush, None, dev, None);
+                eprintln!("nvwc: torn-crash fault: abort after {keep} of {len} bytes");
+                std::process::abort();
+            }
+            Some(_) => Err(fail(IoError::Eio)),
+            None => Ok(()),
+        }
+    }
+
+    /// The side log could not be written: the host-crash model is broken,
+    /// so the write fails (and the export degrades) rather than go unrecorded.
+    fn log_failed(&self, e: std::io::Error) -> IoError {
+        log!(
+            error,
+            "volatile_log_failed",
+            device = self.role.name(),
+            export = &self.export,
+            error = e.to_string()
+        );
+        IoError::Eio
+    }
+
     fn run_inner(
         &self,
         op: &IoOp<Bytes>,
         group: Option<u64>,
-        raw: &impl Fn(&IoOp<Bytes>, Option<u64>) -> IoResult<Bytes>,
+        dev: &impl Media,
+        issued: Option<u64>,
     ) -> IoResult<Bytes> {
         if failpoints_armed() {
             self.failpoints_before(op, group);
@@ -394,12 +596,13 @@ impl Layer {
                                     fua: false,
                                 },
                                 group,
-                                raw,
+                                dev,
+                                None,
                             );
                         }
                         if rule.kind == Kind::TornCrash {
                             // The page cache keeps what was written: a crash mid-write.
-                            let _ = self.exec(&IoOp::Flush, None, raw);
+                            let _ = self.exec(&IoOp::Flush, None, dev, None);
                             eprintln!(
                                 "nvwc: torn-crash fault: abort after {keep} of {} bytes",
                                 data.len()
@@ -411,7 +614,7 @@ impl Layer {
                 }
             }
         }
-        let r = self.exec(op, group, raw);
+        let r = self.exec(op, group, dev, issued);
         if failpoints_armed() && r.is_ok() {
             match (self.role, op) {
                 (Role::Cache, IoOp::Flush) => failpoint("cache-flush"),
@@ -431,66 +634,76 @@ impl Layer {
         }
     }
 
-    /// Execute through the volatile overlay, if any.
+    /// Execute on `dev`, through the host-crash model if it is on
+    /// (`fault/volatile.rs`); `issued`: a FLUSH's issue stamp.
     fn exec(
         &self,
         op: &IoOp<Bytes>,
         group: Option<u64>,
-        raw: &impl Fn(&IoOp<Bytes>, Option<u64>) -> IoResult<Bytes>,
+        dev: &impl Media,
+        issued: Option<u64>,
     ) -> IoResult<Bytes> {
-        let Some(ov) = &self.overlay else {
-            return raw(op, group);
+        let Some(v) = &self.volatile else {
+            return dev.raw(op, group);
         };
-        let mut ov = ov.lock().unwrap();
         match op {
-            IoOp::Write { offset, data, fua } if group.is_none() => {
-                ov.push((*offset, data.clone()));
-                if *fua {
-                    // Durable on its own: straight to the device, synced.
-                    raw(op, None)?;
+            IoOp::Write {
+                offset,
+                data,
+                fua: false,
+            } if group.is_none() => {
+                // Recorded before it is shown: a crash in the middle of the
+                // copy may keep any part of it (a write in flight).
+                v.completed(vec![(*offset, data.clone())])
+                    .map_err(|e| self.log_failed(e))?;
+                if dev.has_view() {
+                    dev.show(*offset, data)?;
                 }
                 Ok(None)
             }
-            IoOp::Read { offset, len } => {
-                let got = raw(op, group)?;
-                let (start, end) = (*offset, *offset + u64::from(*len));
-                if !ov
-                    .iter()
-                    .any(|(o, d)| *o < end && o + d.len() as u64 > start)
-                {
-                    return Ok(got);
+            IoOp::Write { offset, data, .. } if group.is_none() => {
+                // FUA: to the device now. Flushes wait, so that no older
+                // batch lands over it.
+                let _sync = v.sync_lock();
+                if dev.has_view() {
+                    dev.show(*offset, data)?;
                 }
-                let mut buf = got.map(|b| b.to_vec()).unwrap_or_default();
-                buf.resize(*len as usize, 0);
-                for (o, d) in ov.iter() {
-                    let (ws, we) = (*o, o + d.len() as u64);
-                    let (s, e) = (ws.max(start), we.min(end));
-                    if s < e {
-                        buf[(s - start) as usize..(e - start) as usize]
-                            .copy_from_slice(&d[(s - ws) as usize..(e - ws) as usize]);
-                    }
-                }
-                Ok(Some(Bytes::from(buf)))
+                dev.raw(op, None)?;
+                v.durable(*offset, data).map_err(|e| self.log_failed(e))?;
+                Ok(None)
             }
-            IoOp::Write { .. } | IoOp::Trim { .. } | IoOp::GroupBegin { .. } => raw(op, group),
+            IoOp::Read { .. } if dev.has_view() => dev.raw(op, group),
+            IoOp::Read { offset, len } => {
+                // The device and the overlay as of one moment: a FLUSH
+                // moves records from the one to the other.
+                let _sync = v.sync_lock();
+                let got = dev.raw(op, group)?;
+                Ok(v.overlay(*offset, *len, got))
+            }
+            IoOp::Write { .. } | IoOp::Trim { .. } | IoOp::GroupBegin { .. } => dev.raw(op, group),
             IoOp::Flush | IoOp::GroupEnd { .. } => {
-                // Everything written so far reaches the device, then the sync
-                // (or the group's own synced apply) makes it durable.
-                for (o, d) in ov.iter() {
-                    raw(
-                        &IoOp::Write {
-                            offset: *o,
-                            data: d.clone(),
-                            fua: false,
-                        },
-                        None,
-                    )?;
+                // Every write completed before the FLUSH was issued
+                // reaches the device, then the sync makes it durable. A
+                // group's end syncs first too: its redo log's sync of the
+                // backing file makes every completed write durable as well.
+                let _sync = v.sync_lock();
+                let (stamp, batch) = v.batch(issued);
+                for (offset, data) in batch {
+                    let w = IoOp::Write {
+                        offset,
+                        data,
+                        fua: false,
+                    };
+                    dev.raw(&w, None)?;
                 }
-                if matches!(op, IoOp::GroupEnd { .. }) {
-                    raw(&IoOp::Flush, None)?;
+                if matches!(op, IoOp::Flush) {
+                    dev.raw(op, group)?;
+                    v.synced(stamp).map_err(|e| self.log_failed(e))?;
+                    return Ok(None);
                 }
-                ov.clear();
-                raw(op, group)
+                dev.raw(&IoOp::Flush, None)?;
+                v.synced(stamp).map_err(|e| self.log_failed(e))?;
+                dev.raw(op, group)
             }
         }
     }
@@ -503,13 +716,17 @@ mod tests {
     #[test]
     fn specs_parse_and_reject() {
         let (r, v) = parse_rules("eio,op=write,after=3,count=2;volatile").unwrap();
-        assert!(v);
+        assert_eq!(v, Some(VolatileSpec::default()));
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].kind, Kind::Eio);
         assert_eq!(r[0].op, OpClass::Write);
         assert!(parse_rules("bogus").is_err());
         assert!(parse_rules("eio,prob=2").is_err());
         assert!(parse_rules("torn,op=read").is_err());
+        let (_, v) = parse_rules("volatile,log=/tmp/x.log").unwrap();
+        assert_eq!(v.unwrap().log.unwrap(), std::path::Path::new("/tmp/x.log"));
+        assert!(parse_rules("volatile,bogus").is_err());
+        assert_eq!(parse_rules("eio").unwrap().1, None);
     }
 
     #[test]
@@ -541,7 +758,7 @@ mod tests {
             data: Bytes::from(vec![b; 512]),
             fua,
         };
-        l.run(&w(0, 1, false), None, raw).unwrap();
+        l.run(&w(0, 1, false), None, &raw).unwrap();
         let r = l
             .run(
                 &IoOp::Read {
@@ -549,7 +766,7 @@ mod tests {
                     len: 1024,
                 },
                 None,
-                raw,
+                &raw,
             )
             .unwrap()
             .unwrap();
@@ -559,10 +776,10 @@ mod tests {
             0,
             "not on the device before a sync"
         );
-        l.run(&w(512, 2, true), None, raw).unwrap();
+        l.run(&w(512, 2, true), None, &raw).unwrap();
         assert_eq!(disk.lock().unwrap()[512], 2, "FUA reaches the device");
         assert_eq!(disk.lock().unwrap()[0], 0);
-        l.run(&IoOp::Flush, None, raw).unwrap();
+        l.run(&IoOp::Flush, None, &raw).unwrap();
         assert_eq!(disk.lock().unwrap()[0], 1, "a sync makes it durable");
     }
 }

@@ -6,8 +6,9 @@
 //! - `server-crash`: `kill -9` of the server; restart on the same cache and
 //!   check the flush contract (every write acknowledged before a completed
 //!   FLUSH, and every FUA write, is there; no garbage);
-//! - `host-crash`: the same, with both devices behind the volatile overlay
-//!   (un-synced writes lost, LazyFS-style);
+//! - `host-crash`: the same, with both devices in host-crash mode: of the
+//!   writes not yet durable, a random subset survives, some torn at
+//!   512-byte sectors (`crashtest.rs`, `fault/volatile.rs`);
 //! - `cache-lost`: the backing store alone, right after a server crash (and
 //!   `nvwc recover`), checked against the policy's promise (`crashtest.rs`):
 //!   everything acknowledged for write-through, point-in-time for ordered and
@@ -79,6 +80,7 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
                     server_args: Vec::new(),
                     cache_size: crate::crashtest::CACHE_SIZE,
                     max_write_blocks: 4,
+                    workload: crate::crashtest::Workload::Small,
                 };
                 let r = run_trial(&t, &root, false)
                     .with_context(|| format!("grid trial {p} {mode} {i} (seed {})", t.seed))?;

@@ -308,6 +308,36 @@ impl Redo {
     }
 }
 
+/// The first `n` bytes of `parts`, back to back.
+fn prefix<'a>(parts: &[&'a [u8]], mut n: usize) -> Vec<&'a [u8]> {
+    let mut out = Vec::new();
+    for p in parts {
+        if n == 0 {
+            break;
+        }
+        let k = p.len().min(n);
+        out.push(&p[..k]);
+        n -= k;
+    }
+    out
+}
+
+/// The first `n` bytes of `parts` written back to back at `offset`, as
+/// (offset, bytes) pieces, one per part.
+fn pieces(mut offset: u64, parts: &[&Bytes], mut n: usize) -> Vec<(u64, Bytes)> {
+    let mut out = Vec::new();
+    for p in parts {
+        if n == 0 {
+            break;
+        }
+        let k = p.len().min(n);
+        out.push((offset, p.slice(..k)));
+        offset += k as u64;
+        n -= k;
+    }
+    out
+}
+
 /// `pwritev` all of `parts` at `offset`, resuming after short writes.
 fn pwritev_all(f: &File, mut offset: u64, parts: &[&Bytes]) -> std::io::Result<()> {
     use std::io::IoSlice;
@@ -337,9 +367,10 @@ enum Backend {
 
 struct Device {
     backend: Backend,
-    /// The cache file mapped shared: plain writes are copied into it rather
-    /// than `pwrite`n (`mapped.rs`). `None` for the backing store, or when
-    /// the file cannot be mapped.
+    /// The cache file mapped: plain writes are copied into it rather than
+    /// `pwrite`n (`mapped.rs`); private in host-crash mode (`fault.rs`),
+    /// where it is the device's view of writes not yet durable. `None` for
+    /// the backing store, or when the file cannot be mapped.
     map: Option<mapped::Mapped>,
     groups: Mutex<HashMap<u64, Vec<(u64, Bytes)>>>,
     redo: Option<Redo>,
@@ -347,26 +378,72 @@ struct Device {
     fault: crate::fault::Layer,
 }
 
+impl crate::fault::Media for Device {
+    fn raw(&self, op: &IoOp<Bytes>, group: Option<u64>) -> IoResult<Bytes> {
+        self.execute_raw(op, group)
+    }
+    fn has_view(&self) -> bool {
+        self.map.as_ref().is_some_and(|m| m.private())
+    }
+    fn show(&self, offset: u64, data: &[u8]) -> Result<(), IoError> {
+        match &self.map {
+            Some(m) if m.private() => m.write(offset, &[data]).map_err(|_| IoError::Eio),
+            _ => Ok(()),
+        }
+    }
+}
+
 impl Device {
     fn execute(&self, op: &IoOp<Bytes>, group: Option<u64>) -> IoResult<Bytes> {
-        self.fault
-            .run(op, group, |op, group| self.execute_raw(op, group))
+        self.fault.run(op, group, self)
+    }
+
+    /// [`Device::execute`] for a command the engine issued earlier, at
+    /// `issued` (`fault::Layer::issue_stamp`).
+    fn execute_issued(
+        &self,
+        op: &IoOp<Bytes>,
+        group: Option<u64>,
+        issued: Option<u64>,
+    ) -> IoResult<Bytes> {
+        self.fault.run_issued(op, group, self, issued)
     }
 
     /// Write adjacent `parts` starting at `offset` as one command: one copy
-    /// into the mapped cache file (or one `pwritev` when it is not mapped)
-    /// with no fault layer in the way, else one merged write through
-    /// [`Device::execute`] (which also records errors).
+    /// into the mapped cache file, through the fault layer
+    /// ([`crate::fault::Layer::put_write`]: injected faults, and in
+    /// host-crash mode the record of what is not durable yet), or one
+    /// `pwritev` where the file is not mapped and no fault layer is in the
+    /// way, else one merged write through [`Device::execute`] (which also
+    /// records errors).
     fn write_parts(&self, offset: u64, parts: &[&Bytes]) -> IoResult<Bytes> {
-        if let (Backend::File(f), true) = (&self.backend, self.fault.passthrough()) {
-            let done = match &self.map {
-                Some(m) => {
-                    let slices: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
-                    m.write(offset, &slices)
-                }
-                None => pwritev_all(f, offset, parts),
-            };
-            if done.is_ok() {
+        if let Backend::File(f) = &self.backend {
+            if let Some(m) = &self.map {
+                let slices: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
+                let total = slices.iter().map(|p| p.len()).sum();
+                let r = self.fault.put_write(
+                    offset,
+                    total,
+                    self,
+                    &mut |n| {
+                        if n == total {
+                            m.write(offset, &slices)
+                        } else {
+                            m.write(offset, &prefix(&slices, n))
+                        }
+                    },
+                    crate::fault::Written::Before(&|n| pieces(offset, parts, n)),
+                );
+                return match r {
+                    Ok(()) => Ok(None),
+                    Err(crate::fault::PutError::Device(e)) => Err(e),
+                    Err(crate::fault::PutError::Put(_)) => {
+                        self.fault.record_error(&IoError::Eio);
+                        Err(IoError::Eio)
+                    }
+                };
+            }
+            if self.fault.passthrough() && pwritev_all(f, offset, parts).is_ok() {
                 return Ok(None);
             }
             // Retried below, so the failure is counted and logged as usual.
@@ -431,7 +508,12 @@ impl Device {
         match op {
             IoOp::Read { offset, len } => {
                 let mut buf = vec![0u8; *len as usize];
-                io(file.read_exact_at(&mut buf, *offset))?;
+                match &self.map {
+                    // Host-crash mode: the private mapping is what a reader
+                    // sees (the file holds only what is durable).
+                    Some(m) if m.private() => io(m.read(*offset, &mut buf))?,
+                    _ => io(file.read_exact_at(&mut buf, *offset))?,
+                }
                 Ok(Some(Bytes::from(buf)))
             }
             IoOp::Write { offset, data, fua } => {
@@ -445,8 +527,10 @@ impl Device {
                     return Ok(None);
                 }
                 match &self.map {
-                    Some(m) => io(m.write(*offset, &[&data[..]]))?,
-                    None => io(file.write_all_at(data, *offset))?,
+                    // A private mapping never reaches the file: in host-crash
+                    // mode the fault layer writes here what is durable.
+                    Some(m) if !m.private() => io(m.write(*offset, &[&data[..]]))?,
+                    _ => io(file.write_all_at(data, *offset))?,
                 }
                 if *fua {
                     io(file.sync_data())?;
@@ -1617,7 +1701,10 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
 
     // Block devices report size 0 in their metadata: ask the end instead.
     let cache_len = (&cache).seek(SeekFrom::End(0)).unwrap_or(0);
-    let map = mapped::Mapped::new(&cache, cache_len);
+    let cache_fault = crate::fault::Layer::from_env(crate::fault::Role::Cache, &e.name)?;
+    // Host-crash mode maps the cache private: the file keeps only what the
+    // fault layer made durable.
+    let map = mapped::Mapped::new(&cache, cache_len, cache_fault.volatile());
     if map.is_none() {
         log!(
             warn,
@@ -1631,7 +1718,7 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
         map,
         groups: Mutex::default(),
         redo: None,
-        fault: crate::fault::Layer::from_env(crate::fault::Role::Cache, &e.name)?,
+        fault: cache_fault,
     });
     let backing_dev = Arc::new(Device {
         backend,

@@ -1,5 +1,6 @@
 //! Reduced crash, cache-loss, fault-injection and ext4 runs of `nvwc crashtest`
-//! and `nvwc grid` (the full runs are in docs/CRASH-TESTING.md).
+//! and `nvwc grid` (the full runs are in docs/ARCHITECTURE.md, "Crash
+//! testing the live server").
 //!
 //! Tools that may be missing (nbdkit; root, /dev/fuse, nbdfuse, losetup and
 //! e2fsck for ext4) skip their test, unless `NVWC_REQUIRE_TOOLS=1`.
@@ -58,7 +59,7 @@ fn fail_lines(trials: &[Value]) -> String {
         .join("\n")
 }
 
-/// kill -9, host crash (volatile overlay) and failpoints, every policy:
+/// kill -9, host crash (subsets and tears of unsynced writes) and failpoints, every policy:
 /// no flushed write lost; the backing alone keeps each policy's promise.
 #[test]
 fn crashes_keep_the_flush_contract_and_the_cache_lost_promises() {
@@ -84,6 +85,80 @@ fn crashes_keep_the_flush_contract_and_the_cache_lost_promises() {
         trials.iter().any(|t| t["signal"] == 6),
         "no failpoint fired"
     );
+}
+
+/// Host crashes on the production write path: cache writes copied into the
+/// (privately) mapped cache file and large writes received into it straight
+/// from the unix socket (`hot`: mostly rewrites in place under write-back),
+/// then a random subset of the writes not yet durable
+/// reaches each device, some torn at 512-byte sectors. No flushed write may
+/// be lost; the backing alone keeps each policy's promise (write-back has
+/// none). Then the same with torn cache writes injected (the export
+/// degrades, nothing acknowledged is lost).
+#[test]
+fn host_crashes_with_subsets_and_tears_on_the_mapped_and_direct_paths() {
+    let (ok, trials, summary) = crashtest(&[
+        "--modes",
+        "host-crash",
+        "--workloads",
+        "small,large,hot",
+        "--trials",
+        "2",
+        "--seed",
+        "18",
+    ]);
+    assert_eq!(trials.len(), 30, "5 policies x 3 workloads x 2");
+    for s in &summary {
+        assert_eq!(s["flushed_lost_trials"], 0, "{s}\n{}", fail_lines(&trials));
+        assert_eq!(s["flushed_lost_blocks"], 0, "{s}");
+        if s["policy"] != "write-back" {
+            assert_eq!(
+                s["cache_lost_inconsistent"],
+                0,
+                "{s}\n{}",
+                fail_lines(&trials)
+            );
+        }
+        // Both paths ran: every policy copies cache writes into the mapping;
+        // large writes go direct (write-through never does: it writes the
+        // backing store first).
+        assert!(s["mapped_writes"].as_u64().unwrap() > 0, "{s}");
+        if s["workload"] != "small" && s["policy"] != "write-through" {
+            assert!(s["direct_writes"].as_u64().unwrap() > 0, "{s}");
+        }
+    }
+    assert!(ok, "crashtest failed:\n{}", fail_lines(&trials));
+    // The crashes lost some writes, kept some whole and tore some.
+    let total = |k: &str| summary.iter().map(|s| s[k].as_u64().unwrap()).sum::<u64>();
+    assert!(
+        total("crash_lost") > 0 && total("crash_whole") > 0 && total("crash_torn") > 0,
+        "{summary:?}"
+    );
+    assert!(trials.iter().all(|t| t["host_crash"].is_object()));
+
+    // Injected torn cache writes on the same paths, then the host crash.
+    let (ok, trials, _) = crashtest(&[
+        "--policies",
+        "write-back,ordered",
+        "--modes",
+        "host-crash",
+        "--workloads",
+        "large",
+        "--trials",
+        "1",
+        "--min-run-ms",
+        "700",
+        "--max-run-ms",
+        "1000",
+        "--fault-cache",
+        "torn,after=100",
+    ]);
+    assert!(ok, "{}", fail_lines(&trials));
+    for t in &trials {
+        assert_eq!(t["cache_intact"]["ok"], true, "{t}");
+        assert_eq!(t["degraded"], true, "not degraded: {t}");
+        assert!(t["direct_writes"].as_u64().unwrap() > 0, "{t}");
+    }
 }
 
 #[test]

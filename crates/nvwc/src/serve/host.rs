@@ -55,8 +55,9 @@ pub struct Host {
     core: Mutex<Core>,
     timer: Condvar,
     cache_dev: Arc<Device>,
-    cache_q: mpsc::Sender<IoCmd<Bytes>>,
-    backing_q: mpsc::Sender<IoCmd<Bytes>>,
+    backing_dev: Arc<Device>,
+    cache_q: mpsc::Sender<Queued>,
+    backing_q: mpsc::Sender<Queued>,
     t0: Instant,
     /// Export name, for logs.
     name: String,
@@ -89,6 +90,7 @@ impl Host {
             }),
             timer: Condvar::new(),
             cache_dev: cache_dev.clone(),
+            backing_dev: backing_dev.clone(),
             cache_q,
             backing_q,
             t0: Instant::now(),
@@ -143,8 +145,13 @@ impl Host {
     /// A write of `len` bytes at `offset` whose payload `recv` puts straight
     /// into the mapped cache file (`Engine::handle_direct_write`; `recv`
     /// fills the slice it is given with the payload's next bytes). `None`,
-    /// with nothing received, when the cache file is not mapped, a fault
-    /// layer is active, or the engine cannot take the write directly now.
+    /// with nothing received, when the cache file is not mapped, the export
+    /// is degraded, or the engine cannot take the write directly now.
+    ///
+    /// Each run of adjacent slots is received through the fault layer
+    /// (`Layer::put_write`): injected faults apply as to any cache write (a
+    /// torn one receives a prefix), and in host-crash mode the mapping is
+    /// private and the layer records what was received as not durable yet.
     ///
     /// Crash story: the engine chose the slots exactly as for a buffered
     /// write, and the bytes land as that write's cache writes would (a
@@ -162,7 +169,7 @@ impl Host {
     ) -> Option<Pending> {
         let dev = &self.cache_dev;
         let map = dev.map.as_ref()?;
-        if !dev.fault.passthrough() || dev.fault.failed() {
+        if dev.fault.failed() {
             return None;
         }
         let mut c = self.lock();
@@ -180,16 +187,37 @@ impl Host {
             let res = if failed {
                 Err(IoError::Eio)
             } else {
-                map.recv_into(start, (end - start) as usize, &mut *recv)
-                    .map(|()| None)
-                    .map_err(|e| {
-                        failed = true;
+                // What was received, part by part (host-crash mode's record).
+                let received = |n: usize| {
+                    let mut out = Vec::new();
+                    for p in &parts[run.clone()] {
+                        let k = p.len.min((start + n as u64).saturating_sub(p.offset)) as usize;
+                        if k == 0 {
+                            break;
+                        }
+                        let mut b = vec![0u8; k];
+                        map.read(p.offset, &mut b)?;
+                        out.push((p.offset, Bytes::from(b)));
+                    }
+                    Ok(out)
+                };
+                let r = dev.fault.put_write(
+                    start,
+                    (end - start) as usize,
+                    &**dev,
+                    &mut |n| map.recv_into(start, n, &mut *recv),
+                    crate::fault::Written::After(&received),
+                );
+                r.map(|()| None).map_err(|e| {
+                    failed = true;
+                    if let crate::fault::PutError::Put(e) = e {
                         if e.raw_os_error() == Some(libc::EFAULT) {
                             // The cache file's pages could not be written.
                             dev.fault.record_error(&IoError::Eio);
                         }
-                        IoError::Eio
-                    })
+                    }
+                    IoError::Eio
+                })
             };
             for p in &parts[run] {
                 c.eng.handle_completion(now, p.io, res.clone());
@@ -220,6 +248,13 @@ impl Host {
         let mut pc = c.eng.policy_counters();
         pc.push(("cache_degraded", u64::from(self.cache_dev.fault.failed())));
         pc.push(("cache_device_errors", self.cache_dev.fault.errors()));
+        // Which path cache writes took: copied into the mapped cache file
+        // (each a cache-slot or metadata write), or received into it
+        // straight from a client's socket (direct writes, one per run of
+        // adjacent slots).
+        let (copied, received) = self.cache_dev.map.as_ref().map_or((0, 0), |m| m.counts());
+        pc.push(("cache_mapped_writes", copied));
+        pc.push(("cache_direct_recvs", received));
         (c.eng.stats(), pc)
     }
 
@@ -290,12 +325,17 @@ impl Host {
                     c.eng.handle_completion(now, cmd.id, res);
                     continue;
                 }
-                let q = match cmd.dev {
-                    Dev::Cache => &self.cache_q,
-                    Dev::Backing => &self.backing_q,
+                let (q, dev) = match cmd.dev {
+                    Dev::Cache => (&self.cache_q, &self.cache_dev),
+                    Dev::Backing => (&self.backing_q, &self.backing_dev),
                 };
+                // Host-crash mode: a FLUSH (or group end) covers the writes
+                // completed before the engine issued it, which is now.
+                let issued = matches!(cmd.op, IoOp::Flush | IoOp::GroupEnd { .. })
+                    .then(|| dev.fault.issue_stamp())
+                    .flatten();
                 // The pools live as long as the host; a send cannot fail.
-                q.send(cmd).expect("device pool is gone");
+                q.send((cmd, issued)).expect("device pool is gone");
             }
             if !writes.is_empty() {
                 // Their completions may make the engine emit more commands.
@@ -474,12 +514,11 @@ fn adjacent_runs<'a, T>(
     })
 }
 
-fn spawn_pool(
-    host: &Arc<Host>,
-    dev: Arc<Device>,
-    rx: mpsc::Receiver<IoCmd<Bytes>>,
-    threads: usize,
-) {
+/// A command for a device's pool, with its issue stamp in host-crash mode
+/// (`fault::Layer::issue_stamp`).
+type Queued = (IoCmd<Bytes>, Option<u64>);
+
+fn spawn_pool(host: &Arc<Host>, dev: Arc<Device>, rx: mpsc::Receiver<Queued>, threads: usize) {
     let rx = Arc::new(Mutex::new(rx));
     for i in 0..threads {
         let (rx, dev) = (rx.clone(), dev.clone());
@@ -488,11 +527,11 @@ fn spawn_pool(
         std::thread::Builder::new()
             .name(format!("nvwc-io-{i}"))
             .spawn(move || loop {
-                let cmd = match rx.lock().expect("pool queue lock").recv() {
+                let (cmd, issued) = match rx.lock().expect("pool queue lock").recv() {
                     Ok(c) => c,
                     Err(_) => return,
                 };
-                let res = dev.execute(&cmd.op, cmd.group);
+                let res = dev.execute_issued(&cmd.op, cmd.group, issued);
                 match host.upgrade() {
                     Some(h) => h.complete(cmd.id, res),
                     None => return,

@@ -23,28 +23,47 @@
 //! `kill -9` keeps them, and `fdatasync` on the file (the engine's cache
 //! FLUSH) makes them durable, since the kernel writes back dirty pages
 //! however they were dirtied.
+//!
+//! **Host-crash mode** (`fault.rs`, `volatile`): the file is mapped
+//! *private* instead. The same copies (`write`, `recv_into`) then land in
+//! the process's own copy-on-write pages and never reach the file, which
+//! keeps only what the fault layer made durable; reads come from the
+//! mapping ([`Mapped::read`], the kernel's copy again), so they see every
+//! write. The fault layer is told of each such write and writes it to the
+//! file at the FLUSH that makes it durable (`fault/volatile.rs`): the mapping
+//! stands for the page cache, the file for the device.
 
 use std::fs::File;
 use std::io;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-/// A shared, read-write mapping of a whole cache file.
+/// A read-write mapping of a whole cache file: shared, or private in
+/// host-crash mode (module docs).
 pub struct Mapped {
     ptr: NonNull<u8>,
     len: usize,
+    private: bool,
+    /// Buffers copied in by [`Mapped::write`] (each a cache write), and
+    /// payloads received by [`Mapped::recv_into`]: which path the cache
+    /// writes took (`nvwc status`: `cache_mapped_writes`, `cache_direct_recvs`).
+    copied: AtomicU64,
+    received: AtomicU64,
 }
 
-// SAFETY: the mapping is shared memory that only the kernel writes (in
-// `write`); Rust code never reads or writes through the pointer.
+// SAFETY: the mapping is memory that only the kernel reads and writes (in
+// `write`, `read`, and the system call `recv_into` hands a slice of it to);
+// Rust code never reads or writes through the pointer.
 unsafe impl Send for Mapped {}
 unsafe impl Sync for Mapped {}
 
 impl Mapped {
-    /// Map `len` bytes of `f` (its whole size). `None` when the file cannot
-    /// be mapped (some file systems and devices cannot) or the kernel refuses
-    /// `process_vm_writev` (a seccomp filter); the caller then keeps using
-    /// `pwrite`.
-    pub fn new(f: &File, len: u64) -> Option<Mapped> {
+    /// Map `len` bytes of `f` (its whole size), shared, or `private`
+    /// (host-crash mode: writes never reach the file). `None` when the file
+    /// cannot be mapped (some file systems and devices cannot) or the kernel
+    /// refuses `process_vm_writev` (a seccomp filter); the caller then keeps
+    /// using `pwrite`.
+    pub fn new(f: &File, len: u64, private: bool) -> Option<Mapped> {
         use rustix::mm::{mmap, MapFlags, ProtFlags};
         let len = usize::try_from(len).ok().filter(|&l| l > 0)?;
         // SAFETY: a fresh mapping chosen by the kernel; it aliases no Rust
@@ -55,7 +74,11 @@ impl Mapped {
                 std::ptr::null_mut(),
                 len,
                 ProtFlags::READ | ProtFlags::WRITE,
-                MapFlags::SHARED,
+                if private {
+                    MapFlags::PRIVATE
+                } else {
+                    MapFlags::SHARED
+                },
                 f,
                 0,
             )
@@ -64,13 +87,73 @@ impl Mapped {
         let m = Mapped {
             ptr: NonNull::new(p.cast::<u8>())?,
             len,
+            private,
+            copied: AtomicU64::new(0),
+            received: AtomicU64::new(0),
         };
-        // Probe: write the file's first byte back as it is.
+        // Probe: write the file's first byte back as it is (and, private,
+        // read it back: host-crash mode reads the cache through the mapping).
         let mut b = [0u8; 1];
         use std::os::unix::fs::FileExt;
         f.read_exact_at(&mut b, 0).ok()?;
         m.write(0, &[&b]).ok()?;
+        if private {
+            let mut back = [0u8; 1];
+            m.read(0, &mut back).ok().filter(|()| back == b)?;
+        }
+        m.copied.store(0, Ordering::Relaxed);
         Some(m)
+    }
+
+    /// Private (host-crash mode): writes stay in this process's pages.
+    pub fn private(&self) -> bool {
+        self.private
+    }
+
+    /// Cache writes copied in so far, and direct payloads received.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.copied.load(Ordering::Relaxed),
+            self.received.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Copy `buf.len()` bytes at byte `offset` of the mapping into `buf`,
+    /// by the kernel (`process_vm_readv` from ourselves): as for writes, a
+    /// page the file system cannot provide is `EFAULT`, never `SIGBUS`, and
+    /// Rust code never reads the mapping itself. Host-crash mode reads the
+    /// cache this way (the file holds only durable bytes).
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let start = usize::try_from(offset).map_err(|_| io::ErrorKind::InvalidInput)?;
+        start
+            .checked_add(buf.len())
+            .filter(|&e| e <= self.len)
+            .ok_or(io::ErrorKind::InvalidInput)?;
+        let mut done = 0usize;
+        while done < buf.len() {
+            let local = libc::iovec {
+                // SAFETY: `done < buf.len()`: inside `buf`.
+                iov_base: unsafe { buf.as_mut_ptr().add(done) }.cast(),
+                iov_len: buf.len() - done,
+            };
+            let remote = libc::iovec {
+                // SAFETY: `start + done < start + buf.len() <= len`: inside the mapping.
+                iov_base: unsafe { self.ptr.as_ptr().add(start + done) }.cast(),
+                iov_len: buf.len() - done,
+            };
+            // SAFETY: the local iovec points into `buf`, which we borrow
+            // mutably; the remote one into our own mapping (bounds checked
+            // above). The kernel only reads the latter and writes the former.
+            let n = unsafe { libc::process_vm_readv(libc::getpid(), &local, 1, &remote, 1, 0) };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if n == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            done += n as usize;
+        }
+        Ok(())
     }
 
     /// Copy `parts`, back to back, to byte `offset` of the file.
@@ -88,6 +171,7 @@ impl Mapped {
         if total == 0 {
             return Ok(());
         }
+        self.copied.fetch_add(parts.len() as u64, Ordering::Relaxed);
         // The kernel does the copy (process_vm_writev to ourselves): it pins
         // the pages (faulting them in writable; a failure is EFAULT, never a
         // SIGBUS), copies page by page and marks them dirty. A kill -9 can
@@ -171,6 +255,7 @@ impl Mapped {
             .checked_add(len)
             .filter(|&e| e <= self.len)
             .ok_or(io::ErrorKind::InvalidInput)?;
+        self.received.fetch_add(1, Ordering::Relaxed);
         // SAFETY: `start + len <= self.len`: inside the live mapping, which
         // outlives the call. The slice aliases no other Rust reference (the
         // mapping is only ever written by the kernel, see `write`), and the
