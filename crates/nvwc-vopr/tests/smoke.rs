@@ -1,0 +1,41 @@
+//! A short VOPR run of every write policy with its verdict, for quick
+//! feedback on an engine change (and the test command of
+//! `scripts/mutants.sh`). The acceptance run is
+//! `nvwc vopr --write-policy all --seeds 20000`; CI runs 3000 seeds.
+
+use nvwc_core::WritePolicyKind;
+use nvwc_vopr::{run_many, Options};
+
+#[test]
+fn every_policy_passes_its_verdict_on_a_few_hundred_seeds() {
+    let seeds: u64 = std::env::var("NVWC_VOPR_SMOKE_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(300);
+    let mut failed = Vec::new();
+    for policy in WritePolicyKind::ALL {
+        let opts = Options {
+            policy,
+            replacement: None,
+            verbose: false,
+            fetch: None,
+            admission: None,
+        };
+        let s = run_many(&opts, 0, seeds, 2, &|_| {});
+        if let Err(why) = s.verdict() {
+            let first = s
+                .first_failure
+                .as_ref()
+                .map(|f| {
+                    format!(
+                        "seed {}: {}",
+                        f.seed,
+                        f.violations.first().cloned().unwrap_or_default()
+                    )
+                })
+                .unwrap_or_default();
+            failed.push(format!("{policy}: {why}; {first}"));
+        }
+    }
+    assert!(failed.is_empty(), "{failed:#?}");
+}
