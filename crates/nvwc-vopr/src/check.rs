@@ -278,27 +278,8 @@ fn instant_io(cmd: &IoCmd<Bytes>, cache: &mut Disk, backing: &mut Disk) -> IoRes
     } else {
         backing
     };
-    match &cmd.op {
-        IoOp::Read { offset, len } => Ok(Some(Bytes::from(disk.read(*offset, *len as usize)))),
-        IoOp::Write { offset, data, fua } => {
-            disk.write(*offset, data, *fua, cmd.group);
-            Ok(None)
-        }
-        IoOp::Flush => {
-            let st = disk.flush_issue_stamp();
-            disk.flush(st);
-            Ok(None)
-        }
-        IoOp::GroupBegin { group } => {
-            disk.group_begin(*group);
-            Ok(None)
-        }
-        IoOp::GroupEnd { group } => {
-            disk.group_end(*group);
-            Ok(None)
-        }
-        IoOp::Trim { .. } => Ok(None),
-    }
+    let stamp = disk.flush_issue_stamp();
+    disk.execute(&cmd.op, cmd.group, stamp)
 }
 
 /// (c) again, after recovery: the recovered engine drains everything to the

@@ -9,6 +9,8 @@
 //!   write not yet durable, independently: nothing, all of it, or a random
 //!   subset of its 512-byte sectors (torn).
 
+use bytes::Bytes;
+use nvwc_core::{IoOp, IoResult};
 use rand::Rng;
 use std::collections::HashMap;
 
@@ -49,6 +51,28 @@ impl Disk {
 
     pub fn is_empty(&self) -> bool {
         self.visible.is_empty()
+    }
+
+    /// Run a device command that completes now. `flush_stamp`: for a FLUSH,
+    /// [`Disk::flush_issue_stamp`] when it was issued (writes completed
+    /// before then become durable).
+    pub fn execute(
+        &mut self,
+        op: &IoOp<Bytes>,
+        group: Option<u64>,
+        flush_stamp: u64,
+    ) -> IoResult<Bytes> {
+        match op {
+            IoOp::Read { offset, len } => {
+                return Ok(Some(Bytes::from(self.read(*offset, *len as usize))))
+            }
+            IoOp::Write { offset, data, fua } => self.write(*offset, data, *fua, group),
+            IoOp::Flush => self.flush(flush_stamp),
+            IoOp::Trim { .. } => {}
+            IoOp::GroupBegin { group } => self.group_begin(*group),
+            IoOp::GroupEnd { group } => self.group_end(*group),
+        }
+        Ok(None)
     }
 
     pub fn read(&self, offset: u64, len: usize) -> Vec<u8> {

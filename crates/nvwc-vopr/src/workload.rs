@@ -223,12 +223,7 @@ impl Client for Workload {
     }
 
     fn outstanding(&self) -> (usize, Option<(u64, u64)>) {
-        let oldest = self
-            .outstanding
-            .iter()
-            .map(|(&id, &(_, t))| (id, t))
-            .min_by_key(|&(id, t)| (t, id));
-        (self.outstanding.len(), oldest)
+        (self.outstanding.len(), oldest(&self.outstanding))
     }
 
     fn all_issued(&self) -> bool {
@@ -238,6 +233,15 @@ impl Client for Workload {
     fn records_txns(&self) -> bool {
         true
     }
+}
+
+/// The oldest request of `outstanding` (id → (anything, issue time)):
+/// `(id, issue time)`.
+fn oldest<T>(outstanding: &BTreeMap<u64, (T, u64)>) -> Option<(u64, u64)> {
+    outstanding
+        .iter()
+        .map(|(&id, &(_, t))| (id, t))
+        .min_by_key(|&(id, t)| (t, id))
 }
 
 /// (a): every sector a read returned is one the NBD semantics allow.
@@ -375,12 +379,10 @@ impl Client for ReadBack {
     }
 
     fn outstanding(&self) -> (usize, Option<(u64, u64)>) {
-        let oldest = self
-            .outstanding
-            .iter()
-            .map(|(&id, &(_, t))| (id, t))
-            .min_by_key(|&(id, t)| (t, id));
-        (self.outstanding.len() + self.retry.len(), oldest)
+        (
+            self.outstanding.len() + self.retry.len(),
+            oldest(&self.outstanding),
+        )
     }
 
     fn all_issued(&self) -> bool {

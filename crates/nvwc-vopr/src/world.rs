@@ -265,26 +265,7 @@ impl World {
         } else {
             &mut self.backing
         };
-        match &f.cmd.op {
-            IoOp::Read { offset, len } => Ok(Some(Bytes::from(disk.read(*offset, *len as usize)))),
-            IoOp::Write { offset, data, fua } => {
-                disk.write(*offset, data, *fua, f.cmd.group);
-                Ok(None)
-            }
-            IoOp::Flush => {
-                disk.flush(f.stamp);
-                Ok(None)
-            }
-            IoOp::Trim { .. } => Ok(None),
-            IoOp::GroupBegin { group } => {
-                disk.group_begin(*group);
-                Ok(None)
-            }
-            IoOp::GroupEnd { group } => {
-                disk.group_end(*group);
-                Ok(None)
-            }
-        }
+        disk.execute(&f.cmd.op, f.cmd.group, f.stamp)
     }
 
     /// Take the engine's commands (direct writes' parts first: they were
