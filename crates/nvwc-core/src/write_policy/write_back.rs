@@ -56,10 +56,18 @@ impl WritePolicy for WriteBack {
             ..Default::default()
         })
     }
-    fn recover(&mut self, _rec: &CommitRecord, versions: &mut [RecoveredVersion]) {
+    /// After a crash, clean copies are dropped as well: a clean copy can be
+    /// older than its block on the backing store, when a newer version was
+    /// destaged there before the commit that named it (and retired the old
+    /// copy) became durable. Kept, it would be read first and then, once
+    /// evicted, give way to the backing store's newer bytes: data changing
+    /// under a client with no write (the VOPR's second crash found it:
+    /// write-back seed 14972). Dirty versions stay: they are the newest
+    /// acknowledged data the cache holds.
+    fn recover(&mut self, rec: &CommitRecord, versions: &mut [RecoveredVersion]) {
         for v in versions.iter_mut() {
             // Commits are atomic, so a superseded version never survives one; be safe anyway.
-            v.discard = !v.latest;
+            v.discard = !v.latest || !rec.clean_shutdown && !v.dirty;
         }
     }
 }
