@@ -505,7 +505,7 @@ pub(crate) fn backing_alone(
     // Does sector `s` keep `w`, or did a crash before the round running
     // lose it there (then nothing can require it)?
     let kept = |o: &Oracle, s: u64, w: u32| {
-        o.lost_before(w, s, o.round) || o.keeps_plain(s, obs[s as usize], w, era)
+        o.excused_before(w, s, o.round) || o.keeps_plain(s, obs[s as usize], w, era)
     };
     // Staleness: acknowledged writes the backing store does not show anywhere.
     out.stale_writes = acked

@@ -83,6 +83,9 @@ pub(crate) struct WriteRec {
     /// crash ending round `k`): recovery did not show them, so no state of
     /// a later round may show them.
     pub lost: Vec<(u32, u64)>,
+    /// Sectors where a crash's recovery showed a write concurrent with this
+    /// one: no later state must show this write there, nor must it not.
+    pub unsure: Vec<(u32, u64)>,
 }
 
 #[derive(Clone, Debug)]
@@ -141,6 +144,7 @@ impl Oracle {
             seq: 0,
             round: 0,
             lost: Vec::new(),
+            unsure: Vec::new(),
         };
         Oracle {
             writes: vec![init],
@@ -194,9 +198,20 @@ impl Oracle {
     /// Was sector `s` of write `w` lost by a crash before round `era`?
     pub fn lost_before(&self, w: u32, s: u64, era: u32) -> bool {
         let r = &self.writes[w as usize];
+        Self::marked(r, &r.lost, s, era)
+    }
+
+    /// Need no state of round `era` show sector `s` of write `w` (a crash
+    /// before it lost the sector, or hid it under a concurrent write)?
+    pub fn excused_before(&self, w: u32, s: u64, era: u32) -> bool {
+        let r = &self.writes[w as usize];
+        Self::marked(r, &r.lost, s, era) || Self::marked(r, &r.unsure, s, era)
+    }
+
+    fn marked(r: &WriteRec, marks: &[(u32, u64)], s: u64, era: u32) -> bool {
         s >= r.first_sector
             && s < r.first_sector + r.sectors
-            && r.lost
+            && marks
                 .iter()
                 .any(|&(k, m)| k < era && m >> (s - r.first_sector) & 1 == 1)
     }
@@ -401,17 +416,42 @@ impl Oracle {
                 continue;
             }
             let r = &self.writes[w as usize];
-            let mut lost = 0u64;
+            let (mut lost, mut unsure) = (0u64, 0u64);
             for s in r.first_sector..r.first_sector + r.sectors {
                 let v = decode(sector_of(got, s), s);
+                // Lost where recovery shows something older than `w`: no
+                // later state may show `w` there. Where it shows a write
+                // concurrent with `w`, nothing says whether `w` survived (its
+                // version may be lost while the concurrent one's was not):
+                // a later state need not show `w` there (`unsure`), and may.
                 // A trim does not excuse it: whatever recovery showed is what
                 // the next round starts from.
-                if !self.lost_before(w, s, k) && !self.keeps_plain(s, v, w, k) {
-                    lost |= 1 << (s - r.first_sector);
+                if self.lost_before(w, s, k) {
+                    continue;
+                }
+                let bit = 1 << (s - r.first_sector);
+                if !self.keeps_plain(s, v, w, k) {
+                    lost |= bit;
+                    continue;
+                }
+                let after = |x: u32| x == w || self.before(w, x);
+                let shown_after = match v {
+                    Val::W(x) => after(x),
+                    Val::Zero => self
+                        .writes_to(s)
+                        .iter()
+                        .any(|&x| self.writes[x as usize].zero && after(x)),
+                    Val::Garbage => false,
+                };
+                if !shown_after {
+                    unsure |= bit;
                 }
             }
             if lost != 0 {
                 self.writes[w as usize].lost.push((k, lost));
+            }
+            if unsure != 0 {
+                self.writes[w as usize].unsure.push((k, unsure));
             }
         }
     }
@@ -433,6 +473,7 @@ impl Oracle {
             seq: 0,
             round: self.round,
             lost: Vec::new(),
+            unsure: Vec::new(),
         });
         self.base = Some(Base { id, image: got });
     }
@@ -457,6 +498,7 @@ mod tests {
             seq: w as u64,
             round: o.round,
             lost: Vec::new(),
+            unsure: Vec::new(),
         });
         for s in first..first + sectors {
             o.by_sector.entry(s).or_default().push(w);

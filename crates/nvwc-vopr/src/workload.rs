@@ -78,6 +78,7 @@ impl Workload {
                 seq: 0,
                 round: o.round,
                 lost: Vec::new(),
+                unsure: Vec::new(),
             });
             for s in first..first + nsec {
                 o.by_sector.entry(s).or_default().push(w);
