@@ -88,6 +88,26 @@ pub(crate) struct WriteRec {
     pub unsure: Vec<(u32, u64)>,
 }
 
+impl WriteRec {
+    /// A synthetic write standing for a whole image (the initial contents,
+    /// or what a recovery showed), complete at `t`.
+    fn whole_image(t: u64, round: u32) -> Self {
+        WriteRec {
+            issue: t,
+            done: Some(t),
+            ok: true,
+            fua: true,
+            zero: false,
+            first_sector: 0,
+            sectors: 0,
+            seq: 0,
+            round,
+            lost: Vec::new(),
+            unsure: Vec::new(),
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub(crate) struct Op {
     pub kind: OpKind,
@@ -133,19 +153,7 @@ pub(crate) struct Oracle {
 
 impl Oracle {
     pub fn new() -> Self {
-        let init = WriteRec {
-            issue: 0,
-            done: Some(0),
-            ok: true,
-            fua: true,
-            zero: false,
-            first_sector: 0,
-            sectors: 0,
-            seq: 0,
-            round: 0,
-            lost: Vec::new(),
-            unsure: Vec::new(),
-        };
+        let init = WriteRec::whole_image(0, 0);
         Oracle {
             writes: vec![init],
             by_sector: HashMap::new(),
@@ -462,19 +470,7 @@ impl Oracle {
         let t = self.tick();
         let id = self.writes.len() as u32;
         self.round += 1;
-        self.writes.push(WriteRec {
-            issue: t,
-            done: Some(t),
-            ok: true,
-            fua: true,
-            zero: false,
-            first_sector: 0,
-            sectors: 0,
-            seq: 0,
-            round: self.round,
-            lost: Vec::new(),
-            unsure: Vec::new(),
-        });
+        self.writes.push(WriteRec::whole_image(t, self.round));
         self.base = Some(Base { id, image: got });
     }
 }
