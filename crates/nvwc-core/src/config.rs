@@ -270,6 +270,10 @@ pub struct Config {
     pub block_size: u32,
     /// Number of cache data slots.
     pub capacity_blocks: u64,
+    /// Metadata log size in 4 KiB pages (`docs/ON-DISK-FORMAT.md`, "The
+    /// commit protocol"); 0: no log, every commit is a checkpoint (format 1
+    /// and 2 caches). [`Config::new`] sets [`crate::layout::default_log_pages`].
+    pub log_pages: u32,
     /// Size of the backing store in bytes.
     pub backing_size: u64,
     pub write_policy: WritePolicyKind,
@@ -332,6 +336,7 @@ impl Config {
         Config {
             block_size,
             capacity_blocks,
+            log_pages: crate::layout::default_log_pages(capacity_blocks),
             backing_size,
             write_policy,
             replacement: ReplacementKind::Lru,

@@ -48,9 +48,11 @@ use crate::stats::Stats;
 use crate::types::*;
 use crate::write_policy::{self, Group, Plan, PlanCtx, PolicyEvent, RecoveredVersion, WritePolicy};
 
+mod commit;
 mod direct;
 mod partial;
 mod patch;
+use commit::{CommitJob, LogState};
 use patch::PatchSet;
 
 const NIL: u32 = u32::MAX;
@@ -90,6 +92,9 @@ const S_IN_META_DIRTY: u8 = 8;
 const S_IN_SNAPSHOT: u8 = 16;
 /// Being copied to the backing store by a plan.
 const S_DESTAGING: u8 = 32;
+/// Its version was introduced by a log record that is not sealed yet: its
+/// bytes MUST NOT change ([`commit`] module docs).
+const S_UNSEALED: u8 = 64;
 
 macro_rules! slot_flag {
     ($get:ident, $set:ident, $bit:expr) => {
@@ -115,6 +120,7 @@ impl Slot {
     slot_flag!(in_meta_dirty, set_in_meta_dirty, S_IN_META_DIRTY);
     slot_flag!(in_snapshot, set_in_snapshot, S_IN_SNAPSHOT);
     slot_flag!(destaging, set_destaging, S_DESTAGING);
+    slot_flag!(unsealed, set_unsealed, S_UNSEALED);
 }
 
 impl Slot {
@@ -303,6 +309,10 @@ enum IoCtx {
         plan: u32,
     },
     Commit,
+    /// A log commit's data checksum for the record's entry `entry`.
+    CommitChecksum {
+        entry: u32,
+    },
     ReqBacking {
         req: ReqId,
     },
@@ -367,28 +377,6 @@ struct PlanExec {
     failed: bool,
 }
 
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-enum CommitStage {
-    DataFlush,
-    Pages,
-    MetaFlush,
-    Record,
-}
-
-#[derive(Debug)]
-struct CommitJob {
-    n: u64,
-    stage: CommitStage,
-    snapshot: Vec<(u32, bool)>,
-    /// (page, copy, bytes)
-    pages: Vec<(u64, u8, Vec<u8>)>,
-    written: Vec<(u64, u8)>,
-    waiters: Vec<Waiter>,
-    left: u32,
-    failed: bool,
-    record: CommitRecord,
-}
-
 /// A write waiting for admission.
 #[derive(Debug)]
 struct Admit<P> {
@@ -440,6 +428,10 @@ pub struct RecoveryReport {
     pub clean_versions: u64,
     pub discarded: u64,
     pub ignored_uncommitted: u64,
+    /// Log records replayed after the checkpoint, and valid-looking ones
+    /// left out (from the first whose data did not match its checksums).
+    pub log_records: u64,
+    pub log_dropped: u64,
 }
 
 /// The metadata regions of a cache device, read by the driver for recovery.
@@ -452,6 +444,8 @@ pub struct CacheImage {
     pub commit_b: Vec<u8>,
     /// The slot table: `Layout::table_bytes` bytes at `layout::TABLE_OFFSET`.
     pub table: Vec<u8>,
+    /// The metadata log: `Layout::log_bytes` bytes at `Layout::log_offset`.
+    pub log: Vec<u8>,
 }
 
 /// Errors opening an existing cache device. The message includes the
@@ -463,6 +457,8 @@ pub enum RecoverError {
     Config(ConfigError),
     #[error("cache device metadata: {0}")]
     Format(FormatError),
+    #[error("reading cache data to check the log: {0}")]
+    Read(String),
 }
 
 impl From<ConfigError> for RecoverError {
@@ -526,6 +522,8 @@ pub struct Engine<P: Payload> {
     unsynced_overwrites: bool,
     oldest_change: Option<u64>,
     commit: Option<CommitJob>,
+    /// The metadata log and checkpoints (see [`commit`]).
+    log: LogState,
     commit_waiters: Vec<Waiter>,
     commit_asap: bool,
     next_commit: u64,
@@ -722,6 +720,7 @@ impl<P: Payload> Engine<P> {
             unsynced_overwrites: false,
             oldest_change: None,
             commit: None,
+            log: LogState::fresh(),
             commit_waiters: Vec::new(),
             commit_asap: false,
             next_commit: 1,
@@ -754,31 +753,36 @@ impl<P: Payload> Engine<P> {
     }
 
     /// Open an existing cache device from its metadata regions.
+    ///
+    /// `data_crc(offset, len)` MUST return the CRC-32C ([`layout::data_crc`])
+    /// of the cache device's bytes at `offset..offset + len`: recovery
+    /// checks the data that the log's unsealed records name (a few blocks).
     pub fn recover(
         cfg: Config,
         image: &CacheImage,
+        data_crc: &mut dyn FnMut(u64, u32) -> Result<u32, String>,
     ) -> Result<(Self, RecoveryReport), RecoverError> {
         cfg.validate()?;
         let sb = layout::Superblock::decode(&image.superblock)?;
         layout::check_superblock(&sb, &cfg)?;
         let ra = CommitRecord::decode(&image.commit_a);
         let rb = CommitRecord::decode(&image.commit_b);
-        let rec = match (ra, rb) {
+        let (rec, cr_cur) = match (ra, rb) {
             (Some(a), Some(b)) => {
                 if a.commit >= b.commit {
-                    a
+                    (a, 0)
                 } else {
-                    b
+                    (b, 1)
                 }
             }
-            (Some(a), None) => a,
-            (None, Some(b)) => b,
+            (Some(a), None) => (a, 0),
+            (None, Some(b)) => (b, 1),
             (None, None) => return Err(FormatError::NoCommit.into()),
         };
         let mut e = Self::build(cfg);
         e.partial_ok = sb.version >= 2;
         let l = e.layout;
-        if (image.table.len() as u64) < l.table_bytes {
+        if (image.table.len() as u64) < l.table_bytes || (image.log.len() as u64) < l.log_bytes {
             return Err(FormatError::Short.into());
         }
         let mut report = RecoveryReport {
@@ -819,13 +823,34 @@ impl<P: Payload> Engine<P> {
                     Some((2 * pg + c as u64) as usize * layout::PAGE_BYTES as usize);
             }
         }
-        for s in 0..l.capacity as u32 {
-            let pg = s as u64 / layout::ENTRIES_PER_PAGE;
-            let Some(base) = chosen[pg as usize] else {
-                continue;
-            };
-            let at = base + 64 + (s as u64 % layout::ENTRIES_PER_PAGE) as usize * 64;
-            let Some(ent) = Entry::decode(s, &image.table[at..at + 64]) else {
+        let mut table: Vec<Option<Entry>> = (0..l.capacity as u32)
+            .map(|s| {
+                let pg = s as u64 / layout::ENTRIES_PER_PAGE;
+                let base = chosen[pg as usize]?;
+                let at = base + 64 + (s as u64 % layout::ENTRIES_PER_PAGE) as usize * 64;
+                Entry::decode(s, &image.table[at..at + 64])
+            })
+            .collect();
+        let replay = replay_log(&l, &image.log, &rec, data_crc)?;
+        e.log = LogState::recovered(rec.commit, cr_cur);
+        let mut rec = rec;
+        for r in &replay.accepted {
+            for &(s, ent) in &r.entries {
+                table[s as usize] = Some(ent);
+                e.log.page_changed(s as u64 / layout::ENTRIES_PER_PAGE);
+            }
+            rec = r.record;
+        }
+        max_tag = max_tag.max(replay.max_n);
+        report.log_records = replay.accepted.len() as u64;
+        report.log_dropped = replay.dropped.len() as u64;
+        if !replay.accepted.is_empty() {
+            report.commit = rec.commit;
+            report.clean_shutdown = false;
+        }
+        for (s, ent) in table.iter().enumerate() {
+            let s = s as u32;
+            let Some(ent) = *ent else {
                 continue;
             };
             if ent.flags & F_VALID == 0 {
@@ -851,6 +876,14 @@ impl<P: Payload> Engine<P> {
                 discard: false,
                 clean: false,
             });
+        }
+        // Versions named only by dropped records: sequence numbers stay above them.
+        for r in &replay.dropped {
+            for (_, ent) in &r.entries {
+                if ent.flags & F_VALID != 0 {
+                    max_seq = max_seq.max(ent.seq);
+                }
+            }
         }
         let any_dirty = versions.iter().any(|v| v.dirty);
         if any_dirty && sb.write_policy != e.cfg.write_policy.code() {
@@ -952,6 +985,22 @@ impl<P: Payload> Engine<P> {
             e.retired_pending += 1;
             e.mark_meta(s);
         }
+        // Slots a dropped record names stay unused until the first checkpoint
+        // has written them free: new data there could make that record's
+        // checksums match at a second recovery, bringing back writes this
+        // recovery left out.
+        for r in &replay.dropped {
+            for &(s, _) in &r.entries {
+                if !used[s as usize] {
+                    used[s as usize] = true;
+                    let slot = &mut e.slots[s as usize];
+                    slot.state = SlotState::Retired;
+                    slot.set_disk_valid(true);
+                    e.retired_pending += 1;
+                    e.mark_meta(s);
+                }
+            }
+        }
         for s in (0..l.capacity as u32).rev() {
             if !used[s as usize] {
                 e.free_slots.push(s);
@@ -964,7 +1013,18 @@ impl<P: Payload> Engine<P> {
         e.next_commit = max_tag + 1;
         e.durable_commit = rec.commit;
         e.next_seq = rec.next_seq.max(max_seq + 1);
-        e.commit_asap = !e.meta_dirty.is_empty();
+        // The first commit is a checkpoint; until it is durable the recovered
+        // versions count as unsealed (an unsealed record among them is
+        // checked again if the device crashes before it).
+        for s in 0..l.capacity as u32 {
+            let slot = &mut e.slots[s as usize];
+            if slot.state == SlotState::Valid {
+                slot.set_unsealed(true);
+                let seq = slot.seq;
+                e.log.note_unsealed(e.next_commit, s, seq);
+            }
+        }
+        e.commit_asap = !e.meta_dirty.is_empty() || !replay.accepted.is_empty();
         Ok((e, report))
     }
 
@@ -1242,6 +1302,7 @@ impl<P: Payload> Engine<P> {
             IoCtx::PlanBegin { plan } => self.on_plan_begin(plan, res.is_ok()),
             IoCtx::PlanFinish { plan } => self.on_plan_finish(plan, res.is_ok()),
             IoCtx::Commit => self.on_commit_io(res.is_ok()),
+            IoCtx::CommitChecksum { entry } => self.on_commit_checksum(entry, res),
             IoCtx::PatchFetch { block, id, bg } => self.on_patch_fetch(block, id, bg, res),
             IoCtx::PatchInstall {
                 block,
@@ -1602,6 +1663,7 @@ impl<P: Payload> Engine<P> {
             && !slot.in_snapshot()
         {
             slot.state = SlotState::Free;
+            slot.set_unsealed(false);
             self.free_slots.push(s);
             if self.bypassing {
                 if let Some(lbn) = self.retired_lbn.remove(&s) {
@@ -1992,6 +2054,7 @@ impl<P: Payload> Engine<P> {
             && (!slot.disk_valid() && !slot.in_snapshot() || self.policy.may_overwrite_durable())
             && slot.refs == 0
             && !slot.destaging()
+            && !slot.unsealed()
             && slot.dirty()
             && self.commit_waiters.is_empty()
             && !self.commit_deferred
@@ -3237,274 +3300,74 @@ impl<P: Payload> Engine<P> {
         }
         self.policy.on_plan_done(self.now, &pe.plan);
     }
+}
 
-    // ----------------------------------------------------------------- commits
+/// The log records recovery found after the checkpoint.
+struct Replay {
+    /// Records whose data checks passed (or that are sealed), in order.
+    accepted: Vec<layout::LogRecord>,
+    /// Valid records from the first whose data did not match on.
+    dropped: Vec<layout::LogRecord>,
+    /// Highest record number seen.
+    max_n: u64,
+}
 
-    fn maybe_commit(&mut self) -> bool {
-        // An in-place write in flight leaves its slot's contents undefined: the
-        // commit waits for it (new in-place writes are refused meanwhile).
-        if self.commit.is_some() {
-            return false;
-        }
-        let autocommit = self
-            .oldest_change
-            .is_some_and(|t| self.now >= t.saturating_add(self.cfg.autocommit_ns))
-            || self.meta_dirty.len() >= self.cfg.autocommit_changes as usize;
-        // Reclaim when writers need slots, and also before they have to
-        // wait: once free slots fall below an eighth of the cache and a
-        // commit would release at least a thirty-second of it, that commit
-        // starts while the free slots still absorb writes.
-        let free = self.free_slots.len() as u64;
-        let cap = self.cfg.capacity_blocks;
-        let reclaim = self.retired_pending > 0
-            && (free < self.free_wanted()
-                || free < cap / 8 && self.retired_pending >= (cap / 32).max(1));
-        let shutdown = self.shutting_down
-            && self.reqs.is_empty()
-            && self.plans.is_empty()
-            && self.patches.is_empty()
-            && !self.direct_unflushed
-            && self.direct_cover_inflight == 0
-            && self.commit_asap;
-        if !(self.commit_asap
-            || !self.commit_waiters.is_empty()
-            || self.policy.wants_commit()
-            || autocommit
-            || reclaim)
-        {
-            return false;
-        }
-        if self.shutting_down
-            && !shutdown
-            && self.commit_waiters.is_empty()
-            && !self.policy.wants_commit()
-        {
-            return false;
-        }
-        if self.policy.commit_needs_patches_done() && !self.patches.is_empty() {
-            if !self.patch_barrier {
-                self.patch_barrier = true;
-                self.materialize_all();
-            }
-            return false;
-        }
-        self.patch_barrier = false;
-        if self.inplace_inflight > 0 {
-            self.commit_deferred = true;
-            return false;
-        }
-        self.commit_deferred = false;
-        self.start_commit();
-        true
-    }
-
-    fn start_commit(&mut self) {
-        // This commit's first step flushes the cache device, which covers
-        // every in-place write completed so far.
-        self.unsynced_overwrites = false;
-        let n = self.next_commit;
-        self.next_commit += 1;
-        self.policy.on_commit_start();
-        let clean_shutdown = self.shutting_down && self.reqs.is_empty() && self.plans.is_empty();
-        if clean_shutdown || !self.shutting_down {
-            self.commit_asap = false;
-        }
-        let mut snapshot = Vec::with_capacity(self.meta_dirty.len());
-        let mut pages: Vec<u64> = Vec::new();
-        for s in std::mem::take(&mut self.meta_dirty) {
-            let slot = &mut self.slots[s as usize];
-            slot.set_in_meta_dirty(false);
-            // Free and Writing slots are written as free entries: the durable
-            // table already says free for them, so they need no protection.
-            // (An in-place overwrite of a durable version is also Writing, but
-            // no commit starts while one is in flight.)
-            assert!(
-                slot.state != SlotState::Writing || !slot.disk_valid(),
-                "commit snapshot of a durable slot under an in-place write"
-            );
-            if matches!(slot.state, SlotState::Valid | SlotState::Retired) {
-                slot.set_in_snapshot(true);
-            }
-            snapshot.push((s, slot.state == SlotState::Valid));
-            pages.push(s as u64 / layout::ENTRIES_PER_PAGE);
-        }
-        self.oldest_change = None;
-        pages.sort_unstable();
-        pages.dedup();
-        // Shadow paging: every touched page is written whole into the copy that
-        // is not durable. Slots outside the snapshot are unchanged since the last
-        // durable commit, so their in-memory state is their durable state.
-        let page_bytes: Vec<(u64, u8, Vec<u8>)> = pages
-            .into_iter()
-            .map(|pg| {
-                let mut entries = Vec::with_capacity(layout::ENTRIES_PER_PAGE as usize);
-                for i in 0..layout::ENTRIES_PER_PAGE {
-                    let s = pg * layout::ENTRIES_PER_PAGE + i;
-                    if s >= self.layout.capacity {
-                        break;
-                    }
-                    let slot = &self.slots[s as usize];
-                    let tag = n;
-                    let e = if slot.state == SlotState::Valid {
-                        let (aux0, aux1) = if slot.dirty() {
-                            self.policy.entry_aux(self.group_of(s as u32))
-                        } else {
-                            (0, 0)
-                        };
-                        Entry {
-                            lbn: self.lbn_of(s as u32),
-                            seq: slot.seq,
-                            commit: tag,
-                            aux0,
-                            aux1,
-                            lo: self.entry_range(s as u32).0,
-                            hi: self.entry_range(s as u32).1,
-                            flags: F_VALID
-                                | if slot.dirty() { F_DIRTY } else { 0 }
-                                | if self.partial.contains_key(&(s as u32)) {
-                                    F_PARTIAL
-                                } else {
-                                    0
-                                },
-                        }
-                    } else {
-                        Entry {
-                            commit: tag,
-                            ..Default::default()
-                        }
-                    };
-                    entries.push((s as u32, e));
-                }
-                let copy = if self.page_cur[pg as usize] == 0 {
-                    1
-                } else {
-                    0
-                };
-                (pg, copy, layout::encode_page(pg, n, &entries))
-            })
-            .collect();
-        let mut record = CommitRecord {
-            commit: n,
-            next_seq: self.next_seq,
-            clean_shutdown,
-            ..Default::default()
+/// Read the log that extends checkpoint `ckpt`: consecutive records of its
+/// epoch from the region's start, to the first invalid one. Records past
+/// the highest `sealed` any of them carries are checked against their data
+/// (entries without `F_NOCHECK`), and the first mismatch drops that record
+/// and every later one (`docs/ON-DISK-FORMAT.md`, "Recovery").
+fn replay_log(
+    l: &Layout,
+    log: &[u8],
+    ckpt: &CommitRecord,
+    data_crc: &mut dyn FnMut(u64, u32) -> Result<u32, String>,
+) -> Result<Replay, RecoverError> {
+    let mut found = Vec::new();
+    let mut pos = 0u64;
+    let mut want = ckpt.commit + 1;
+    while pos < l.log_bytes {
+        let Some((r, len)) = layout::LogRecord::decode(&log[pos as usize..l.log_bytes as usize])
+        else {
+            break;
         };
-        self.policy.fill_commit(&mut record);
-        let waiters = std::mem::take(&mut self.commit_waiters);
-        let written = page_bytes.iter().map(|(p, c, _)| (*p, *c)).collect();
-        self.commit = Some(CommitJob {
-            n,
-            stage: CommitStage::DataFlush,
-            snapshot,
-            pages: page_bytes,
-            written,
-            waiters,
-            left: 1,
-            failed: false,
-            record,
-        });
-        self.emit(Dev::Cache, IoOp::Flush, None, IoCtx::Commit);
+        if r.epoch != ckpt.commit
+            || r.n != want
+            || r.entries.iter().any(|&(s, _)| s as u64 >= l.capacity)
+        {
+            break;
+        }
+        found.push(r);
+        pos += len;
+        want += 1;
     }
-
-    fn on_commit_io(&mut self, ok: bool) {
-        let job = self.commit.as_mut().expect("commit I/O without a commit");
-        if !ok {
-            job.failed = true;
+    let max_n = found.last().map_or(0, |r| r.n);
+    let sealed = found
+        .iter()
+        .map(|r| r.sealed)
+        .max()
+        .unwrap_or(0)
+        .max(ckpt.commit);
+    let mut cut = found.len();
+    'records: for (i, r) in found.iter().enumerate() {
+        if r.n <= sealed {
+            continue;
         }
-        job.left -= 1;
-        if job.left > 0 {
-            return;
-        }
-        if job.failed {
-            return self.finish_commit(false);
-        }
-        match job.stage {
-            CommitStage::DataFlush => {
-                job.stage = CommitStage::Pages;
-                let pages = std::mem::take(&mut job.pages);
-                if pages.is_empty() {
-                    job.stage = CommitStage::MetaFlush;
-                    job.left = 1;
-                    return self.on_commit_io(true);
-                }
-                job.left = pages.len() as u32;
-                for (pg, copy, buf) in pages {
-                    let off = self.layout.page_offset(pg, copy);
-                    self.cache_write(off, P::from_vec(buf), IoCtx::Commit);
-                }
-            }
-            CommitStage::Pages => {
-                job.stage = CommitStage::MetaFlush;
-                job.left = 1;
-                self.emit(Dev::Cache, IoOp::Flush, None, IoCtx::Commit);
-            }
-            CommitStage::MetaFlush => {
-                job.stage = CommitStage::Record;
-                job.left = 1;
-                let off = self.layout.commit_offset(job.n);
-                let data = P::from_vec(job.record.encode());
-                self.emit(
-                    Dev::Cache,
-                    IoOp::Write {
-                        offset: off,
-                        data,
-                        fua: true,
-                    },
-                    None,
-                    IoCtx::Commit,
-                );
-            }
-            CommitStage::Record => self.finish_commit(true),
-        }
-    }
-
-    fn finish_commit(&mut self, ok: bool) {
-        let job = self.commit.take().expect("no commit");
-        if ok {
-            self.durable_commit = job.n;
-            self.stats.commits += 1;
-            for &(pg, copy) in &job.written {
-                self.page_cur[pg as usize] = copy;
-            }
-        } else {
-            self.stats.commit_failures += 1;
-            // Its device flush may not have covered the in-place writes.
-            self.unsynced_overwrites = true;
-        }
-        for (s, valid) in job.snapshot {
-            let slot = &mut self.slots[s as usize];
-            let marked = slot.in_snapshot();
-            slot.set_in_snapshot(false);
-            let was = slot.disk_valid();
-            if !marked {
-                // Written as free over a free entry: nothing changed on disk.
+        for (s, ent) in &r.entries {
+            if ent.flags & F_VALID == 0 || ent.flags & layout::F_NOCHECK != 0 {
                 continue;
             }
-            if ok {
-                slot.set_disk_valid(valid);
-            } else {
-                // Unknown: the entry may or may not have reached the device.
-                slot.set_disk_valid(was || valid);
-                self.mark_meta(s);
-            }
-            let slot = &self.slots[s as usize];
-            if slot.state == SlotState::Retired && !slot.disk_valid() && (was || ok) {
-                self.retired_pending = self.retired_pending.saturating_sub(1);
-                self.try_release(s);
-            }
-        }
-        self.policy.on_commit_done(ok);
-        self.out_event
-            .push_back(Event::Committed { commit: job.n, ok });
-        for w in job.waiters {
-            if ok {
-                if w.write && w.group != NO_GROUP {
-                    self.policy.on_write_ack(self.now, w.group);
-                }
-                self.reply(w.id, Ok(None), w.seq);
-            } else {
-                self.reply(w.id, Err(ReqError::Io), w.seq);
+            let (off, len) = l.checked_bytes(*s, ent);
+            if data_crc(off, len).map_err(RecoverError::Read)? != ent.data_crc {
+                cut = i;
+                break 'records;
             }
         }
     }
+    let dropped = found.split_off(cut);
+    Ok(Replay {
+        accepted: found,
+        dropped,
+        max_n,
+    })
 }

@@ -6,7 +6,10 @@
 //! offset 4 KiB    commit record A (512 B record in a 4 KiB region)
 //! offset 8 KiB    commit record B
 //! offset 12 KiB   slot table: 4 KiB pages of 63 64-byte entries, two copies
-//!                 of each page (page p copy c at 12 KiB + (2p + c) × 4 KiB)
+//!                 of each page (page p copy c at 12 KiB + (2p + c) × 4 KiB):
+//!                 the checkpoint
+//! log_offset      metadata log (format 3): `log_pages` × 4 KiB of records,
+//!                 appended after the checkpoint and restarted by the next
 //! data_offset     data slots: capacity × block_size, aligned to max(4 KiB, block_size)
 //! ```
 //! All integers are little-endian. Every record carries a CRC-32 (IEEE) of its
@@ -22,8 +25,10 @@ pub const SB_MAGIC: &[u8; 8] = b"NVWCSB01";
 /// Commit record magic.
 pub const CR_MAGIC: &[u8; 8] = b"NVWCCR01";
 /// Format version written at format time. Version 2 added `F_PARTIAL`;
-/// version 1 caches are still opened (and never get partial entries).
-pub const FORMAT_VERSION: u32 = 2;
+/// version 3 the metadata log (single-sync commits). Version 1 and 2 caches
+/// are still opened: they have no log, so every commit is a checkpoint
+/// (three device syncs), and version 1 caches never get partial entries.
+pub const FORMAT_VERSION: u32 = 3;
 /// Oldest format version this build opens.
 pub const FORMAT_VERSION_MIN: u32 = 1;
 /// Bytes per slot entry.
@@ -34,6 +39,10 @@ pub const PAGE_BYTES: u64 = 4096;
 pub const ENTRIES_PER_PAGE: u64 = PAGE_BYTES / ENTRY_BYTES - 1;
 /// Page header magic.
 pub const PAGE_MAGIC: &[u8; 8] = b"NVWCPAGE";
+/// Log record magic.
+pub const LOG_MAGIC: &[u8; 8] = b"NVWCLOG1";
+/// Bytes of a log record's header (its entries follow, 64 bytes each).
+pub const LOG_HEADER_BYTES: u64 = 128;
 /// Offset of commit record A; B follows 4 KiB later.
 pub const COMMIT_A: u64 = 4096;
 /// Offset of the slot table.
@@ -46,6 +55,23 @@ pub const F_DIRTY: u32 = 2;
 /// Entry flag (format 2): a partial version. Only `lo..hi` of the slot is
 /// the block's data; the backing store holds the rest of the block.
 pub const F_PARTIAL: u32 = 4;
+/// Entry flag (log records only): the entry's data checksum is not checked at
+/// recovery. Set when the slot already held this version under a sealed
+/// record or checkpoint, so its bytes are durable as far as any FLUSH
+/// promised, and write-back may have rewritten them in place since.
+pub const F_NOCHECK: u32 = 8;
+
+/// CRC-32C (Castagnoli) of a data block's bytes, as log entries carry it.
+pub fn data_crc(b: &[u8]) -> u32 {
+    crc32c::crc32c(b)
+}
+
+/// Log size (4 KiB pages) a fresh cache of `capacity` slots gets: one copy
+/// of its slot table, so that a checkpoint writes about as many bytes as
+/// the log it retires, within 1 MiB .. 64 MiB.
+pub fn default_log_pages(capacity: u64) -> u32 {
+    capacity.div_ceil(ENTRIES_PER_PAGE).clamp(256, 16384) as u32
+}
 
 /// Geometry of a cache device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,6 +79,9 @@ pub struct Layout {
     pub block_size: u32,
     pub capacity: u64,
     pub table_bytes: u64,
+    /// The metadata log: `log_bytes` at `log_offset` (0 bytes: no log, format 1 and 2).
+    pub log_offset: u64,
+    pub log_bytes: u64,
     pub data_offset: u64,
 }
 
@@ -61,11 +90,15 @@ impl Layout {
     pub fn new(cfg: &Config) -> Self {
         let table_bytes = 2 * cfg.capacity_blocks.div_ceil(ENTRIES_PER_PAGE) * PAGE_BYTES;
         let align = (cfg.block_size as u64).max(4096);
-        let data_offset = (TABLE_OFFSET + table_bytes).div_ceil(align) * align;
+        let log_offset = TABLE_OFFSET + table_bytes;
+        let log_bytes = cfg.log_pages as u64 * PAGE_BYTES;
+        let data_offset = (log_offset + log_bytes).div_ceil(align) * align;
         Layout {
             block_size: cfg.block_size,
             capacity: cfg.capacity_blocks,
             table_bytes,
+            log_offset,
+            log_bytes,
             data_offset,
         }
     }
@@ -81,6 +114,17 @@ impl Layout {
     pub fn page_offset(&self, p: u64, copy: u8) -> u64 {
         TABLE_OFFSET + (2 * p + copy as u64) * PAGE_BYTES
     }
+    /// The bytes a valid log entry's data checksum covers, as `(offset,
+    /// len)` on the cache device: `lo..hi` of a partial version, else the
+    /// whole slot.
+    pub fn checked_bytes(&self, s: u32, e: &Entry) -> (u64, u32) {
+        let at = self.slot_offset(s);
+        if e.flags & F_PARTIAL != 0 {
+            (at + e.lo as u64, e.hi - e.lo)
+        } else {
+            (at, self.block_size)
+        }
+    }
     /// Number of metadata pages (each stored twice).
     pub fn pages(&self) -> u64 {
         self.table_bytes / PAGE_BYTES / 2
@@ -89,13 +133,15 @@ impl Layout {
     pub fn commit_offset(&self, which: u64) -> u64 {
         COMMIT_A + (which & 1) * 4096
     }
-    /// Largest cache capacity (slots) that fits a device of `bytes` with `block_size`.
+    /// Largest cache capacity (slots) that fits a device of `bytes` with
+    /// `block_size`, with the default log ([`default_log_pages`]).
     pub fn capacity_for(bytes: u64, block_size: u32) -> u64 {
         let bs = block_size as u64;
         let fits = |cap: u64| {
             let table = 2 * cap.div_ceil(ENTRIES_PER_PAGE) * PAGE_BYTES;
+            let log = default_log_pages(cap) as u64 * PAGE_BYTES;
             let align = bs.max(4096);
-            (TABLE_OFFSET + table).div_ceil(align) * align + cap * bs <= bytes
+            (TABLE_OFFSET + table + log).div_ceil(align) * align + cap * bs <= bytes
         };
         // Each slot costs its block plus two copies of a 64-byte entry.
         let mut cap = bytes / (bs + 2 * ENTRY_BYTES);
@@ -302,6 +348,8 @@ pub struct Superblock {
     pub backing_size: u64,
     pub data_offset: u64,
     pub write_policy: u32,
+    /// Metadata log size in 4 KiB pages (0 before format 3: no log).
+    pub log_pages: u32,
     pub uuid: u64,
     /// [`SB_EMPTY`] (and [`SB_BOUND`], which encoding derives from `backing`).
     pub flags: u32,
@@ -321,6 +369,7 @@ impl Superblock {
             backing_size: cfg.backing_size,
             data_offset: l.data_offset,
             write_policy: cfg.write_policy.code(),
+            log_pages: cfg.log_pages,
             uuid,
             flags: 0,
             backing: None,
@@ -340,6 +389,7 @@ impl Superblock {
         put64(&mut b, 24, self.backing_size);
         put64(&mut b, 32, self.data_offset);
         put32(&mut b, 40, self.write_policy);
+        put32(&mut b, 44, self.log_pages);
         put64(&mut b, 48, self.uuid);
         let mut flags = self.flags & !SB_BOUND;
         if let Some(id) = &self.backing {
@@ -415,6 +465,7 @@ impl Superblock {
             backing_size: get64(b, 24),
             data_offset: get64(b, 32),
             write_policy: get32(b, 40),
+            log_pages: get32(b, 44),
             uuid: get64(b, 48),
             flags: flags & !SB_BOUND,
             backing,
@@ -474,6 +525,107 @@ impl CommitRecord {
     }
 }
 
+/// A metadata log record (format 3): one commit that cost a single device
+/// flush. Records follow the checkpoint they extend (`epoch`, the
+/// checkpoint's commit number) with consecutive numbers, each at a 4 KiB
+/// boundary of the log region, the first at its start.
+///
+/// ```text
+/// 0..8     magic NVWCLOG1
+/// 8..16    epoch: commit number of the checkpoint this record follows
+/// 16..24   record (commit) number n = previous + 1
+/// 24..32   sealed: highest commit known durable when the record was built
+/// 32..36   entry count
+/// 36..40   record length in 4 KiB pages
+/// 40..80   commit-record fields: txn_committed, txn_checkpointed, next_seq, next_cidx, (reserved)
+/// 124..128 CRC-32 of bytes 0..124 and of every entry byte
+/// 128..    entries, 64 bytes each (slot entries carrying `data_crc`)
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogRecord {
+    pub epoch: u64,
+    pub n: u64,
+    pub sealed: u64,
+    /// `commit` is `n`; `clean_shutdown` is never set (a clean shutdown is a checkpoint).
+    pub record: CommitRecord,
+    pub entries: Vec<(u32, Entry)>,
+}
+
+impl LogRecord {
+    /// Bytes a record of `entries` entries takes in the log (whole 4 KiB pages).
+    pub fn bytes_for(entries: usize) -> u64 {
+        (LOG_HEADER_BYTES + entries as u64 * ENTRY_BYTES).div_ceil(PAGE_BYTES) * PAGE_BYTES
+    }
+    /// Encoding, padded with zeroes to [`LogRecord::bytes_for`].
+    pub fn encode(&self) -> Vec<u8> {
+        let len = Self::bytes_for(self.entries.len());
+        let mut b = vec![0u8; len as usize];
+        b[0..8].copy_from_slice(LOG_MAGIC);
+        put64(&mut b, 8, self.epoch);
+        put64(&mut b, 16, self.n);
+        put64(&mut b, 24, self.sealed);
+        put32(&mut b, 32, self.entries.len() as u32);
+        put32(&mut b, 36, (len / PAGE_BYTES) as u32);
+        put64(&mut b, 40, self.record.txn_committed);
+        put64(&mut b, 48, self.record.txn_checkpointed);
+        put64(&mut b, 56, self.record.next_seq);
+        put64(&mut b, 64, self.record.next_cidx);
+        for (i, (slot, e)) in self.entries.iter().enumerate() {
+            let at = LOG_HEADER_BYTES as usize + i * 64;
+            e.encode_into(*slot, &mut b[at..at + 64]);
+        }
+        let c = Self::crc(&b, self.entries.len());
+        put32(&mut b, 124, c);
+        b
+    }
+    fn crc(b: &[u8], count: usize) -> u32 {
+        let end = LOG_HEADER_BYTES as usize + count * 64;
+        let mut h = crc32fast::Hasher::new();
+        h.update(&b[0..124]);
+        h.update(&b[128..end]);
+        h.finalize()
+    }
+    /// Decode the record at the start of `b` (the rest of the log region):
+    /// `None` if there is none, it is torn, or it does not fit.
+    pub fn decode(b: &[u8]) -> Option<(Self, u64)> {
+        if b.len() < LOG_HEADER_BYTES as usize || &b[0..8] != LOG_MAGIC {
+            return None;
+        }
+        let count = get32(b, 32) as usize;
+        let len = get32(b, 36) as u64 * PAGE_BYTES;
+        if len != Self::bytes_for(count) || len > b.len() as u64 {
+            return None;
+        }
+        if Self::crc(b, count) != get32(b, 124) {
+            return None;
+        }
+        let mut entries = Vec::with_capacity(count);
+        for i in 0..count {
+            let at = LOG_HEADER_BYTES as usize + i * 64;
+            let slot = get32(b, at + 56);
+            entries.push((slot, Entry::decode(slot, &b[at..at + 64])?));
+        }
+        let n = get64(b, 16);
+        Some((
+            LogRecord {
+                epoch: get64(b, 8),
+                n,
+                sealed: get64(b, 24),
+                record: CommitRecord {
+                    commit: n,
+                    txn_committed: get64(b, 40),
+                    txn_checkpointed: get64(b, 48),
+                    next_seq: get64(b, 56),
+                    next_cidx: get64(b, 64),
+                    clean_shutdown: false,
+                },
+                entries,
+            },
+            len,
+        ))
+    }
+}
+
 /// One slot-table entry.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Entry {
@@ -490,8 +642,12 @@ pub struct Entry {
     /// Byte range within the block that the version's writes changed.
     pub lo: u32,
     pub hi: u32,
-    /// `F_VALID | F_DIRTY`.
+    /// `F_VALID | F_DIRTY | F_PARTIAL | F_NOCHECK`.
     pub flags: u32,
+    /// Log entries of valid versions: CRC-32C ([`data_crc`]) of the
+    /// version's bytes in its slot (`lo..hi` of a partial version, else the
+    /// whole block). Zero in slot-table pages.
+    pub data_crc: u32,
 }
 
 impl Entry {
@@ -507,6 +663,7 @@ impl Entry {
         put32(b, 40, self.lo);
         put32(b, 44, self.hi);
         put32(b, 48, self.flags);
+        put32(b, 52, self.data_crc);
         put32(b, 56, slot);
         let c = crc(&b[0..60]);
         put32(b, 60, c);
@@ -525,6 +682,7 @@ impl Entry {
             lo: get32(b, 40),
             hi: get32(b, 44),
             flags: get32(b, 48),
+            data_crc: get32(b, 52),
         })
     }
 }
@@ -580,6 +738,8 @@ pub enum FormatError {
     BlockSize { found: u32, want: u32 },
     #[error("cache device holds {found} slots, configuration says {want}")]
     Capacity { found: u64, want: u64 },
+    #[error("cache device has a {found}-page metadata log, configuration says {want}")]
+    LogSize { found: u32, want: u32 },
     #[error("cache device belongs to a backing store of {found} bytes, configuration says {want}")]
     BackingSize { found: u64, want: u64 },
     #[error("cache holds dirty data written under write policy {found}; open it with that policy (or flush it first)")]
@@ -605,10 +765,12 @@ pub fn format_writes(cfg: &Config, uuid: u64) -> Vec<(u64, Vec<u8>)> {
     };
     v.push((l.commit_offset(0), cr.encode()));
     v.push((l.commit_offset(1), vec![0u8; 512]));
-    // Zero the table in 1 MiB chunks.
+    // Zero the table and the log in 1 MiB chunks (a log record left by an
+    // earlier format of the device must not read as one of this format's).
     let mut off = 0;
-    while off < l.table_bytes {
-        let n = (l.table_bytes - off).min(1 << 20);
+    let meta = l.table_bytes + l.log_bytes;
+    while off < meta {
+        let n = (meta - off).min(1 << 20);
         v.push((TABLE_OFFSET + off, vec![0u8; n as usize]));
         off += n;
     }
@@ -627,6 +789,12 @@ pub fn check_superblock(sb: &Superblock, cfg: &Config) -> Result<(), FormatError
         return Err(FormatError::Capacity {
             found: sb.capacity,
             want: cfg.capacity_blocks,
+        });
+    }
+    if sb.log_pages != cfg.log_pages {
+        return Err(FormatError::LogSize {
+            found: sb.log_pages,
+            want: cfg.log_pages,
         });
     }
     if sb.backing_size != cfg.backing_size {
@@ -668,6 +836,46 @@ mod tests {
     }
 
     #[test]
+    fn log_record_roundtrip_torn_and_misplaced() {
+        let e = Entry {
+            lbn: 9,
+            seq: 4,
+            commit: 12,
+            flags: F_VALID | F_DIRTY,
+            data_crc: 77,
+            ..Default::default()
+        };
+        let r = LogRecord {
+            epoch: 10,
+            n: 12,
+            sealed: 11,
+            record: CommitRecord {
+                commit: 12,
+                next_seq: 5,
+                txn_committed: 3,
+                ..Default::default()
+            },
+            entries: (0..70).map(|i| (i, e)).collect(),
+        };
+        let b = r.encode();
+        assert_eq!(b.len() as u64, LogRecord::bytes_for(70));
+        assert_eq!(b.len(), 2 * PAGE_BYTES as usize, "128 + 70 × 64 bytes take two pages");
+        let mut region = b.clone();
+        region.extend_from_slice(&[0u8; 4096]);
+        assert_eq!(LogRecord::decode(&region), Some((r.clone(), 8192)));
+        assert_eq!(LogRecord::decode(&region[8192..]), None, "zeroes are no record");
+        for at in [3usize, 30, 130, 4095 + 100, 128 + 69 * 64 + 10] {
+            let mut t = region.clone();
+            t[at] ^= 0x40;
+            assert_eq!(LogRecord::decode(&t), None, "a torn record (byte {at}) is rejected");
+        }
+        assert_eq!(LogRecord::decode(&b[..4096]), None, "a record cut short is rejected");
+        let data = vec![7u8; 4096];
+        assert_ne!(data_crc(&data), data_crc(&data[..4095]));
+        assert_eq!(data_crc(b"123456789"), 0xe306_9283, "CRC-32C check value");
+    }
+
+    #[test]
     fn entry_roundtrip_and_torn_detection() {
         let e = Entry {
             lbn: 7,
@@ -678,6 +886,7 @@ mod tests {
             lo: 512,
             hi: 1024,
             flags: F_VALID | F_DIRTY,
+            data_crc: 0xdead_beef,
         };
         let mut b = [0u8; 64];
         e.encode_into(12, &mut b);
@@ -717,7 +926,7 @@ mod tests {
     }
 
     /// A superblock as written before binding existed: the same fields,
-    /// zeroes from byte 56 on.
+    /// zeroes from byte 56 on (and at 44..48 before format 3's log).
     fn pre_binding_superblock(sb: &Superblock) -> Vec<u8> {
         let mut b = vec![0u8; 512];
         b[0..8].copy_from_slice(SB_MAGIC);
@@ -727,6 +936,7 @@ mod tests {
         put64(&mut b, 24, sb.backing_size);
         put64(&mut b, 32, sb.data_offset);
         put32(&mut b, 40, sb.write_policy);
+        put32(&mut b, 44, sb.log_pages);
         put64(&mut b, 48, sb.uuid);
         let c = crc(&b[0..508]);
         put32(&mut b, 508, c);

@@ -48,6 +48,8 @@ pub struct Stats {
     pub destage_plans: u64,
     pub destage_failures: u64,
     pub commits: u64,
+    /// Commits that were log records (one device flush each); the rest were checkpoints.
+    pub log_commits: u64,
     pub commit_failures: u64,
     pub io_errors: u64,
     /// Partial writes buffered as patches (new patched blocks, and merges into existing ones).

@@ -55,8 +55,11 @@ impl MemHarness {
             table: c
                 [layout::TABLE_OFFSET as usize..(layout::TABLE_OFFSET + l.table_bytes) as usize]
                 .to_vec(),
+            log: c[l.log_offset as usize..(l.log_offset + l.log_bytes) as usize].to_vec(),
         };
-        let (e, rep) = Engine::recover(cfg, &image)?;
+        let (e, rep) = Engine::recover(cfg, &image, &mut |off, len| {
+            Ok(layout::data_crc(&c[off as usize..(off + len as u64) as usize]))
+        })?;
         self.engine = e;
         self.inflight.clear();
         self.engine.handle_timeout(self.now);
@@ -157,6 +160,10 @@ impl MemHarness {
                 }
                 Ok(None)
             }
+            IoOp::Checksum { offset, len } => Ok(Some(Bytes::copy_from_slice(
+                &crate::layout::data_crc(&dev[*offset as usize..(*offset + *len as u64) as usize])
+                    .to_le_bytes(),
+            ))),
             IoOp::Flush | IoOp::Trim { .. } => Ok(None),
         }
     }

@@ -95,6 +95,16 @@ pub enum IoOp<P> {
         fua: bool,
     },
     Flush,
+    /// Checksum `len` bytes at `offset` (cache device only). Completes with
+    /// `Ok(Some(p))` where `p`'s first four bytes are the little-endian
+    /// CRC-32C ([`crate::layout::data_crc`]) of the device's current
+    /// contents there, as a read issued now would return them (a payload
+    /// without bytes, in models that keep none, counts as CRC 0). Drivers
+    /// that hold the bytes in memory answer without device I/O.
+    Checksum {
+        offset: u64,
+        len: u32,
+    },
     Trim {
         offset: u64,
         len: u32,

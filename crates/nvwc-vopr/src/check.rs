@@ -38,6 +38,8 @@ pub(crate) fn cache_image(layout: &Layout, cache_img: &[u8]) -> CacheImage {
         table: cache_img
             [layout::TABLE_OFFSET as usize..(layout::TABLE_OFFSET + layout.table_bytes) as usize]
             .to_vec(),
+        log: cache_img[layout.log_offset as usize..(layout.log_offset + layout.log_bytes) as usize]
+            .to_vec(),
     }
 }
 
@@ -79,7 +81,12 @@ pub(crate) fn recover(
     if verbose {
         dump(layout, &image);
     }
-    match Engine::recover(cfg.clone(), &image) {
+    let mut data_crc = |off: u64, len: u32| {
+        Ok(layout::data_crc(
+            &cache_img[off as usize..(off + len as u64) as usize],
+        ))
+    };
+    match Engine::recover(cfg.clone(), &image, &mut data_crc) {
         Ok((e, rep)) => {
             if verbose {
                 eprintln!("recovery report: {rep:?}");

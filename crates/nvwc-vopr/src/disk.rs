@@ -10,7 +10,7 @@
 //!   subset of its 512-byte sectors (torn).
 
 use bytes::Bytes;
-use nvwc_core::{IoOp, IoResult};
+use nvwc_core::{layout, IoOp, IoResult};
 use rand::Rng;
 use std::collections::HashMap;
 
@@ -65,6 +65,10 @@ impl Disk {
         match op {
             IoOp::Read { offset, len } => {
                 return Ok(Some(Bytes::from(self.read(*offset, *len as usize))))
+            }
+            IoOp::Checksum { offset, len } => {
+                let crc = layout::data_crc(&self.read(*offset, *len as usize));
+                return Ok(Some(Bytes::copy_from_slice(&crc.to_le_bytes())));
             }
             IoOp::Write { offset, data, fua } => self.write(*offset, data, *fua, group),
             IoOp::Flush => self.flush(flush_stamp),

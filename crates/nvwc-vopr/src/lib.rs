@@ -206,6 +206,10 @@ struct Extras {
     /// Recovery (read-back and drain) with device latencies and transient
     /// errors instead of instant, error-free devices.
     timed_recovery: bool,
+    /// Metadata log size in 4 KiB pages: small, so that records fill it and
+    /// checkpoints restart it often; 0 (no log: every commit a checkpoint)
+    /// as on a cache of format 1 or 2.
+    log_pages: u32,
 }
 
 impl Extras {
@@ -214,6 +218,7 @@ impl Extras {
         let quiesce = rng2.gen_bool(0.25);
         let rounds = [0, 0, 0, 0, 0, 0, 1, 1, 1, 2][rng2.gen_range(0..10)];
         let timed_recovery = rng2.gen_bool(0.5);
+        let log_pages = [0, 1, 2, 3, 4, 8, 32][rng2.gen_range(0..7)];
         let on = |k: &str| {
             std::env::var("NVWC_VOPR_ONLY").map_or(true, |v| v.split(',').any(|x| x == k))
         };
@@ -222,6 +227,7 @@ impl Extras {
             quiesce: quiesce && on("quiesce"),
             rounds: if on("rounds") { rounds } else { 0 },
             timed_recovery: timed_recovery && on("timed"),
+            log_pages,
         }
     }
 }
@@ -296,7 +302,8 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
         seed.wrapping_mul(0xD1B5_4A32_D192_ED03) ^ 0x5EC0_9D00 ^ opts.policy.code() as u64,
     );
     let x = Extras::draw(&mut rng2);
-    let cfg = random_config(&mut rng, opts, x.large);
+    let mut cfg = random_config(&mut rng, opts, x.large);
+    cfg.log_pages = x.log_pages;
     let bs = cfg.block_size as u64;
     let layout = Layout::new(&cfg);
     let mut out = SeedOutcome {

@@ -268,7 +268,7 @@ fn xorshift(s: &mut u64) -> u64 {
 impl Rule {
     fn matches(&self, op: &IoOp<Bytes>) -> bool {
         let class = match op {
-            IoOp::Read { .. } => OpClass::Read,
+            IoOp::Read { .. } | IoOp::Checksum { .. } => OpClass::Read,
             IoOp::Write { .. } => OpClass::Write,
             IoOp::Flush | IoOp::GroupEnd { .. } => OpClass::Flush,
             IoOp::Trim { .. } | IoOp::GroupBegin { .. } => return false,
@@ -671,6 +671,16 @@ impl Layer {
                 dev.raw(op, None)?;
                 v.durable(*offset, data).map_err(|e| self.log_failed(e))?;
                 Ok(None)
+            }
+            IoOp::Checksum { offset, len } => {
+                // Over what a read shows now (the overlay included).
+                let read = IoOp::Read {
+                    offset: *offset,
+                    len: *len,
+                };
+                let got = self.exec(&read, group, dev, issued)?.unwrap_or_default();
+                let crc = nvwc_core::layout::data_crc(&got);
+                Ok(Some(Bytes::copy_from_slice(&crc.to_le_bytes())))
             }
             IoOp::Read { .. } if dev.has_view() => dev.raw(op, group),
             IoOp::Read { offset, len } => {

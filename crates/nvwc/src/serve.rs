@@ -487,6 +487,10 @@ impl Device {
                         .map(|_| None)
                         .map_err(e),
                     IoOp::Flush => rt.block_on(c.flush()).map(|_| None).map_err(e),
+                    IoOp::Checksum { offset, len } => rt
+                        .block_on(c.read(*offset, *len))
+                        .map(|b| Some(crc_payload(&b)))
+                        .map_err(e),
                     IoOp::Trim { .. } => Ok(None),
                     IoOp::GroupBegin { group } => {
                         self.groups.lock().unwrap().insert(*group, Vec::new());
@@ -506,13 +510,16 @@ impl Device {
             }
         };
         match op {
-            IoOp::Read { offset, len } => {
+            IoOp::Read { offset, len } | IoOp::Checksum { offset, len } => {
                 let mut buf = vec![0u8; *len as usize];
                 match &self.map {
                     // Host-crash mode: the private mapping is what a reader
                     // sees (the file holds only what is durable).
                     Some(m) if m.private() => io(m.read(*offset, &mut buf))?,
                     _ => io(file.read_exact_at(&mut buf, *offset))?,
+                }
+                if matches!(op, IoOp::Checksum { .. }) {
+                    return Ok(Some(crc_payload(&buf)));
                 }
                 Ok(Some(Bytes::from(buf)))
             }
@@ -555,6 +562,11 @@ impl Device {
             }
         }
     }
+}
+
+/// A checksum command's answer: the CRC-32C of `b`, little-endian.
+fn crc_payload(b: &[u8]) -> Bytes {
+    Bytes::copy_from_slice(&nvwc_core::layout::data_crc(b).to_le_bytes())
 }
 
 // ------------------------------------------------------------------ NBD export
@@ -1467,6 +1479,26 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
         cache_new,
         &Layout::new(&Config::new(bs as u32, capacity, bs, wp)),
     )?;
+    // A cache formatted before the metadata log (format 1 and 2) keeps its
+    // geometry and commits the old way; formats 3 and later keep the log
+    // size they were formatted with.
+    let (capacity, log_pages) = match &found {
+        format::Found::Cache(sb) if sb.log_pages == 0 => {
+            log!(
+                warn,
+                "cache_format_without_log",
+                export = &e.name,
+                cache = &cache_name,
+                format = sb.version,
+                note = "every commit costs three device syncs on this cache; `nvwc detach` (which \
+                        writes its dirty blocks back) and a restart reformat it with the \
+                        single-sync metadata log"
+            );
+            (sb.capacity, 0)
+        }
+        format::Found::Cache(sb) => (capacity, sb.log_pages),
+        _ => (capacity, layout::default_log_pages(capacity)),
+    };
     let mut backing = find_backing(e, a, wp, capacity, rt)?;
     let upstream = matches!(backing.store, Store::Nbd { .. });
     let usable = backing.usable / bs * bs;
@@ -1474,6 +1506,7 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
         bail!("backing store {} is smaller than one block", e.backing);
     }
     let mut cfg = Config::new(bs as u32, capacity, usable, wp);
+    cfg.log_pages = log_pages;
     cfg.replacement = repl;
     cfg.journal.txn_max_blocks = a.txn_blocks;
     cfg.journal.txn_max_age_ns = a.txn_age_ms * 1_000_000;
@@ -1550,7 +1583,7 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
         format::Found::Cache(_) => {
             let image = format::read_image(&cache, &l)
                 .with_context(|| format!("reading the cache device {cache_name}"))?;
-            let (eng, rep) = Engine::recover(cfg.clone(), &image)
+            let (eng, rep) = Engine::recover(cfg.clone(), &image, &mut format::data_crc(&cache))
                 .with_context(|| format!("recovering the cache device {cache_name}"))?;
             Some((eng, rep))
         }

@@ -139,13 +139,26 @@ pub fn read_image(cache: &File, l: &Layout) -> std::io::Result<CacheImage> {
         commit_a: read(l.commit_offset(0), 512)?,
         commit_b: read(l.commit_offset(1), 512)?,
         table: read(layout::TABLE_OFFSET, l.table_bytes)?,
+        log: read(l.log_offset, l.log_bytes)?,
     })
+}
+
+/// Recovery's data checksums (`Engine::recover`), read from the cache file.
+pub fn data_crc(cache: &File) -> impl FnMut(u64, u32) -> Result<u32, String> + '_ {
+    move |off, len| {
+        let mut b = vec![0u8; len as usize];
+        cache
+            .read_exact_at(&mut b, off)
+            .map_err(|e| format!("at byte {off}: {e}"))?;
+        Ok(layout::data_crc(&b))
+    }
 }
 
 /// The configuration a superblock describes (for counting its dirty blocks).
 fn config_of(sb: &Superblock) -> Option<Config> {
     let wp = WritePolicyKind::from_code(sb.write_policy)?;
-    let cfg = Config::new(sb.block_size, sb.capacity, sb.backing_size, wp);
+    let mut cfg = Config::new(sb.block_size, sb.capacity, sb.backing_size, wp);
+    cfg.log_pages = sb.log_pages;
     cfg.validate().ok()?;
     Some(cfg)
 }
@@ -154,7 +167,7 @@ fn config_of(sb: &Superblock) -> Option<Config> {
 pub fn dirty_blocks(cache: &File, sb: &Superblock) -> Option<u64> {
     let cfg = config_of(sb)?;
     let image = read_image(cache, &Layout::new(&cfg)).ok()?;
-    let (eng, _) = Engine::<Bytes>::recover(cfg, &image).ok()?;
+    let (eng, _) = Engine::<Bytes>::recover(cfg, &image, &mut data_crc(cache)).ok()?;
     Some(eng.stats().dirty_blocks)
 }
 
@@ -259,6 +272,7 @@ pub fn run(a: FormatArgs) -> Result<std::process::ExitCode> {
         backing_size: 0,
         data_offset: 0,
         write_policy: 0,
+        log_pages: 0,
         uuid,
         flags: SB_EMPTY,
         backing: None,

@@ -1,0 +1,515 @@
+//! Metadata commits: log records (one device flush) and checkpoints
+//! (the shadow-paged slot table: three). `docs/ON-DISK-FORMAT.md`, "The
+//! commit protocol", is the specification; this file is its only writer.
+//!
+//! A **log commit** `n` appends one record to the log: the entries of every
+//! slot whose entry changed since the previous commit, each valid entry
+//! with the CRC-32C of its version's bytes. Then one FLUSH makes the
+//! record and the data it names durable together. There is no flush
+//! between data and record: recovery accepts a record only if the data of
+//! every checked entry matches its checksum, so a record that reached the
+//! device before its data is recognised as unfinished.
+//!
+//! A record is **sealed** once a durable record says it was durable when
+//! that record was built (its `sealed` field), or a checkpoint covers it.
+//! Recovery checks data only for records past the highest `sealed` it
+//! reads, so a sealed record's versions may change afterwards without
+//! invalidating it. Hence two rules, both enforced here and in
+//! `inplace_ok`:
+//!
+//! * a version's bytes MUST NOT change while the record that introduced it
+//!   is unsealed (`S_UNSEALED`): write-back's in-place rewrite waits for the
+//!   seal (the write goes to a fresh slot meanwhile);
+//! * a slot freed by a record is reused only after that record is durable;
+//!   with one commit at a time that record's `sealed` field covers every
+//!   earlier record, so the version it frees is sealed too.
+//!
+//! A **checkpoint** writes every slot-table page changed since the last
+//! checkpoint (shadow paging), flushes, and writes the commit record with
+//! FUA. The log then restarts at its beginning under the new checkpoint's
+//! number (its epoch). A commit is a checkpoint when the cache has no log
+//! (format 1 and 2), when the record would not fit in what is left of the
+//! log, at a clean shutdown, and first after recovery or a failed commit
+//! (the log's tail is then unknown).
+
+use super::*;
+use crate::layout::{LogRecord, F_NOCHECK};
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(super) enum CommitStage {
+    /// Checkpoint: FLUSH the data, write pages, FLUSH, write the record (FUA).
+    DataFlush,
+    Pages,
+    MetaFlush,
+    Record,
+    /// Log commit: checksum the new versions, write the record, FLUSH.
+    Checksums,
+    LogWrite,
+    LogFlush,
+}
+
+#[derive(Debug)]
+pub(super) struct CommitJob {
+    pub(super) n: u64,
+    pub(super) stage: CommitStage,
+    snapshot: Vec<(u32, bool)>,
+    /// Checkpoint: (page, copy, bytes), and what was written.
+    pages: Vec<(u64, u8, Vec<u8>)>,
+    written: Vec<(u64, u8)>,
+    /// Checkpoint: every page it writes (put back into `LogState::pages` if it fails).
+    ckpt_pages: Vec<u64>,
+    /// Checkpoint: the commit-record copy it writes.
+    copy: u8,
+    waiters: Vec<Waiter>,
+    left: u32,
+    failed: bool,
+    record: CommitRecord,
+    /// Log commit: the record (its entries' checksums fill in as they complete).
+    log: Option<LogRecord>,
+}
+
+/// The log's and the checkpoints' state.
+#[derive(Debug, Default)]
+pub(super) struct LogState {
+    /// Byte offset of the next record within the log region.
+    pos: u64,
+    /// Commit number of the durable checkpoint the log extends.
+    epoch: u64,
+    /// Commit-record copy (0 = A, 1 = B) holding that checkpoint.
+    cr_cur: u8,
+    /// The next commit MUST be a checkpoint.
+    force_checkpoint: bool,
+    /// Highest commit known sealed on the device.
+    sealed: u64,
+    /// Versions introduced by an unsealed record, oldest first: (commit, slot, seq).
+    unsealed: VecDeque<(u64, u32, u64)>,
+    /// Slot-table pages changed since the durable checkpoint.
+    pages: BTreeSet<u64>,
+}
+
+impl LogState {
+    /// State of a freshly formatted device: checkpoint 0 in copy A, empty log.
+    pub(super) fn fresh() -> Self {
+        LogState::default()
+    }
+    /// State after recovery: the log extends checkpoint `epoch` (in copy
+    /// `cr_cur`); the first commit MUST be a checkpoint.
+    pub(super) fn recovered(epoch: u64, cr_cur: u8) -> Self {
+        LogState {
+            epoch,
+            cr_cur,
+            force_checkpoint: true,
+            sealed: epoch,
+            ..Default::default()
+        }
+    }
+    /// Remember that `slot`'s version `seq` becomes sealed with commit `n`.
+    pub(super) fn note_unsealed(&mut self, n: u64, slot: u32, seq: u64) {
+        debug_assert!(self.unsealed.back().is_none_or(|b| b.0 <= n));
+        self.unsealed.push_back((n, slot, seq));
+    }
+    pub(super) fn page_changed(&mut self, page: u64) {
+        self.pages.insert(page);
+    }
+}
+
+impl<P: Payload> Engine<P> {
+    pub(super) fn maybe_commit(&mut self) -> bool {
+        // An in-place write in flight leaves its slot's contents undefined: the
+        // commit waits for it (new in-place writes are refused meanwhile).
+        if self.commit.is_some() {
+            return false;
+        }
+        let autocommit = self
+            .oldest_change
+            .is_some_and(|t| self.now >= t.saturating_add(self.cfg.autocommit_ns))
+            || self.meta_dirty.len() >= self.cfg.autocommit_changes as usize;
+        // Reclaim when writers need slots, and also before they have to
+        // wait: once free slots fall below an eighth of the cache and a
+        // commit would release at least a thirty-second of it, that commit
+        // starts while the free slots still absorb writes.
+        let free = self.free_slots.len() as u64;
+        let cap = self.cfg.capacity_blocks;
+        let reclaim = self.retired_pending > 0
+            && (free < self.free_wanted()
+                || free < cap / 8 && self.retired_pending >= (cap / 32).max(1));
+        let shutdown = self.shutting_down
+            && self.reqs.is_empty()
+            && self.plans.is_empty()
+            && self.patches.is_empty()
+            && !self.direct_unflushed
+            && self.direct_cover_inflight == 0
+            && self.commit_asap;
+        if !(self.commit_asap
+            || !self.commit_waiters.is_empty()
+            || self.policy.wants_commit()
+            || autocommit
+            || reclaim)
+        {
+            return false;
+        }
+        if self.shutting_down
+            && !shutdown
+            && self.commit_waiters.is_empty()
+            && !self.policy.wants_commit()
+        {
+            return false;
+        }
+        if self.policy.commit_needs_patches_done() && !self.patches.is_empty() {
+            if !self.patch_barrier {
+                self.patch_barrier = true;
+                self.materialize_all();
+            }
+            return false;
+        }
+        self.patch_barrier = false;
+        if self.inplace_inflight > 0 {
+            self.commit_deferred = true;
+            return false;
+        }
+        self.commit_deferred = false;
+        self.start_commit();
+        true
+    }
+
+    fn start_commit(&mut self) {
+        // This commit's device flush covers every in-place write completed so far.
+        self.unsynced_overwrites = false;
+        let n = self.next_commit;
+        self.next_commit += 1;
+        self.policy.on_commit_start();
+        let clean_shutdown = self.shutting_down && self.reqs.is_empty() && self.plans.is_empty();
+        if clean_shutdown || !self.shutting_down {
+            self.commit_asap = false;
+        }
+        let snapshot = self.take_snapshot();
+        self.oldest_change = None;
+        let mut record = CommitRecord {
+            commit: n,
+            next_seq: self.next_seq,
+            clean_shutdown,
+            ..Default::default()
+        };
+        self.policy.fill_commit(&mut record);
+        let waiters = std::mem::take(&mut self.commit_waiters);
+        let fits = self.log.pos + LogRecord::bytes_for(snapshot.len()) <= self.layout.log_bytes;
+        let mut job = CommitJob {
+            n,
+            stage: CommitStage::DataFlush,
+            snapshot,
+            pages: Vec::new(),
+            written: Vec::new(),
+            ckpt_pages: Vec::new(),
+            copy: 0,
+            waiters,
+            left: 1,
+            failed: false,
+            record,
+            log: None,
+        };
+        if fits && !self.log.force_checkpoint && !clean_shutdown {
+            self.start_log_commit(&mut job);
+            self.commit = Some(job);
+            if self.commit.as_ref().is_some_and(|j| j.left == 0) {
+                self.on_commit_io(true);
+            }
+        } else {
+            self.start_checkpoint(&mut job);
+            self.commit = Some(job);
+            self.emit(Dev::Cache, IoOp::Flush, None, IoCtx::Commit);
+        }
+    }
+
+    /// Take the slots whose entries changed since the last commit: `(slot,
+    /// valid)`, marked as part of the commit; their pages join the set the
+    /// next checkpoint writes.
+    fn take_snapshot(&mut self) -> Vec<(u32, bool)> {
+        let mut snapshot = Vec::with_capacity(self.meta_dirty.len());
+        for s in std::mem::take(&mut self.meta_dirty) {
+            let slot = &mut self.slots[s as usize];
+            slot.set_in_meta_dirty(false);
+            // Free and Writing slots are written as free entries: the durable
+            // state already says free for them, so they need no protection.
+            // (An in-place overwrite of a durable version is also Writing, but
+            // no commit starts while one is in flight.)
+            assert!(
+                slot.state != SlotState::Writing || !slot.disk_valid(),
+                "commit snapshot of a durable slot under an in-place write"
+            );
+            if matches!(slot.state, SlotState::Valid | SlotState::Retired) {
+                slot.set_in_snapshot(true);
+            }
+            snapshot.push((s, slot.state == SlotState::Valid));
+            self.log.pages.insert(s as u64 / layout::ENTRIES_PER_PAGE);
+        }
+        snapshot
+    }
+
+    /// The entry slot `s` has now, tagged with commit `tag`.
+    fn entry_now(&self, s: u32, tag: u64) -> Entry {
+        let slot = &self.slots[s as usize];
+        if slot.state != SlotState::Valid {
+            return Entry {
+                commit: tag,
+                ..Default::default()
+            };
+        }
+        let (aux0, aux1) = if slot.dirty() {
+            self.policy.entry_aux(self.group_of(s))
+        } else {
+            (0, 0)
+        };
+        let (lo, hi) = self.entry_range(s);
+        Entry {
+            lbn: self.lbn_of(s),
+            seq: slot.seq,
+            commit: tag,
+            aux0,
+            aux1,
+            lo,
+            hi,
+            flags: F_VALID
+                | if slot.dirty() { F_DIRTY } else { 0 }
+                | if self.partial.contains_key(&s) {
+                    F_PARTIAL
+                } else {
+                    0
+                },
+            data_crc: 0,
+        }
+    }
+
+    fn start_log_commit(&mut self, job: &mut CommitJob) {
+        let n = job.n;
+        let mut entries = Vec::with_capacity(job.snapshot.len());
+        let mut sums: Vec<(u32, u64, u32)> = Vec::new();
+        for &(s, valid) in &job.snapshot {
+            let mut e = self.entry_now(s, n);
+            debug_assert_eq!(valid, e.flags & F_VALID != 0);
+            if valid {
+                let slot = &mut self.slots[s as usize];
+                if slot.disk_valid() && !slot.unsealed() {
+                    // A sealed version in this slot: its bytes are as durable
+                    // as any FLUSH promised, and may be rewritten in place.
+                    e.flags |= F_NOCHECK;
+                } else {
+                    if !slot.unsealed() {
+                        slot.set_unsealed(true);
+                        let seq = slot.seq;
+                        self.log.note_unsealed(n, s, seq);
+                    }
+                    let (off, len) = self.layout.checked_bytes(s, &e);
+                    sums.push((entries.len() as u32, off, len));
+                }
+            }
+            entries.push((s, e));
+        }
+        job.log = Some(LogRecord {
+            epoch: self.log.epoch,
+            n,
+            sealed: self.durable_commit,
+            record: job.record,
+            entries,
+        });
+        job.stage = CommitStage::Checksums;
+        job.left = sums.len() as u32;
+        for (entry, offset, len) in sums {
+            self.emit(
+                Dev::Cache,
+                IoOp::Checksum { offset, len },
+                None,
+                IoCtx::CommitChecksum { entry },
+            );
+        }
+    }
+
+    fn start_checkpoint(&mut self, job: &mut CommitJob) {
+        let n = job.n;
+        let pages = std::mem::take(&mut self.log.pages);
+        // Shadow paging: every page changed since the last checkpoint is
+        // written whole into the copy that is not durable. Slots outside the
+        // snapshot are unchanged since the last durable commit, so their
+        // in-memory state is their durable state.
+        job.pages = pages
+            .iter()
+            .map(|&pg| {
+                let first = pg * layout::ENTRIES_PER_PAGE;
+                let last = (first + layout::ENTRIES_PER_PAGE).min(self.layout.capacity);
+                let entries: Vec<(u32, Entry)> = (first..last)
+                    .map(|s| (s as u32, self.entry_now(s as u32, n)))
+                    .collect();
+                let copy = if self.page_cur[pg as usize] == 0 {
+                    1
+                } else {
+                    0
+                };
+                (pg, copy, layout::encode_page(pg, n, &entries))
+            })
+            .collect();
+        job.written = job.pages.iter().map(|(p, c, _)| (*p, *c)).collect();
+        job.ckpt_pages = pages.into_iter().collect();
+        job.copy = 1 - self.log.cr_cur;
+        job.stage = CommitStage::DataFlush;
+        job.left = 1;
+    }
+
+    pub(super) fn on_commit_checksum(&mut self, entry: u32, res: IoResult<P>) {
+        let job = self.commit.as_mut().expect("checksum without a commit");
+        if let Ok(p) = &res {
+            let crc = p
+                .as_ref()
+                .and_then(|p| p.bytes())
+                .and_then(|b| b.get(0..4))
+                .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+                .unwrap_or(0);
+            let log = job.log.as_mut().expect("checksum for a checkpoint");
+            log.entries[entry as usize].1.data_crc = crc;
+        }
+        self.on_commit_io(res.is_ok());
+    }
+
+    pub(super) fn on_commit_io(&mut self, ok: bool) {
+        let job = self.commit.as_mut().expect("commit I/O without a commit");
+        if !ok {
+            job.failed = true;
+        }
+        job.left = job.left.saturating_sub(1);
+        if job.left > 0 {
+            return;
+        }
+        if job.failed {
+            return self.finish_commit(false);
+        }
+        match job.stage {
+            CommitStage::DataFlush => {
+                job.stage = CommitStage::Pages;
+                let pages = std::mem::take(&mut job.pages);
+                if pages.is_empty() {
+                    job.stage = CommitStage::MetaFlush;
+                    job.left = 1;
+                    return self.on_commit_io(true);
+                }
+                job.left = pages.len() as u32;
+                for (pg, copy, buf) in pages {
+                    let off = self.layout.page_offset(pg, copy);
+                    self.cache_write(off, P::from_vec(buf), IoCtx::Commit);
+                }
+            }
+            CommitStage::Pages => {
+                job.stage = CommitStage::MetaFlush;
+                job.left = 1;
+                self.emit(Dev::Cache, IoOp::Flush, None, IoCtx::Commit);
+            }
+            CommitStage::MetaFlush => {
+                job.stage = CommitStage::Record;
+                job.left = 1;
+                let off = self.layout.commit_offset(job.copy as u64);
+                let data = P::from_vec(job.record.encode());
+                self.emit(
+                    Dev::Cache,
+                    IoOp::Write {
+                        offset: off,
+                        data,
+                        fua: true,
+                    },
+                    None,
+                    IoCtx::Commit,
+                );
+            }
+            CommitStage::Record | CommitStage::LogFlush => self.finish_commit(true),
+            CommitStage::Checksums => {
+                job.stage = CommitStage::LogWrite;
+                job.left = 1;
+                let bytes = job.log.as_ref().expect("log commit").encode();
+                let off = self.layout.log_offset + self.log.pos;
+                debug_assert!(self.log.pos + bytes.len() as u64 <= self.layout.log_bytes);
+                self.cache_write(off, P::from_vec(bytes), IoCtx::Commit);
+            }
+            CommitStage::LogWrite => {
+                job.stage = CommitStage::LogFlush;
+                job.left = 1;
+                self.emit(Dev::Cache, IoOp::Flush, None, IoCtx::Commit);
+            }
+        }
+    }
+
+    /// Commits up to `upto` are sealed: their versions may change.
+    fn advance_sealed(&mut self, upto: u64) {
+        self.log.sealed = self.log.sealed.max(upto);
+        while let Some(&(n, s, seq)) = self.log.unsealed.front() {
+            if n > self.log.sealed {
+                break;
+            }
+            self.log.unsealed.pop_front();
+            let slot = &mut self.slots[s as usize];
+            if slot.seq == seq {
+                slot.set_unsealed(false);
+            }
+        }
+    }
+
+    fn finish_commit(&mut self, ok: bool) {
+        let job = self.commit.take().expect("no commit");
+        if ok {
+            self.durable_commit = job.n;
+            self.stats.commits += 1;
+            if let Some(rec) = &job.log {
+                self.stats.log_commits += 1;
+                self.log.pos += LogRecord::bytes_for(rec.entries.len());
+                self.advance_sealed(rec.sealed);
+            } else {
+                for &(pg, copy) in &job.written {
+                    self.page_cur[pg as usize] = copy;
+                }
+                self.log.cr_cur = job.copy;
+                self.log.epoch = job.n;
+                self.log.pos = 0;
+                self.log.force_checkpoint = false;
+                self.advance_sealed(job.n);
+            }
+        } else {
+            self.stats.commit_failures += 1;
+            // Its device flush may not have covered the in-place writes.
+            self.unsynced_overwrites = true;
+            // What reached the device is unknown: the log's tail, or which
+            // commit record is in force. Only a checkpoint settles it.
+            self.log.force_checkpoint = true;
+            self.log.pages.extend(job.ckpt_pages.iter().copied());
+        }
+        for (s, valid) in job.snapshot {
+            let slot = &mut self.slots[s as usize];
+            let marked = slot.in_snapshot();
+            slot.set_in_snapshot(false);
+            let was = slot.disk_valid();
+            if !marked {
+                // Written as free over a free entry: nothing changed on disk.
+                continue;
+            }
+            if ok {
+                slot.set_disk_valid(valid);
+            } else {
+                // Unknown: the entry may or may not have reached the device.
+                slot.set_disk_valid(was || valid);
+                self.mark_meta(s);
+            }
+            let slot = &self.slots[s as usize];
+            if slot.state == SlotState::Retired && !slot.disk_valid() && (was || ok) {
+                self.retired_pending = self.retired_pending.saturating_sub(1);
+                self.try_release(s);
+            }
+        }
+        self.policy.on_commit_done(ok);
+        self.out_event
+            .push_back(Event::Committed { commit: job.n, ok });
+        for w in job.waiters {
+            if ok {
+                if w.write && w.group != NO_GROUP {
+                    self.policy.on_write_ack(self.now, w.group);
+                }
+                self.reply(w.id, Ok(None), w.seq);
+            } else {
+                self.reply(w.id, Err(ReqError::Io), w.seq);
+            }
+        }
+    }
+}
