@@ -70,6 +70,16 @@ fn dump(layout: &Layout, image: &CacheImage) {
     }
 }
 
+thread_local! {
+    /// Log records replayed and dropped by this thread's recoveries.
+    static LOG_REPLAYS: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// Log records replayed and dropped by this thread's recoveries since the last call.
+pub(crate) fn take_log_replays() -> (u64, u64) {
+    LOG_REPLAYS.with(|c| c.replace((0, 0)))
+}
+
 /// Recover an engine from a crashed cache image.
 pub(crate) fn recover(
     cfg: &Config,
@@ -88,6 +98,10 @@ pub(crate) fn recover(
     };
     match Engine::recover(cfg.clone(), &image, &mut data_crc) {
         Ok((e, rep)) => {
+            LOG_REPLAYS.with(|c| {
+                let (a, b) = c.get();
+                c.set((a + rep.log_records, b + rep.log_dropped));
+            });
             if verbose {
                 eprintln!("recovery report: {rep:?}");
             }

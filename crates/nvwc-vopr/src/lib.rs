@@ -121,6 +121,10 @@ pub struct SeedOutcome {
     pub max_latency_ns: u64,
     /// The most metadata pages one commit wrote.
     pub max_commit_pages: u64,
+    /// Commits that were log records and checkpoints, and at recoveries,
+    /// log records replayed and valid-looking records dropped (their data
+    /// did not match its checksums).
+    pub log: [u64; 4],
 }
 
 /// The metadata table's byte range on the cache device.
@@ -266,6 +270,8 @@ impl Crash {
 
 /// Add what the engine counted to the outcome.
 fn count_stats(out: &mut SeedOutcome, st: &Stats) {
+    out.log[0] += st.log_commits;
+    out.log[1] += st.commits - st.log_commits;
     let patches = [
         st.patches_created,
         st.patch_merges,
@@ -295,6 +301,7 @@ const ROUND_NS: u64 = 1_000_000_000_000;
 
 /// Run one seed.
 pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
+    check::take_log_replays();
     let mut rng = ChaCha8Rng::seed_from_u64(
         seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ opts.policy.code() as u64,
     );
@@ -446,6 +453,9 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
         crash = Crash::take(&world, &mut rng2);
     }
     out.violations = oracle.violations;
+    let (replayed, dropped) = check::take_log_replays();
+    out.log[2] += replayed;
+    out.log[3] += dropped;
     out
 }
 
@@ -565,6 +575,8 @@ pub struct PolicySummary {
     pub max_latency: (u64, u64),
     /// The most metadata pages one commit wrote, over every seed.
     pub max_commit_pages: u64,
+    /// Sums of [`SeedOutcome::log`].
+    pub log: [u64; 4],
     /// Every failing seed with the checks it failed (`a`, `b`, `c`, `o`
     /// for other), in seed order: for comparing two runs seed by seed.
     pub failing: Vec<(u64, String)>,
@@ -587,7 +599,7 @@ pub fn run_many(
     let lowest: Mutex<Option<(bool, SeedOutcome)>> = Mutex::new(None);
     let failing: Mutex<Vec<(u64, String)>> = Mutex::new(Vec::new());
     let maxes = Mutex::new(((0u64, 0u64), 0u64));
-    let agg = Mutex::new((0u64, 0u64, 0u64, [0u64; 4], [0u64; 8], [0u64; 4], 0u64));
+    let agg = Mutex::new((0u64, 0u64, 0u64, [0u64; 4], [0u64; 8], [0u64; 4], 0u64, [0u64; 4]));
     std::panic::set_hook(Box::new(|info| {
         let loc = info
             .location()
@@ -640,6 +652,9 @@ pub fn run_many(
                         *x += y;
                     }
                     a.6 += r.direct_writes;
+                    for (x, y) in a.7.iter_mut().zip(r.log) {
+                        *x += y;
+                    }
                 }
                 {
                     let mut m = maxes.lock().unwrap();
@@ -687,6 +702,7 @@ pub fn run_many(
         direct_writes: a.6,
         max_latency,
         max_commit_pages,
+        log: a.7,
         failing,
     }
 }

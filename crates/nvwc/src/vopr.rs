@@ -151,6 +151,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
             nvwc_vopr::LIVENESS_NS / 1_000_000,
             s.max_commit_pages
         );
+        let [lc, cp, lr, ld] = s.log;
+        println!(
+            "  commits: log records={lc} checkpoints={cp}; at recovery: log records replayed={lr} dropped (data did not match)={ld}"
+        );
         let [ab, ar, ai, ad] = s.admission;
         if ab + ar > 0 {
             println!(
