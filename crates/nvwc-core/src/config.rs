@@ -336,7 +336,7 @@ impl Config {
         Config {
             block_size,
             capacity_blocks,
-            log_pages: crate::layout::default_log_pages(capacity_blocks),
+            log_pages: crate::layout::default_log_pages(capacity_blocks, block_size),
             backing_size,
             write_policy,
             replacement: ReplacementKind::Lru,

@@ -2054,7 +2054,8 @@ impl<P: Payload> Engine<P> {
             && (!slot.disk_valid() && !slot.in_snapshot() || self.policy.may_overwrite_durable())
             && slot.refs == 0
             && !slot.destaging()
-            && !slot.unsealed()
+            && (!slot.unsealed()
+                || crate::mutation::active(crate::mutation::Mutation::InPlaceIgnoresSeal))
             && slot.dirty()
             && self.commit_waiters.is_empty()
             && !self.commit_deferred
@@ -3350,7 +3351,7 @@ fn replay_log(
         .max(ckpt.commit);
     let mut cut = found.len();
     'records: for (i, r) in found.iter().enumerate() {
-        if r.n <= sealed {
+        if r.n <= sealed || crate::mutation::active(crate::mutation::Mutation::LogSkipsDataCheck) {
             continue;
         }
         for (s, ent) in &r.entries {

@@ -66,11 +66,15 @@ pub fn data_crc(b: &[u8]) -> u32 {
     crc32c::crc32c(b)
 }
 
-/// Log size (4 KiB pages) a fresh cache of `capacity` slots gets: one copy
-/// of its slot table, so that a checkpoint writes about as many bytes as
-/// the log it retires, within 1 MiB .. 64 MiB.
-pub fn default_log_pages(capacity: u64) -> u32 {
-    capacity.div_ceil(ENTRIES_PER_PAGE).clamp(256, 16384) as u32
+/// Log size (4 KiB pages) a fresh cache of `capacity` slots of
+/// `block_size` bytes gets: one copy of its slot table, so that a
+/// checkpoint writes about as many bytes as the log it retires, within
+/// 256 KiB .. 64 MiB, but never more than an eighth of the data (at least
+/// 16 KiB), so that a small cache stays mostly data.
+pub fn default_log_pages(capacity: u64, block_size: u32) -> u32 {
+    let table = capacity.div_ceil(ENTRIES_PER_PAGE).clamp(64, 16384);
+    let eighth = (capacity * block_size as u64 / PAGE_BYTES / 8).max(4);
+    table.min(eighth) as u32
 }
 
 /// Geometry of a cache device.
@@ -139,7 +143,7 @@ impl Layout {
         let bs = block_size as u64;
         let fits = |cap: u64| {
             let table = 2 * cap.div_ceil(ENTRIES_PER_PAGE) * PAGE_BYTES;
-            let log = default_log_pages(cap) as u64 * PAGE_BYTES;
+            let log = default_log_pages(cap, block_size) as u64 * PAGE_BYTES;
             let align = bs.max(4096);
             (TABLE_OFFSET + table + log).div_ceil(align) * align + cap * bs <= bytes
         };
@@ -859,17 +863,33 @@ mod tests {
         };
         let b = r.encode();
         assert_eq!(b.len() as u64, LogRecord::bytes_for(70));
-        assert_eq!(b.len(), 2 * PAGE_BYTES as usize, "128 + 70 × 64 bytes take two pages");
+        assert_eq!(
+            b.len(),
+            2 * PAGE_BYTES as usize,
+            "128 + 70 × 64 bytes take two pages"
+        );
         let mut region = b.clone();
         region.extend_from_slice(&[0u8; 4096]);
         assert_eq!(LogRecord::decode(&region), Some((r.clone(), 8192)));
-        assert_eq!(LogRecord::decode(&region[8192..]), None, "zeroes are no record");
+        assert_eq!(
+            LogRecord::decode(&region[8192..]),
+            None,
+            "zeroes are no record"
+        );
         for at in [3usize, 30, 130, 4095 + 100, 128 + 69 * 64 + 10] {
             let mut t = region.clone();
             t[at] ^= 0x40;
-            assert_eq!(LogRecord::decode(&t), None, "a torn record (byte {at}) is rejected");
+            assert_eq!(
+                LogRecord::decode(&t),
+                None,
+                "a torn record (byte {at}) is rejected"
+            );
         }
-        assert_eq!(LogRecord::decode(&b[..4096]), None, "a record cut short is rejected");
+        assert_eq!(
+            LogRecord::decode(&b[..4096]),
+            None,
+            "a record cut short is rejected"
+        );
         let data = vec![7u8; 4096];
         assert_ne!(data_crc(&data), data_crc(&data[..4095]));
         assert_eq!(data_crc(b"123456789"), 0xe306_9283, "CRC-32C check value");

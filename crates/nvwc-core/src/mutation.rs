@@ -20,6 +20,15 @@ pub enum Mutation {
     /// A FLUSH that has to wait for a commit is forgotten, never answered
     /// (liveness: the VOPR's deadlock and liveness checks, "other").
     FlushNeverAnswered = 2,
+    /// Recovery accepts every log record without checking its data
+    /// against the checksums: a record that reached the device before its
+    /// data names bytes that are not there (checks (a)/(b)).
+    LogSkipsDataCheck = 3,
+    /// Write-back rewrites a version in place while the log record that
+    /// introduced it is not sealed: at recovery that record's data no
+    /// longer matches, it is dropped with every later one, and FLUSHes it
+    /// answered are lost (check (b)).
+    InPlaceIgnoresSeal = 4,
 }
 
 #[cfg(feature = "mutations")]

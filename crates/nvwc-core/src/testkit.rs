@@ -58,7 +58,9 @@ impl MemHarness {
             log: c[l.log_offset as usize..(l.log_offset + l.log_bytes) as usize].to_vec(),
         };
         let (e, rep) = Engine::recover(cfg, &image, &mut |off, len| {
-            Ok(layout::data_crc(&c[off as usize..(off + len as u64) as usize]))
+            Ok(layout::data_crc(
+                &c[off as usize..(off + len as u64) as usize],
+            ))
         })?;
         self.engine = e;
         self.inflight.clear();

@@ -599,7 +599,9 @@ pub fn run_many(
     let lowest: Mutex<Option<(bool, SeedOutcome)>> = Mutex::new(None);
     let failing: Mutex<Vec<(u64, String)>> = Mutex::new(Vec::new());
     let maxes = Mutex::new(((0u64, 0u64), 0u64));
-    let agg = Mutex::new((0u64, 0u64, 0u64, [0u64; 4], [0u64; 8], [0u64; 4], 0u64, [0u64; 4]));
+    let agg = Mutex::new((
+        0u64, 0u64, 0u64, [0u64; 4], [0u64; 8], [0u64; 4], 0u64, [0u64; 4],
+    ));
     std::panic::set_hook(Box::new(|info| {
         let loc = info
             .location()

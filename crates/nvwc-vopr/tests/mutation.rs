@@ -72,3 +72,32 @@ fn a_request_never_answered_fails_the_run() {
         );
     }
 }
+
+#[test]
+fn a_log_record_accepted_without_its_data_fails_the_run() {
+    for policy in [WritePolicyKind::WriteBack, WritePolicyKind::Journaled] {
+        let o = opts(policy, None);
+        let (clean, planted) = with_and_without(Mutation::LogSkipsDataCheck, &o, 1500);
+        assert_eq!(clean.by_check[0] + clean.by_check[1] + clean.by_check[3], 0);
+        assert!(
+            clean.log[3] > 0,
+            "some recoveries drop a log record whose data did not land"
+        );
+        assert!(
+            planted.by_check[0] + planted.by_check[1] > 0,
+            "accepting such records fails (a) or (b)"
+        );
+        assert!(planted.verdict().is_err());
+    }
+}
+
+#[test]
+fn an_in_place_rewrite_before_the_seal_fails_the_run() {
+    let o = opts(WritePolicyKind::WriteBack, None);
+    let (clean, planted) = with_and_without(Mutation::InPlaceIgnoresSeal, &o, 1500);
+    assert_eq!(clean.by_check[1], 0);
+    assert_eq!(clean.verdict(), Ok(()));
+    assert!(planted.by_check[1] > 0, "the planted bug fails (b)");
+    let why = planted.verdict().expect_err("a (b) failure fails the run");
+    assert!(why.contains("(b)"), "{why}");
+}

@@ -150,8 +150,8 @@ pub struct Args {
     /// and persists as partial versions.
     #[arg(long = "server-arg", allow_hyphen_values = true)]
     pub server_args: Vec<String>,
-    /// Cache size of every trial's server (e.g. 84K, the smallest it
-    /// accepts: 16 blocks).
+    /// Cache size of every trial's server (e.g. 100K, the smallest it
+    /// accepts: 16 blocks and a 16 KiB metadata log).
     #[arg(long, default_value = "6M", value_parser = crate::serve::parse_size)]
     pub cache_size: u64,
     /// Longest workload write, in 4 KiB blocks, beyond the workload's own

@@ -1497,7 +1497,7 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
             (sb.capacity, 0)
         }
         format::Found::Cache(sb) => (capacity, sb.log_pages),
-        _ => (capacity, layout::default_log_pages(capacity)),
+        _ => (capacity, layout::default_log_pages(capacity, bs as u32)),
     };
     let mut backing = find_backing(e, a, wp, capacity, rt)?;
     let upstream = matches!(backing.store, Store::Nbd { .. });

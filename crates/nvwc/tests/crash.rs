@@ -425,7 +425,7 @@ fn split_writes_keep_the_flush_contract_and_the_cache_lost_promises() {
         "--trials",
         "3",
         "--cache-size",
-        "84K",
+        "100K",
         "--max-write-blocks",
         "24",
         // A failpoint's abort leaves no status to tell whether

@@ -1892,7 +1892,7 @@ fn maxreq_smallest_cache_every_policy() {
         return;
     }
     for policy in WRITE_POLICIES {
-        maxreq_case(policy, "84K", false);
+        maxreq_case(policy, "100K", false);
     }
 }
 

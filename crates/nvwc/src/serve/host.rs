@@ -305,12 +305,15 @@ impl Host {
         let mut writes: Vec<IoCmd<Bytes>> = Vec::new();
         loop {
             while let Some(cmd) = c.eng.poll_io() {
-                // Cache-device reads and plain writes go to the page cache:
-                // done here, inline. Syncs, FUA writes and everything for the
+                // Cache-device reads, checksums and plain writes go to the
+                // page cache: done here, inline. Syncs, FUA writes and everything for the
                 // backing store run on the pools.
                 let inline = cmd.dev == Dev::Cache
                     && cmd.group.is_none()
-                    && matches!(cmd.op, IoOp::Read { .. } | IoOp::Write { fua: false, .. });
+                    && matches!(
+                        cmd.op,
+                        IoOp::Read { .. } | IoOp::Write { fua: false, .. } | IoOp::Checksum { .. }
+                    );
                 if inline && matches!(cmd.op, IoOp::Write { .. }) {
                     // Collected, to write adjacent slots with one call.
                     writes.push(cmd);
