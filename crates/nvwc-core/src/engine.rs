@@ -276,8 +276,9 @@ enum IoCtx {
         piece: u32,
         inplace: bool,
     },
-    PieceBackingWrite {
-        piece: u32,
+    /// Write-through: adjacent pieces of one request written to the backing store as one write.
+    ThroughWrite {
+        pieces: Vec<u32>,
     },
     /// An admission bypass: adjacent pieces of one request written to the
     /// backing store with FUA as one write. A piece reissued to the cache
@@ -572,6 +573,9 @@ pub struct Engine<P: Payload> {
     /// Bypass pieces started in this `progress` round, not yet emitted:
     /// adjacent pieces of one request become one backing write.
     bypass_batch: Vec<(u32, u32)>,
+    /// Write-through pieces started in this `progress` round, not yet
+    /// emitted: (piece, FUA). Adjacent pieces of one request become one backing write.
+    through_batch: Vec<(u32, bool)>,
     /// The write piece holding each busy block (the blocking object a
     /// waiter's dependency chain follows).
     holders: IdMap<u32, u32>,
@@ -669,6 +673,7 @@ impl<P: Payload> Engine<P> {
             bypassing,
             bypass_io: IdMap::default(),
             bypass_batch: Vec::new(),
+            through_batch: Vec::new(),
             holders: IdMap::default(),
             retired_lbns: HashMap::new(),
             retired_lbn: IdMap::default(),
@@ -1281,7 +1286,11 @@ impl<P: Payload> Engine<P> {
             IoCtx::PieceCacheWrite { piece, inplace } => {
                 self.on_piece_cache_write(piece, inplace, res.is_ok())
             }
-            IoCtx::PieceBackingWrite { piece } => self.on_piece_io_done(piece, res.is_ok()),
+            IoCtx::ThroughWrite { pieces } => {
+                for piece in pieces {
+                    self.on_piece_io_done(piece, res.is_ok());
+                }
+            }
             IoCtx::BypassWrite { pieces, orphans } => {
                 for (piece, block) in pieces {
                     self.bypass_io.remove(&block);
@@ -2093,18 +2102,10 @@ impl<P: Payload> Engine<P> {
         }
         if self.policy.synchronous_backing() {
             let data = self.pieces.get(p).data.clone().unwrap();
-            let off = lbn * self.bs + start as u64;
             self.pieces.get_mut(p).ios += 1;
-            self.emit(
-                Dev::Backing,
-                IoOp::Write {
-                    offset: off,
-                    data: data.clone(),
-                    fua,
-                },
-                None,
-                IoCtx::PieceBackingWrite { piece: p },
-            );
+            // Emitted at the end of this round, merged with the adjacent
+            // pieces of the same request (`flush_through_batch`).
+            self.through_batch.push((p, fua));
             // The backing store is authoritative: drop the old copy now (a read in
             // flight on it finishes first; the slot is reused after), and install a
             // new one only if its cache write succeeds.
@@ -2294,6 +2295,56 @@ impl<P: Payload> Engine<P> {
         self.bypass_batch.push((p, b));
     }
 
+    /// Emit the write-through pieces of this round: each run of adjacent
+    /// pieces of one request is one backing write, as the client sent it
+    /// (a 1 MiB write is one command to a slow backing store, not 256 that
+    /// queue for its connections).
+    fn flush_through_batch(&mut self) {
+        if self.through_batch.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut self.through_batch);
+        let span = |pc: &Piece<P>, bs: u64| {
+            (
+                pc.req,
+                pc.lbn * bs + pc.start as u64,
+                pc.lbn * bs + pc.end as u64,
+            )
+        };
+        let mut i = 0;
+        while i < batch.len() {
+            let (req, start_off, mut end_off) = span(self.pieces.get(batch[i].0), self.bs);
+            let fua = batch[i].1;
+            let mut j = i + 1;
+            while j < batch.len() {
+                let (r, s, e) = span(self.pieces.get(batch[j].0), self.bs);
+                if r != req || s != end_off || batch[j].1 != fua {
+                    break;
+                }
+                end_off = e;
+                j += 1;
+            }
+            let pieces: Vec<u32> = batch[i..j].iter().map(|&(p, _)| p).collect();
+            let parts: Vec<P> = pieces
+                .iter()
+                .map(|&p| self.pieces.get(p).data.clone().unwrap())
+                .collect();
+            let data = P::concat(&parts);
+            debug_assert_eq!(data.len() as u64, end_off - start_off);
+            self.emit(
+                Dev::Backing,
+                IoOp::Write {
+                    offset: start_off,
+                    data,
+                    fua,
+                },
+                None,
+                IoCtx::ThroughWrite { pieces },
+            );
+            i = j;
+        }
+    }
+
     /// Emit the batched bypass pieces: each run of adjacent pieces of one
     /// request is one backing write (a 256 KiB write is one command, not 64).
     fn flush_bypass_batch(&mut self) {
@@ -2375,9 +2426,11 @@ impl<P: Payload> Engine<P> {
             pc.critical = true;
             self.stats.inherited += 1;
         }
-        // A bypass piece still in this round's batch has no backing write
-        // yet: emit the batch, then treat it like any write in flight.
+        // A bypass (or write-through) piece still in this round's batch has
+        // no backing write yet: emit the batch, then treat it like any write
+        // in flight.
         self.flush_bypass_batch();
+        self.flush_through_batch();
         if let Some(&(p, io)) = self.bypass_io.get(&b) {
             assert_eq!(p, h, "bypass write of a block another piece holds");
             if self.admission.reissue() {
@@ -2974,6 +3027,7 @@ impl<P: Payload> Engine<P> {
             }
         }
         self.flush_bypass_batch();
+        self.flush_through_batch();
     }
 
     /// Evict clean blocks to keep `free_reserve` slots (plus one per stalled writer) ready.
