@@ -542,7 +542,7 @@ impl CommitRecord {
 /// 32..36   entry count
 /// 36..40   record length in 4 KiB pages
 /// 40..80   commit-record fields: txn_committed, txn_checkpointed, next_seq, next_cidx, (reserved)
-/// 124..128 CRC-32 of bytes 0..124 and of every entry byte
+/// 124..128 CRC-32C of bytes 0..124 and of every entry byte
 /// 128..    entries, 64 bytes each (slot entries carrying `data_crc`)
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -582,12 +582,14 @@ impl LogRecord {
         put32(&mut b, 124, c);
         b
     }
+    /// CRC-32C, not the entries' own CRC-32 (IEEE): a CRC over a message
+    /// that ends in a block carrying its own CRC of the same polynomial is
+    /// the same whatever that block holds, so an IEEE record CRC would not
+    /// see a torn record whose last sectors hold an older record's intact
+    /// entries (the VOPR found it: journaled seed 14564).
     fn crc(b: &[u8], count: usize) -> u32 {
         let end = LOG_HEADER_BYTES as usize + count * 64;
-        let mut h = crc32fast::Hasher::new();
-        h.update(&b[0..124]);
-        h.update(&b[128..end]);
-        h.finalize()
+        crc32c::crc32c_append(crc32c::crc32c(&b[0..124]), &b[128..end])
     }
     /// Decode the record at the start of `b` (the rest of the log region):
     /// `None` if there is none, it is torn, or it does not fit.
@@ -890,6 +892,37 @@ mod tests {
             None,
             "a record cut short is rejected"
         );
+        // A record torn over an older one at the same place: its first
+        // sector new, the rest old (whole, self-consistent old entries).
+        let entry = |slot: u32, commit: u64| {
+            (
+                slot,
+                Entry {
+                    commit,
+                    ..Default::default()
+                },
+            )
+        };
+        let old = LogRecord {
+            epoch: 184,
+            n: 186,
+            sealed: 185,
+            entries: (0..9).map(|i| entry(i, 186)).collect(),
+            ..Default::default()
+        }
+        .encode();
+        let new = LogRecord {
+            epoch: 189,
+            n: 191,
+            sealed: 190,
+            entries: (10..17).map(|i| entry(i, 191)).collect(),
+            ..Default::default()
+        }
+        .encode();
+        let mut torn = new.clone();
+        torn[512..].copy_from_slice(&old[512..]);
+        assert_ne!(torn[512..576], new[512..576]);
+        assert_eq!(LogRecord::decode(&torn), None, "a torn record is rejected");
         let data = vec![7u8; 4096];
         assert_ne!(data_crc(&data), data_crc(&data[..4095]));
         assert_eq!(data_crc(b"123456789"), 0xe306_9283, "CRC-32C check value");

@@ -44,6 +44,24 @@ pub(crate) fn cache_image(layout: &Layout, cache_img: &[u8]) -> CacheImage {
 }
 
 fn dump(layout: &Layout, image: &CacheImage) {
+    let mut pos = 0usize;
+    while pos < image.log.len() {
+        match layout::LogRecord::decode(&image.log[pos..]) {
+            Some((r, len)) => {
+                eprintln!(
+                    "log @{pos}: epoch {} n {} sealed {} rec {:?}",
+                    r.epoch, r.n, r.sealed, r.record
+                );
+                for (s, e) in &r.entries {
+                    eprintln!("  slot {s}: {e:?}");
+                }
+                pos += len as usize;
+            }
+            None => {
+                pos += layout::PAGE_BYTES as usize;
+            }
+        }
+    }
     let cr = [
         layout::CommitRecord::decode(&image.commit_a),
         layout::CommitRecord::decode(&image.commit_b),
