@@ -35,6 +35,8 @@
 #   IMAGE_SIZE=2G    backing image; CACHE_SIZE=1G  nvwc's cache and the cache
 #                    filter's cache-max-size
 #   OUT=reports/bench-app   prefix of the .json and .md written
+# Exit status: 0 when every run completed (missed targets included), 1 when
+# a run failed (the reports are still written), 2 on a setup error.
 # Smoke test (about 6 min):
 #   RUNTIME=3 REPS=1 DELAYS=5 scripts/bench-app.sh
 set -euo pipefail
@@ -213,7 +215,7 @@ for r in $(seq "$REPS"); do
 done
 
 mkdir -p "$(dirname "$OUT")"
-python3 - "$RAW" "$OUT" "$CMDLINE" "$START_DATE" "$LOAD0" "$(nproc)" "$(uname -r)" \
+(python3 - "$RAW" "$OUT" "$CMDLINE" "$START_DATE" "$LOAD0" "$(nproc)" "$(uname -r)" \
   "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')" "$("$PGBIN/postgres" --version)" "$(nbdkit --version)" \
   "$CACHE_SIZE" "$IMAGE_SIZE" "$DELAYS" "${NAMES[@]}" <<'PY'
 import json, statistics as st, sys
@@ -306,4 +308,6 @@ if failed:
         P(f"- failed: round {x['round']} `{x['export']}`: {x['error']}")
 open(out + ".md", "w").write("\n".join(lines) + "\n")
 print(f"wrote {out}.json and {out}.md")
+sys.exit(3 if failed else 0)
 PY
+) || { [ $? = 3 ] && { echo "bench-app: some runs failed (listed above; reports written)" >&2; exit 1; }; exit 2; }
