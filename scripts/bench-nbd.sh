@@ -8,16 +8,41 @@
 #   slow backing (nbdkit delay filter, 1 ms per write) as nvwc's upstream for
 #   write-back, ordered, journaled and write-through, and under nbdkit's cache
 #   filter.
+#   fsync-bound (issue 17): fio 4 KiB randwrite QD1 --fsync=1 (a FLUSH after
+#   every write) against nvwc write-back, journaled, ordered and write-through
+#   on a fast local backing file vs nbdkit file on the same file; and 8 jobs x
+#   QD1 --fsync=1 (8 connections) with nvwc write-back, journaled and
+#   write-through over a delayed backing (nbdkit delay filter,
+#   rdelay=wdelay=DELAY_MS, default 5 ms) vs that delayed backing uncached;
+#   first touch / full cache: 4 KiB randwrite QD16 over a range 4x the cache
+#   (nvwc --cache-size FULL_CACHE_MB, default 64 MiB, so 256 MiB), fast local
+#   backing, nvwc write-back vs nbdkit file; fio's end_fsync=1 ends every run
+#   with a FLUSH inside the timed window (fio counts it in its runtime, so the
+#   IOPS pay for it).
 # The machine is noisy (its speed drifts by tens of percent over minutes), so
 # the repetitions are interleaved: round r runs every server once, and each
 # figure is the median over the rounds. Every server starts fresh in every
-# round and gets the same 2 s warm-up (64 KiB writes over the range) first.
+# round. The fast-path and 1 ms rows get the same 2 s warm-up (64 KiB writes
+# over the range) first; the fsync and full-cache rows get none (a fresh,
+# empty cache: the full-cache row is first touch by design, and the fsync
+# rows measure the durable-write path with no destage competing), and their
+# backing file's first 256 MiB (FULL: 4x the cache) are written with zeros
+# first, so that nbdkit file, like nvwc's destage, overwrites allocated
+# blocks instead of filling holes.
 # Usage: scripts/bench-nbd.sh [RUNTIME_SECONDS=5] [REPS=3]
-#   BENCH_ONLY=fast|slow runs one half (the ratios needing the other half are skipped).
+#   BENCH_ONLY selects groups (space, comma or | separated): fast, slow,
+#   fsync (both fsync-bound rows), fsync1 (QD1 only), fsync8 (8 jobs only),
+#   full. Default: all. Ratios needing a group that did not run are skipped.
+#   DELAY_MS=5 (fsync8 rows), FULL_CACHE_MB=64 (full-cache row).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNTIME=${1:-5}
 REPS=${2:-3}
+DELAY_MS=${DELAY_MS:-5}
+FULL_CACHE_MB=${FULL_CACHE_MB:-64}
+ONLY=${BENCH_ONLY:-all}
+ONLY=" ${ONLY//[,|]/ } "
+sel() { [ "$ONLY" = " all " ] || [[ $ONLY == *" $1 "* ]] || { [[ $1 == fsync? ]] && [[ $ONLY == *" fsync "* ]]; }; }
 for t in fio nbdkit qemu-nbd python3; do command -v $t >/dev/null || { echo "missing $t (scripts/test.sh installs it)"; exit 2; }; done
 cargo build --release -q -p nvwc
 NVWC=$(realpath "${CARGO_TARGET_DIR:-target}/release/nvwc")
@@ -29,31 +54,46 @@ trap cleanup EXIT
 wait_sock() { for _ in $(seq 200); do [ -S "$1" ] && return 0; sleep 0.05; done; echo "no socket $1" >&2; exit 1; }
 stop_all() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; PIDS=(); }
 fresh() { rm -f "$W"/*.img "$W"/*.sock "$W"/*.nvwc-redo; rm -rf "$W/nvwc-data"; truncate -s 1G "$W/backing.img"; }
+prealloc() { dd if=/dev/zero of="$W/backing.img" bs=1M count="$1" conv=notrunc,fsync status=none; } # MiB
 # utime + stime of a process and all its threads, in clock ticks.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 TICK_US=$((1000000 / $(getconf CLK_TCK)))
 
-# fio JSON -> "iops p50_us p99_us cpu_us_per_request" (CPU of process $4).
-# A run that cannot finish its in-flight requests within 3x its runtime + 20 s
-# (a server stalled on a full cache) is cut off and reported as "0 stalled stalled stalled".
-run_fio() { # uri rw bs pid [runtime]
-  local out c0 c1
-  c0=$(cpu_ticks "$4")
-  out=$(timeout -k 5 $((RUNTIME * 3 + 20)) fio --name=b --ioengine=nbd --uri="$1" --rw="$2" --bs="$3" --iodepth=16 --size=256M \
-      --time_based --runtime="${5:-$RUNTIME}" --output-format=json 2>/dev/null) || { echo "0 stalled stalled stalled"; return; }
-  c1=$(cpu_ticks "$4")
+# fio JSON -> "iops p50_us p99_us cpu_us_per_request flush_p99_us" (CPU of
+# process $2; p50/p99: write completion latency; flush_p99: fio's fsync
+# latency, "-" when the workload sends none). Several jobs are reported as one
+# group. A run that cannot finish its in-flight requests within 3x its
+# runtime + 20 s (a server stalled on a full cache) is cut off and reported as
+# "0 stalled stalled stalled stalled".
+run_fio() { # uri pid runtime fio-args...
+  local out c0 c1 uri=$1 pid=$2 rt=$3; shift 3
+  c0=$(cpu_ticks "$pid")
+  out=$(timeout -k 5 $((RUNTIME * 3 + 20)) fio --name=b --ioengine=nbd --uri="$uri" --size=256M "$@" --group_reporting \
+      --time_based --runtime="$rt" --output-format=json 2>/dev/null) || { echo "0 stalled stalled stalled stalled"; return; }
+  c1=$(cpu_ticks "$pid")
   printf '%s' "$out" |
-  python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]["write"]; p=j["clat_ns"]["percentile"]; n=max(j["total_ios"],1); print("%.0f %.1f %.1f %.2f" % (j["iops"], p["50.000000"]/1e3, p["99.000000"]/1e3, (int(sys.argv[1])*int(sys.argv[2]))/n))' "$((c1 - c0))" "$TICK_US"
+  python3 -c 'import json,sys; t=sys.stdin.read(); J=json.loads(t[t.index("{"):])["jobs"][0]; j=J["write"]; p=j["clat_ns"]["percentile"]; n=max(j["total_ios"],1); s=J.get("sync",{}); sp=(s.get("lat_ns") or {}).get("percentile") if s.get("total_ios") else None
+print("%.0f %.1f %.1f %.2f %s" % (j["iops"], p["50.000000"]/1e3, p["99.000000"]/1e3, (int(sys.argv[1])*int(sys.argv[2]))/n, "%.1f" % (sp["99.000000"]/1e3) if sp else "-"))' "$((c1 - c0))" "$TICK_US"
 }
+# Workloads: key -> fio arguments.
+declare -A FIO=(
+  [randwrite-4k]="--rw=randwrite --bs=4k --iodepth=16"
+  [write-64k]="--rw=write --bs=64k --iodepth=16"
+  [fsync-qd1]="--rw=randwrite --bs=4k --iodepth=1 --fsync=1"
+  [fsync-8jobs]="--rw=randwrite --bs=4k --iodepth=1 --fsync=1 --numjobs=8"
+  [full-qd16]="--rw=randwrite --bs=4k --iodepth=16 --size=$((FULL_CACHE_MB * 4))M --end_fsync=1"
+)
 
 # Servers: name -> start command (run in $W, must exec the server so that $!
-# is its PID) and socket.
+# is its PID), socket, workloads, upstream (an nbdkit to start first on
+# d.sock, or empty), warm-up (1/0) and MiB of the backing file to write first.
 NAMES=()
-declare -A START SOCK
-add() { NAMES+=("$1"); START["$1"]="$2"; SOCK["$1"]="$3"; }
-ONLY=${BENCH_ONLY:-all}
+declare -A START SOCK WLS UP WARM PRE
+add() { NAMES+=("$1"); START["$1"]="$2"; SOCK["$1"]="$3"; WLS["$1"]=${4:-"randwrite-4k write-64k"}; UP["$1"]=${5:-}; WARM["$1"]=${6:-1}; PRE["$1"]=${7:-0}; }
 NV="exec $NVWC serve --cache cache.img --cache-size 768M --listen none --unix n.sock"
-if [ "$ONLY" != slow ]; then
+SLOWUP="exec nbdkit -U d.sock -f --exit-with-parent --filter=delay file backing.img delay-write=1ms"
+DELAYUP="exec nbdkit -U d.sock -f --exit-with-parent --filter=delay file backing.img rdelay=${DELAY_MS}ms wdelay=${DELAY_MS}ms"
+if sel fast; then
   add nbdkit-memory "exec nbdkit -U k.sock -f --exit-with-parent memory 1G" k.sock
   add nbdkit-file "exec nbdkit -U k.sock -f --exit-with-parent file backing.img" k.sock
   add nbdkit-cache-filter "exec nbdkit -U k.sock -f --exit-with-parent --filter=cache file backing.img" k.sock
@@ -63,32 +103,48 @@ if [ "$ONLY" != slow ]; then
   # fails part-way cannot damage a flushed block; costs slot churn and commits).
   add nvwc-write-back+fresh-slots "$NV --backing backing.img --write-policy write-back --rewrite-in-place=false" n.sock
 fi
-SLOW=()
-if [ "$ONLY" != fast ]; then
+if sel slow; then
   for pol in write-back write-back+fresh-slots ordered journaled write-through; do
     flags="--write-policy ${pol%%+*}"; [ "$pol" = "${pol%%+*}" ] || flags="$flags --rewrite-in-place=false"
-    add "nvwc-$pol/slow" "$NV --backing 'nbd+unix:///?socket=$W/d.sock' $flags" n.sock
-    SLOW+=("nvwc-$pol/slow")
+    add "nvwc-$pol/slow" "$NV --backing 'nbd+unix:///?socket=$W/d.sock' $flags" n.sock "" "$SLOWUP"
   done
   add nbdkit-cache-filter/slow "exec nbdkit -U c.sock -f --exit-with-parent --filter=cache --filter=delay file backing.img delay-write=1ms" c.sock
 fi
+if sel fsync1; then  # QD1 --fsync=1, fast local backing file
+  add nbdkit-file/fsync "exec nbdkit -U k.sock -f --exit-with-parent file backing.img" k.sock fsync-qd1 "" 0 256
+  for pol in write-back journaled ordered write-through; do
+    add "nvwc-$pol/fsync" "$NV --backing backing.img --write-policy $pol" n.sock fsync-qd1 "" 0 256
+  done
+fi
+if sel fsync8; then  # 8 jobs x QD1 --fsync=1 over the delayed backing
+  add "uncached/${DELAY_MS}ms" "exec nbdkit -U k.sock -f --exit-with-parent --filter=delay file backing.img rdelay=${DELAY_MS}ms wdelay=${DELAY_MS}ms" k.sock fsync-8jobs "" 0 256
+  for pol in write-back journaled write-through; do
+    add "nvwc-$pol/${DELAY_MS}ms" "$NV --backing 'nbd+unix:///?socket=$W/d.sock' --write-policy $pol" n.sock fsync-8jobs "$DELAYUP" 0 256
+  done
+fi
+if sel full; then  # first touch over 4x the cache, fast local backing, no warm-up
+  add nbdkit-file/full "exec nbdkit -U k.sock -f --exit-with-parent file backing.img" k.sock full-qd16 "" 0 $((FULL_CACHE_MB * 4))
+  add nvwc-write-back/full "exec $NVWC serve --cache cache.img --cache-size ${FULL_CACHE_MB}M --listen none --unix n.sock --backing backing.img --write-policy write-back" \
+    n.sock full-qd16 "" 0 $((FULL_CACHE_MB * 4))
+fi
+[ ${#NAMES[@]} -gt 0 ] || { echo "BENCH_ONLY=${BENCH_ONLY:-} selects nothing (groups: fast slow fsync fsync1 fsync8 full)"; exit 2; }
 
 declare -A VALS
-echo "== ${#NAMES[@]} servers x {4k randwrite, 64k seqwrite}, fio nbd engine QD16, ${RUNTIME}s, ${REPS} interleaved rounds"
+echo "== ${#NAMES[@]} servers (groups:${ONLY% }), fio nbd engine, ${RUNTIME}s per workload, ${REPS} interleaved rounds"
 for r in $(seq "$REPS"); do
   for name in "${NAMES[@]}"; do
     fresh
-    if [[ " ${SLOW[*]} " == *" $name "* ]]; then
-      (cd "$W" && exec nbdkit -U d.sock -f --exit-with-parent --filter=delay file backing.img delay-write=1ms) & PIDS+=($!); wait_sock "$W/d.sock"
+    [ "${PRE[$name]}" = 0 ] || prealloc "${PRE[$name]}"
+    if [ -n "${UP[$name]}" ]; then
+      (cd "$W" && eval "${UP[$name]}" >/dev/null 2>&1) & PIDS+=($!); wait_sock "$W/d.sock"
     fi
     (cd "$W" && eval "${START[$name]}" >/dev/null 2>&1) & pid=$!; PIDS+=($pid); wait_sock "$W/${SOCK[$name]}"
     uri="nbd+unix:///?socket=$W/${SOCK[$name]}"
-    run_fio "$uri" write 64k "$pid" 2 >/dev/null
-    for wl in "randwrite 4k" "write 64k"; do
-      set -- $wl
-      v=$(run_fio "$uri" "$1" "$2" "$pid")
-      VALS["$name $1-$2"]+="$v;"
-      printf 'round %d  %-34s %-13s iops=%-8s p50_us=%-8s p99_us=%-8s cpu_us/req=%s\n' "$r" "$name" "$1 $2" $v
+    [ "${WARM[$name]}" = 0 ] || run_fio "$uri" "$pid" 2 --rw=write --bs=64k --iodepth=16 >/dev/null
+    for wl in ${WLS[$name]}; do
+      v=$(run_fio "$uri" "$pid" "$RUNTIME" ${FIO[$wl]})
+      VALS["$name $wl"]+="$v;"
+      printf 'round %d  %-34s %-13s iops=%-8s p50_us=%-8s p99_us=%-8s cpu_us/req=%-6s flush_p99_us=%s\n' "$r" "$name" "$wl" $v
     done
     stop_all
   done
@@ -99,15 +155,17 @@ python3 - "$(declare -p VALS)" "${NAMES[@]}" <<'PY'
 import sys, re, statistics as st
 d = dict(re.findall(r'\["([^"]+)"\]="([^"]*)"', sys.argv[1]))
 order = {n: i for i, n in enumerate(sys.argv[2:])}
-iops, cpu = {}, {}
+iops, cpu, p99 = {}, {}, {}
 for k, v in sorted(d.items(), key=lambda kv: (order.get(kv[0].rsplit(" ", 1)[0], 99), kv[0])):
     runs = [r.split() for r in v.split(";") if r]
     runs.sort(key=lambda r: float(r[0]))
     med = runs[(len(runs) - 1) // 2]
     iops[k] = float(med[0])
+    p99[k] = float(med[2]) if med[2] != "stalled" else float("nan")
     c = [float(r[3]) for r in runs if r[3] != "stalled"]
     cpu[k] = st.median(c) if c else float("nan")
-    print(f"{k:<48} iops={med[0]:<8} p50_us={med[1]:<8} p99_us={med[2]:<8} cpu_us/req={cpu[k]:.2f}  (iops: {' '.join(r[0] for r in runs)})")
+    fl = f" flush_p99_us={med[4]:<8}" if len(med) > 4 and med[4] != "-" else ""
+    print(f"{k:<48} iops={med[0]:<8} p50_us={med[1]:<8} p99_us={med[2]:<8} cpu_us/req={cpu[k]:.2f}{fl}  (iops: {' '.join(r[0] for r in runs)})")
 print("== ratios (IOPS)")
 for wl in ["randwrite-4k", "write-64k"]:
   for v in ["nvwc-write-back", "nvwc-write-back+fresh-slots"]:
@@ -126,6 +184,22 @@ for wl in ["randwrite-4k", "write-64k"]:
     print(f"{wl}: slow backing: ordered / write-through    = {iops[f'nvwc-ordered/slow {wl}']/wt:.1f}")
     print(f"{wl}: slow backing: journaled / write-through  = {iops[f'nvwc-journaled/slow {wl}']/wt:.1f}")
     print(f"{wl}: slow backing: nvwc write-back / nbdkit cache filter = {wb/iops[f'nbdkit-cache-filter/slow {wl}']:.2f}")
+def ratio(a, b, target, what, p=False):
+    d = p99 if p else iops
+    if a in d and b in d and d[b] > 0:
+        v = d[a] / d[b]
+        t = "" if target is None else (f"  (target {target}: " + ("met" if eval(f"{v} {target}") else "MISSED") + ")")
+        print(f"{what:<62} = {v:.2f}{t}")
+for pol in ["write-back", "journaled", "ordered", "write-through"]:
+    ratio(f"nvwc-{pol}/fsync fsync-qd1", "nbdkit-file/fsync fsync-qd1", None if pol == "write-through" else ">= 1.0",
+          f"fsync QD1: nvwc {pol} / nbdkit file")
+dl = [k.split()[0].split("/")[1] for k in iops if k.startswith("uncached/")]
+for d in dl[:1]:
+    for pol in ["write-back", "journaled", "write-through"]:
+        ratio(f"nvwc-{pol}/{d} fsync-8jobs", f"uncached/{d} fsync-8jobs", None if pol == "write-through" else ">= 6",
+              f"8 jobs x QD1 fsync, {d} backing: nvwc {pol} / uncached")
+ratio("nvwc-write-back/full full-qd16", "nbdkit-file/full full-qd16", ">= 0.7", "full cache (4x range, first touch): write-back / nbdkit file, IOPS")
+ratio("nvwc-write-back/full full-qd16", "nbdkit-file/full full-qd16", "<= 2", "full cache (4x range, first touch): write-back / nbdkit file, p99", p=True)
 print("== server CPU per request (µs, lower is better; steadier than IOPS on a noisy machine)")
 for wl in ["randwrite-4k", "write-64k"]:
   row = [f"{n}={cpu[f'{n} {wl}']:.2f}" for n in ["nvwc-write-back", "nbdkit-file", "qemu-nbd", "nbdkit-memory"] if f"{n} {wl}" in cpu]
