@@ -418,7 +418,18 @@ impl Device {
     /// records errors).
     fn write_parts(&self, offset: u64, parts: &[&Bytes]) -> IoResult<Bytes> {
         if let Backend::File(f) = &self.backend {
-            if let Some(m) = &self.map {
+            // A plain write goes through `pwritev`, not the shared mapping:
+            // the kernel copies either way, but pages dirtied through a
+            // mapping cost every later fdatasync a write-protect pass (and
+            // the next write a fault), so a sync took about 4× as long
+            // (0.50 against 0.13 ms for a 4 KiB page and a record page on
+            // this machine's ext4). The mapping still serves direct writes
+            // and reads, and faults and host crashes still go through it.
+            if let Some(m) = self
+                .map
+                .as_ref()
+                .filter(|m| m.private() || !self.fault.passthrough())
+            {
                 let slices: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
                 let total = slices.iter().map(|p| p.len()).sum();
                 let r = self.fault.put_write(
@@ -533,12 +544,10 @@ impl Device {
                         .push((*offset, data.clone()));
                     return Ok(None);
                 }
-                match &self.map {
-                    // A private mapping never reaches the file: in host-crash
-                    // mode the fault layer writes here what is durable.
-                    Some(m) if !m.private() => io(m.write(*offset, &[&data[..]]))?,
-                    _ => io(file.write_all_at(data, *offset))?,
-                }
+                // Not through the mapping (see `write_parts`); a private
+                // mapping never reaches the file: in host-crash mode the
+                // fault layer writes here what is durable.
+                io(file.write_all_at(data, *offset))?;
                 if *fua {
                     io(file.sync_data())?;
                 }
@@ -1141,6 +1150,18 @@ impl Export for NvwcExport {
 /// cannot fail later for want of room in the file system, as writes into a
 /// sparse file can; a file system that cannot preallocate gets a sparse file
 /// and a warning. Backing files stay sparse (they are the client's disk).
+/// Write zeroes over `len` bytes of `f`, then sync.
+fn zero_fill(f: &File, len: u64) -> std::io::Result<()> {
+    let chunk = vec![0u8; 4 << 20];
+    let mut off = 0u64;
+    while off < len {
+        let n = (len - off).min(chunk.len() as u64) as usize;
+        f.write_all_at(&chunk[..n], off)?;
+        off += n as u64;
+    }
+    f.sync_data()
+}
+
 fn open_or_create(path: &Path, size: u64, reserve: bool) -> Result<(File, bool)> {
     if let Some(dir) = path.parent() {
         if !dir.as_os_str().is_empty() {
@@ -1161,7 +1182,25 @@ fn open_or_create(path: &Path, size: u64, reserve: bool) -> Result<(File, bool)>
         if reserve && size > 0 {
             use rustix::fs::{fallocate, FallocateFlags};
             match fallocate(&f, FallocateFlags::empty(), 0, size) {
-                Ok(()) => {}
+                Ok(()) => {
+                    // Preallocated extents are "unwritten": the first write
+                    // to each converts it, and every fdatasync after such a
+                    // write commits the file system's journal too (a FLUSH
+                    // then costs two device syncs, not one). Writing zeroes
+                    // once, as databases do with their log files, leaves
+                    // plain blocks that a sync only has to write.
+                    let t0 = std::time::Instant::now();
+                    zero_fill(&f, size).with_context(|| {
+                        format!("zero-filling the cache file {}", path.display())
+                    })?;
+                    log!(
+                        info,
+                        "cache_zero_filled",
+                        path = path.display().to_string(),
+                        bytes = size,
+                        ms = t0.elapsed().as_millis() as u64
+                    );
+                }
                 Err(e) if e == rustix::io::Errno::OPNOTSUPP => {
                     log!(
                         warn,
