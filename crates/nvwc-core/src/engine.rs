@@ -309,6 +309,8 @@ enum IoCtx {
     PlanFinish {
         plan: u32,
     },
+    /// A backing FLUSH shared by the plans in `Engine::plan_flush_inflight`.
+    PlanFlush,
     Commit,
     /// A log commit's data checksum for the record's entry `entry`.
     CommitChecksum {
@@ -530,6 +532,10 @@ pub struct Engine<P: Payload> {
     next_commit: u64,
     durable_commit: u64,
     plans: Slab<PlanExec>,
+    /// Plans (without an atomic group) whose shared backing FLUSH is in
+    /// flight, and those waiting for the next one.
+    plan_flush_inflight: Option<Vec<u32>>,
+    plan_flush_next: Option<Vec<u32>>,
     destage_inflight: usize,
     cleaning_active: bool,
     retry_at: Option<u64>,
@@ -731,6 +737,8 @@ impl<P: Payload> Engine<P> {
             next_commit: 1,
             durable_commit: 0,
             plans: Slab::default(),
+            plan_flush_inflight: None,
+            plan_flush_next: None,
             destage_inflight: 0,
             cleaning_active: false,
             retry_at: None,
@@ -1310,6 +1318,7 @@ impl<P: Payload> Engine<P> {
             IoCtx::DestageWrite { plan } => self.on_destage_write(plan, res.is_ok()),
             IoCtx::PlanBegin { plan } => self.on_plan_begin(plan, res.is_ok()),
             IoCtx::PlanFinish { plan } => self.on_plan_finish(plan, res.is_ok()),
+            IoCtx::PlanFlush => self.on_plan_flush(res.is_ok()),
             IoCtx::Commit => self.on_commit_io(res.is_ok()),
             IoCtx::CommitChecksum { entry } => self.on_commit_checksum(entry, res),
             IoCtx::PatchFetch { block, id, bg } => self.on_patch_fetch(block, id, bg, res),
@@ -3264,13 +3273,38 @@ impl<P: Payload> Engine<P> {
                 );
             }
             None => {
-                self.emit(
-                    Dev::Backing,
-                    IoOp::Flush,
-                    None,
-                    IoCtx::PlanFinish { plan: pid },
-                );
+                // One backing FLUSH covers every plan whose writes completed
+                // before it was issued: a plan that finishes copying while
+                // one is in flight waits for the next, shared by all such
+                // plans (destage at the backing store's write rate, not one
+                // sync per 16 blocks).
+                if let Some(waiting) = &mut self.plan_flush_next {
+                    waiting.push(pid);
+                } else if self.plan_flush_inflight.is_some() {
+                    self.plan_flush_next = Some(vec![pid]);
+                } else {
+                    self.issue_plan_flush(vec![pid]);
+                }
             }
+        }
+    }
+
+    fn issue_plan_flush(&mut self, plans: Vec<u32>) {
+        debug_assert!(self.plan_flush_inflight.is_none());
+        self.plan_flush_inflight = Some(plans);
+        self.emit(Dev::Backing, IoOp::Flush, None, IoCtx::PlanFlush);
+    }
+
+    fn on_plan_flush(&mut self, ok: bool) {
+        let done = self
+            .plan_flush_inflight
+            .take()
+            .expect("plan flush completion without plans");
+        if let Some(next) = self.plan_flush_next.take() {
+            self.issue_plan_flush(next);
+        }
+        for pid in done {
+            self.plan_end(pid, ok);
         }
     }
 
