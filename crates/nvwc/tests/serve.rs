@@ -1911,3 +1911,83 @@ fn maxreq_16m_cache_every_policy() {
         maxreq_case("journaled", "64M", true);
     }
 }
+
+/// A cache of format 2 (no metadata log) opens with its own geometry,
+/// keeps what a FLUSH made durable across `kill -9`, stays format 2, and
+/// after `nvwc detach` the next start reformats it as format 3 with a log.
+#[test]
+fn format2_cache_opens_and_detach_reformats_it_with_a_log() {
+    use nvwc_core::layout::{self, Superblock};
+    use std::os::unix::fs::FileExt;
+    if !tool("qemu-io") {
+        return;
+    }
+    let dir = tempdir("fmt2");
+    let b = Backing::new(&dir, false, "64M");
+    stop(start(&dir, "write-back", &b));
+    let path = dir.join("nvwc-data/cache.img");
+    let superblock = || {
+        let f = std::fs::File::open(&path).unwrap();
+        let mut raw = vec![0u8; 512];
+        f.read_exact_at(&mut raw, 0).unwrap();
+        Superblock::decode(&raw).unwrap()
+    };
+    let sb = superblock();
+    assert_eq!(sb.version, layout::FORMAT_VERSION);
+    assert!(sb.log_pages > 0);
+    // The same cache, bound to the same store, as a format 2 build wrote it.
+    let mut cfg = nvwc_core::Config::new(
+        sb.block_size,
+        sb.capacity,
+        sb.backing_size,
+        nvwc_core::WritePolicyKind::WriteBack,
+    );
+    cfg.log_pages = 0;
+    {
+        let f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        for (off, bytes) in layout::format_writes(&cfg, sb.uuid) {
+            f.write_all_at(&bytes, off).unwrap();
+        }
+        let mut old = Superblock::for_config(&cfg, sb.uuid);
+        old.version = 2;
+        old.backing = sb.backing.clone();
+        f.write_all_at(&old.encode(), 0).unwrap();
+        f.sync_all().unwrap();
+    }
+    let s = start(&dir, "write-back", &b);
+    qemu_io(
+        &dir,
+        &[
+            "write -P 0xab 0 1M",
+            "flush",
+            "write -P 0xcd 4M 64k",
+            "flush",
+        ],
+    );
+    drop(s); // kill -9
+    let s = start(&dir, "write-back", &b);
+    qemu_io(&dir, &["read -P 0xab 0 1M", "read -P 0xcd 4M 64k"]);
+    let sb2 = superblock();
+    assert_eq!(
+        (sb2.version, sb2.log_pages),
+        (2, 0),
+        "still format 2, no log"
+    );
+    let (ok, out) = nvwc_in(&dir, &["detach"]);
+    assert!(ok, "{out}");
+    let mut s = s;
+    let t = Instant::now();
+    while s.0.try_wait().unwrap().is_none() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "no exit after detach"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let s = start(&dir, "write-back", &b);
+    qemu_io(&dir, &["read -P 0xab 0 1M", "read -P 0xcd 4M 64k"]);
+    let sb3 = superblock();
+    assert_eq!(sb3.version, layout::FORMAT_VERSION, "reformatted");
+    assert!(sb3.log_pages > 0);
+    stop(s);
+}
