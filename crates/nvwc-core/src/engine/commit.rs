@@ -113,6 +113,18 @@ impl LogState {
     }
 }
 
+/// Most data bytes one log record checksums; a commit that would check
+/// more is a checkpoint. A record's cost grows with the data it names
+/// (CRC-32C over every new version, read from the host's page cache, under
+/// the engine's lock), a checkpoint's with the pages it writes plus two
+/// more device syncs. 1 MiB is about one device sync's worth of checksum
+/// work (CRC-32C with SSE4.2 runs at several GB/s; a device sync costs
+/// 0.1-1 ms on this project's machines), so FLUSH-driven commits of a few
+/// blocks take the log, and background commits of many thousands of
+/// blocks (autocommits under bulk writes) take a checkpoint, which also
+/// seals everything at once for in-place rewrites.
+pub(super) const LOG_MAX_CHECKED_BYTES: u64 = 1 << 20;
+
 impl<P: Payload> Engine<P> {
     pub(super) fn maybe_commit(&mut self) -> bool {
         // An in-place write in flight leaves its slot's contents undefined: the
@@ -192,7 +204,8 @@ impl<P: Payload> Engine<P> {
         };
         self.policy.fill_commit(&mut record);
         let waiters = std::mem::take(&mut self.commit_waiters);
-        let fits = self.log.pos + LogRecord::bytes_for(snapshot.len()) <= self.layout.log_bytes;
+        let fits = self.log.pos + LogRecord::bytes_for(snapshot.len()) <= self.layout.log_bytes
+            && self.checked_bytes(&snapshot) <= LOG_MAX_CHECKED_BYTES;
         let mut job = CommitJob {
             n,
             stage: CommitStage::DataFlush,
@@ -218,6 +231,22 @@ impl<P: Payload> Engine<P> {
             self.commit = Some(job);
             self.emit(Dev::Cache, IoOp::Flush, None, IoCtx::Commit);
         }
+    }
+
+    /// Bytes a log record of `snapshot` would checksum: the versions it
+    /// introduces (a sealed version in its slot is not checked again).
+    fn checked_bytes(&self, snapshot: &[(u32, bool)]) -> u64 {
+        snapshot
+            .iter()
+            .filter(|&&(s, valid)| {
+                let slot = &self.slots[s as usize];
+                valid && (!slot.disk_valid() || slot.unsealed())
+            })
+            .map(|&(s, _)| match self.partial.get(&s) {
+                Some(&(lo, hi)) => u64::from(hi - lo),
+                None => self.bs,
+            })
+            .sum()
     }
 
     /// Take the slots whose entries changed since the last commit: `(slot,
