@@ -2313,44 +2313,17 @@ impl<P: Payload> Engine<P> {
             return;
         }
         let batch = std::mem::take(&mut self.through_batch);
-        let span = |pc: &Piece<P>, bs: u64| {
-            (
-                pc.req,
-                pc.lbn * bs + pc.start as u64,
-                pc.lbn * bs + pc.end as u64,
-            )
-        };
-        let mut i = 0;
-        while i < batch.len() {
-            let (req, start_off, mut end_off) = span(self.pieces.get(batch[i].0), self.bs);
-            let fua = batch[i].1;
-            let mut j = i + 1;
-            while j < batch.len() {
-                let (r, s, e) = span(self.pieces.get(batch[j].0), self.bs);
-                if r != req || s != end_off || batch[j].1 != fua {
-                    break;
-                }
-                end_off = e;
-                j += 1;
-            }
-            let pieces: Vec<u32> = batch[i..j].iter().map(|&(p, _)| p).collect();
-            let parts: Vec<P> = pieces
-                .iter()
-                .map(|&p| self.pieces.get(p).data.clone().unwrap())
-                .collect();
-            let data = P::concat(&parts);
-            debug_assert_eq!(data.len() as u64, end_off - start_off);
+        let pieces: Vec<u32> = batch.iter().map(|&(p, _)| p).collect();
+        for (run, offset, data) in self.adjacent_runs(&pieces, |a, b| batch[a].1 == batch[b].1) {
+            let fua = batch[run.start].1;
             self.emit(
                 Dev::Backing,
-                IoOp::Write {
-                    offset: start_off,
-                    data,
-                    fua,
-                },
+                IoOp::Write { offset, data, fua },
                 None,
-                IoCtx::ThroughWrite { pieces },
+                IoCtx::ThroughWrite {
+                    pieces: pieces[run].to_vec(),
+                },
             );
-            i = j;
         }
     }
 
@@ -2361,36 +2334,13 @@ impl<P: Payload> Engine<P> {
             return;
         }
         let batch = std::mem::take(&mut self.bypass_batch);
-        let span = |pc: &Piece<P>, bs: u64| {
-            (
-                pc.req,
-                pc.lbn * bs + pc.start as u64,
-                pc.lbn * bs + pc.end as u64,
-            )
-        };
-        let mut i = 0;
-        while i < batch.len() {
-            let (req, start_off, mut end_off) = span(self.pieces.get(batch[i].0), self.bs);
-            let mut j = i + 1;
-            while j < batch.len() {
-                let (r, s, e) = span(self.pieces.get(batch[j].0), self.bs);
-                if r != req || s != end_off {
-                    break;
-                }
-                end_off = e;
-                j += 1;
-            }
-            let run = &batch[i..j];
-            let parts: Vec<P> = run
-                .iter()
-                .map(|&(p, _)| self.pieces.get(p).data.clone().unwrap())
-                .collect();
-            let data = P::concat(&parts);
-            debug_assert_eq!(data.len() as u64, end_off - start_off);
+        let pieces: Vec<u32> = batch.iter().map(|&(p, _)| p).collect();
+        for (run, offset, data) in self.adjacent_runs(&pieces, |_, _| true) {
+            let run = &batch[run];
             let io = self.emit(
                 Dev::Backing,
                 IoOp::Write {
-                    offset: start_off,
+                    offset,
                     data,
                     fua: true,
                 },
@@ -2403,8 +2353,48 @@ impl<P: Payload> Engine<P> {
             for &(p, b) in run {
                 self.bypass_io.insert(b, (p, io));
             }
+        }
+    }
+
+    /// Split `pieces` (in order) into runs of adjacent pieces of one request
+    /// that `same(i, j)` also allows together: each run's index range, its
+    /// first byte on the backing store, and its data.
+    fn adjacent_runs(
+        &self,
+        pieces: &[u32],
+        same: impl Fn(usize, usize) -> bool,
+    ) -> Vec<(std::ops::Range<usize>, u64, P)> {
+        let span = |p: u32| {
+            let pc = self.pieces.get(p);
+            (
+                pc.req,
+                pc.lbn * self.bs + pc.start as u64,
+                pc.lbn * self.bs + pc.end as u64,
+            )
+        };
+        let mut runs = Vec::new();
+        let mut i = 0;
+        while i < pieces.len() {
+            let (req, start_off, mut end_off) = span(pieces[i]);
+            let mut j = i + 1;
+            while j < pieces.len() {
+                let (r, s, e) = span(pieces[j]);
+                if r != req || s != end_off || !same(i, j) {
+                    break;
+                }
+                end_off = e;
+                j += 1;
+            }
+            let parts: Vec<P> = pieces[i..j]
+                .iter()
+                .map(|&p| self.pieces.get(p).data.clone().unwrap())
+                .collect();
+            let data = P::concat(&parts);
+            debug_assert_eq!(data.len() as u64, end_off - start_off);
+            runs.push((i..j, start_off, data));
             i = j;
         }
+        runs
     }
 
     /// The backing write of a reissued bypass piece completed: its result is

@@ -1218,6 +1218,20 @@ fn nvwc_in(dir: &Path, args: &[&str]) -> (bool, String) {
     )
 }
 
+/// `nvwc detach` the server in `dir`, and wait (up to 20 s) until `s` exits.
+fn detach(dir: &Path, mut s: Server) {
+    let (ok, out) = nvwc_in(dir, &["detach"]);
+    assert!(ok, "{out}");
+    let t = Instant::now();
+    while s.0.try_wait().unwrap().is_none() {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "no exit after detach"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 fn read(dir: &Path, f: &str) -> Vec<u8> {
     std::fs::read(dir.join(f)).unwrap()
 }
@@ -1384,17 +1398,7 @@ fn bind_damaged_cache_refused_format_force_starts_over() {
     let s = start_with(&dir, &args("c.img"));
     qemu_io(&dir, &["read -P 0xcc 2M 64k"]);
     // Detach: everything written back, the cache emptied.
-    let (ok, out) = nvwc_in(&dir, &["detach"]);
-    assert!(ok, "{out}");
-    let mut s = s;
-    let t = Instant::now();
-    while s.0.try_wait().unwrap().is_none() {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "no exit after detach"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    detach(&dir, s);
     assert!(read(&dir, "a.img")[2 << 20..(2 << 20) + 65536]
         .iter()
         .all(|&b| b == 0xcc));
@@ -1973,17 +1977,7 @@ fn format2_cache_opens_and_detach_reformats_it_with_a_log() {
         (2, 0),
         "still format 2, no log"
     );
-    let (ok, out) = nvwc_in(&dir, &["detach"]);
-    assert!(ok, "{out}");
-    let mut s = s;
-    let t = Instant::now();
-    while s.0.try_wait().unwrap().is_none() {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "no exit after detach"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    detach(&dir, s);
     let s = start(&dir, "write-back", &b);
     qemu_io(&dir, &["read -P 0xab 0 1M", "read -P 0xcd 4M 64k"]);
     let sb3 = superblock();
