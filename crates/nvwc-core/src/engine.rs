@@ -990,29 +990,25 @@ impl<P: Payload> Engine<P> {
                 e.repl.insert(BlockId(rid), v.lbn, dirty);
             }
         }
-        for s in stale {
+        // Slots whose entries recovery drops stay unused until a commit has
+        // written them free: stale entries, and the slots a dropped log
+        // record names (new data there could make that record's checksums
+        // match at a second recovery, bringing back writes this recovery
+        // left out).
+        let dropped = replay
+            .dropped
+            .iter()
+            .flat_map(|r| r.entries.iter().map(|&(s, _)| s));
+        for s in stale.into_iter().chain(dropped) {
+            if used[s as usize] {
+                continue;
+            }
             used[s as usize] = true;
             let slot = &mut e.slots[s as usize];
             slot.state = SlotState::Retired;
             slot.set_disk_valid(true);
             e.retired_pending += 1;
             e.mark_meta(s);
-        }
-        // Slots a dropped record names stay unused until the first checkpoint
-        // has written them free: new data there could make that record's
-        // checksums match at a second recovery, bringing back writes this
-        // recovery left out.
-        for r in &replay.dropped {
-            for &(s, _) in &r.entries {
-                if !used[s as usize] {
-                    used[s as usize] = true;
-                    let slot = &mut e.slots[s as usize];
-                    slot.state = SlotState::Retired;
-                    slot.set_disk_valid(true);
-                    e.retired_pending += 1;
-                    e.mark_meta(s);
-                }
-            }
         }
         for s in (0..l.capacity as u32).rev() {
             if !used[s as usize] {

@@ -623,21 +623,7 @@ fn upstream_nbdkit_backing() {
                 "{policy}: size {size}"
             );
             // Detach: the upstream file alone holds every write.
-            let out = Command::new(env!("CARGO_BIN_EXE_nvwc"))
-                .current_dir(&dir)
-                .arg("detach")
-                .output()
-                .unwrap();
-            assert!(out.status.success(), "{policy}: detach");
-            let mut s = s;
-            let t = Instant::now();
-            while s.0.try_wait().unwrap().is_none() {
-                assert!(
-                    t.elapsed() < Duration::from_secs(20),
-                    "no exit after detach"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            detach(&dir, s);
             let out = Command::new("qemu-io")
                 .args(["-f", "raw", "-r"])
                 .args(["-c", "read -P 0x31 0 12M", "-c", "read -P 0x32 12M 64k"])
