@@ -1224,6 +1224,12 @@ fn open_or_create(path: &Path, size: u64, reserve: bool) -> Result<(File, bool)>
                     // once, as databases do with their log files, leaves
                     // plain blocks that a sync only has to write.
                     let t0 = std::time::Instant::now();
+                    log!(
+                        info,
+                        "cache_zero_filling",
+                        path = path.display().to_string(),
+                        bytes = size
+                    );
                     zero_fill(&f, size).with_context(|| {
                         format!("zero-filling the cache file {}", path.display())
                     })?;
