@@ -451,6 +451,27 @@ mod tests {
     /// created once and found again; a group logged but not applied (a crash
     /// between steps 1 and 2) is replayed on open; a torn log is not; a
     /// committed group is applied and leaves nothing to replay.
+    /// A 64 MiB in-memory NBD export on a unix socket in `dir`: the server
+    /// (keep it while the test runs), its export, and its URI.
+    async fn memory_server(
+        dir: &std::path::Path,
+    ) -> (
+        nvwc_nbd::Server,
+        std::sync::Arc<nvwc_nbd::MemoryExport>,
+        String,
+    ) {
+        let sock = dir.join("m.sock");
+        let _ = std::fs::remove_file(&sock);
+        let mem = std::sync::Arc::new(nvwc_nbd::MemoryExport::with_size("", 64 << 20));
+        let server = nvwc_nbd::Server::builder()
+            .export(mem.clone())
+            .build()
+            .unwrap();
+        server.listen_unix(&sock).await.unwrap();
+        let uri = format!("nbd+unix:///?socket={}", sock.display());
+        (server, mem, uri)
+    }
+
     #[test]
     fn region_over_nbd_replays_logged_groups_only() {
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -461,15 +482,7 @@ mod tests {
         rt.block_on(async {
             let dir = std::env::temp_dir().join(format!("nvwc-region-{}", std::process::id()));
             std::fs::create_dir_all(&dir).unwrap();
-            let sock = dir.join("m.sock");
-            let _ = std::fs::remove_file(&sock);
-            let mem = std::sync::Arc::new(nvwc_nbd::MemoryExport::with_size("", 64 << 20));
-            let server = nvwc_nbd::Server::builder()
-                .export(mem.clone())
-                .build()
-                .unwrap();
-            server.listen_unix(&sock).await.unwrap();
-            let uri = format!("nbd+unix:///?socket={}", sock.display());
+            let (server, mem, uri) = memory_server(&dir).await;
 
             // No region unless asked for one.
             let (up, n) = Upstream::open(&uri, None).await.unwrap();
@@ -543,15 +556,7 @@ mod tests {
         rt.block_on(async {
             let dir = std::env::temp_dir().join(format!("nvwc-ulabel-{}", std::process::id()));
             std::fs::create_dir_all(&dir).unwrap();
-            let sock = dir.join("m.sock");
-            let _ = std::fs::remove_file(&sock);
-            let mem = std::sync::Arc::new(nvwc_nbd::MemoryExport::with_size("", 64 << 20));
-            let server = nvwc_nbd::Server::builder()
-                .export(mem.clone())
-                .build()
-                .unwrap();
-            server.listen_unix(&sock).await.unwrap();
-            let uri = format!("nbd+unix:///?socket={}", sock.display());
+            let (server, mem, uri) = memory_server(&dir).await;
 
             let mut up = Upstream::connect(&uri).await.unwrap();
             assert_eq!(up.read_label().await.unwrap(), None);
