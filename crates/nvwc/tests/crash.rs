@@ -59,23 +59,30 @@ fn fail_lines(trials: &[Value]) -> String {
         .join("\n")
 }
 
+/// No policy lost a flushed write, and every policy but write-back kept its
+/// promise on the backing store alone in every trial.
+#[track_caller]
+fn assert_promises(summary: &[Value], trials: &[Value]) {
+    for s in summary {
+        assert_eq!(s["flushed_lost_trials"], 0, "{s}\n{}", fail_lines(trials));
+        if s["policy"] != "write-back" {
+            assert_eq!(
+                s["cache_lost_passes"],
+                s["trials"],
+                "{s}\n{}",
+                fail_lines(trials)
+            );
+        }
+    }
+}
+
 /// kill -9, host crash (subsets and tears of unsynced writes) and failpoints, every policy:
 /// no flushed write lost; the backing alone keeps each policy's promise.
 #[test]
 fn crashes_keep_the_flush_contract_and_the_cache_lost_promises() {
     let (ok, trials, summary) = crashtest(&["--trials", "2"]);
     assert_eq!(trials.len(), 30, "5 policies x 3 modes x 2");
-    for s in &summary {
-        assert_eq!(s["flushed_lost_trials"], 0, "{s}\n{}", fail_lines(&trials));
-        if s["policy"] != "write-back" {
-            assert_eq!(
-                s["cache_lost_passes"],
-                s["trials"],
-                "{s}\n{}",
-                fail_lines(&trials)
-            );
-        }
-    }
+    assert_promises(&summary, &trials);
     assert!(ok, "crashtest failed:\n{}", fail_lines(&trials));
     // The workload did something, and some failpoints fired.
     assert!(trials
@@ -441,16 +448,6 @@ fn split_writes_keep_the_flush_contract_and_the_cache_lost_promises() {
             "requests failed before the crash: {t}"
         );
     }
-    for s in &summary {
-        assert_eq!(s["flushed_lost_trials"], 0, "{s}\n{}", fail_lines(&trials));
-        if s["policy"] != "write-back" {
-            assert_eq!(
-                s["cache_lost_passes"],
-                s["trials"],
-                "{s}\n{}",
-                fail_lines(&trials)
-            );
-        }
-    }
+    assert_promises(&summary, &trials);
     assert!(ok, "crashtest failed:\n{}", fail_lines(&trials));
 }
