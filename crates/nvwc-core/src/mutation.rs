@@ -1,8 +1,8 @@
 //! Planted bugs, to prove that a checker bites (feature `mutations`).
 //!
-//! With the feature off (every build but the checkers' own tests), [`active`]
+//! With the feature off (every build but the checkers' own tests), `active`
 //! is a constant `false` and the planted branches compile away. With it on,
-//! a test selects one mutation for the whole process with [`set`]; the
+//! a test selects one mutation for the whole process with `set` (with the feature on); the
 //! engine then misbehaves in exactly that one place, and the test asserts
 //! that the VOPR fails. Nothing selects a mutation unless a test does.
 

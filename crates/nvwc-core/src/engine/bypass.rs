@@ -1,0 +1,321 @@
+//! Bypass and write-through: pieces that go straight to the backing
+//! store (admission said no, or the policy is synchronous), adjacent
+//! pieces batched into one backing write, and criticality inheritance
+//! (a bypassed write a critical request waits on is reissued as cached).
+
+use super::*;
+
+impl<P: Payload> Engine<P> {
+    pub(super) fn count_bypassed(&mut self, p: u32) {
+        let pc = self.pieces.get(p);
+        let (bytes, critical) = ((pc.end - pc.start) as u64, pc.tag_critical);
+        self.stats.bypassed_pieces += 1;
+        self.stats.bypassed_bytes += bytes;
+        if critical {
+            self.stats.critical_bypassed_pieces += 1;
+        }
+    }
+
+    /// May a rejected write piece on block `b` go straight to the backing store?
+    ///
+    /// Only where nothing in the cache could later put older bytes over it or
+    /// serve older bytes for it: no version of the block is cached or being
+    /// destaged, no patch holds part of it, and no released version of it is
+    /// still named by a durable commit (recovery would bring that version back
+    /// as the block's newest and destage it over the bypassed data). Beyond
+    /// that the write policy decides (`WritePolicy::bypass_ok`); under ordered
+    /// no destage plan or patch may be in flight either, so every write
+    /// completed before this one is already durable on the backing store.
+    ///
+    /// Journaled decides at admission (`journal_bypass_ok`): a piece without
+    /// a transaction bypasses, and the block conditions MUST still hold (its
+    /// pieces ran at once); a piece with one is cached.
+    pub(super) fn can_bypass(&self, p: u32, b: u32) -> bool {
+        let blk = &self.blocks[b as usize];
+        let local = blk.latest == NIL
+            && blk.shadows == 0
+            && blk.destaging == 0
+            && !self.patches.contains_key(&b)
+            && !self.retired_lbns.contains_key(&blk.lbn());
+        if self.policy.kind().journaled() {
+            if self.pieces.get(p).group != NO_GROUP {
+                return false;
+            }
+            assert!(
+                local,
+                "journaled bypass of block {} admitted, but the block changed before it ran",
+                blk.lbn()
+            );
+            return true;
+        }
+        local
+            && match self.policy.kind() {
+                WritePolicyKind::WriteBack => true,
+                _ => {
+                    self.destage_inflight == 0
+                        && self.plans.is_empty()
+                        && self.patches.is_empty()
+                        && self.policy.bypass_ok()
+                }
+            }
+    }
+
+    /// May a rejected write of blocks `first..=last` bypass under journaled?
+    ///
+    /// Only while the journal is empty (`WritePolicy::bypass_ok`: every
+    /// transaction before the open one checkpointed, no checkpoint or its
+    /// commit in flight, and the open one never written), nothing is destaged
+    /// or patched, nothing waits for admission or a place to run, and every
+    /// block passes `can_bypass`'s block conditions and is not held by a
+    /// write. Then every write acknowledged before this one is durable on
+    /// the backing store, and the write becomes a transaction of its own,
+    /// ahead of every write of the open transaction: its pieces run at once
+    /// (a read in flight on one of its blocks drops its cache fill, as for
+    /// any write), so the conditions still hold when they do. Writes that
+    /// complete after it are checkpointed after it is durable (it is written
+    /// with FUA and acknowledged only then); writes concurrent with it may
+    /// reach the backing store before or after it, as concurrency allows.
+    pub(super) fn journal_bypass_ok(&self, first: u64, last: u64) -> bool {
+        if !(self.policy.kind().journaled()
+            && self.policy.bypass_ok()
+            && self.destage_inflight == 0
+            && self.plans.is_empty()
+            && self.patches.is_empty()
+            && self.admit_queue.is_empty()
+            && self.piece_queue.is_empty())
+        {
+            return false;
+        }
+        (first..=last).all(|lbn| {
+            let Some(b) = self.index.get(lbn, |id| self.blocks[id as usize].lbn()) else {
+                return !self.retired_lbns.contains_key(&lbn);
+            };
+            let blk = &self.blocks[b as usize];
+            !blk.busy
+                && blk.latest == NIL
+                && blk.shadows == 0
+                && blk.destaging == 0
+                && !self.waiters.contains_key(&b)
+                && !self.retired_lbns.contains_key(&lbn)
+        })
+    }
+
+    /// Write a rejected piece straight to the backing store, with FUA: it is
+    /// acknowledged only once durable there, so no FLUSH ever has to wait for
+    /// it or flush the backing store for it. The block stays busy until then
+    /// (reads and writes of it wait, as for any write piece).
+    ///
+    /// Crash story: before the backing write completes the write is not
+    /// acknowledged and either outcome is allowed; after, it is durable on
+    /// the backing store, and the cache holds nothing of the block that
+    /// recovery could put over it (`can_bypass`).
+    pub(super) fn bypass_piece(&mut self, p: u32, b: u32) {
+        self.count_bypassed(p);
+        let pc = self.pieces.get_mut(p);
+        pc.ios = 1;
+        pc.counted = false;
+        self.active_pieces -= 1;
+        self.bypass_batch.push((p, b));
+    }
+
+    /// Emit the write-through pieces of this round: each run of adjacent
+    /// pieces of one request is one backing write, as the client sent it
+    /// (a 1 MiB write is one command to a slow backing store, not 256 that
+    /// queue for its connections).
+    pub(super) fn flush_through_batch(&mut self) {
+        if self.through_batch.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut self.through_batch);
+        let pieces: Vec<u32> = batch.iter().map(|&(p, _)| p).collect();
+        for (run, offset, data) in self.adjacent_runs(&pieces, |a, b| batch[a].1 == batch[b].1) {
+            let fua = batch[run.start].1;
+            self.emit(
+                Dev::Backing,
+                IoOp::Write { offset, data, fua },
+                None,
+                IoCtx::ThroughWrite {
+                    pieces: pieces[run].to_vec(),
+                },
+            );
+        }
+    }
+
+    /// Emit the batched bypass pieces: each run of adjacent pieces of one
+    /// request is one backing write (a 256 KiB write is one command, not 64).
+    pub(super) fn flush_bypass_batch(&mut self) {
+        if self.bypass_batch.is_empty() {
+            return;
+        }
+        let batch = std::mem::take(&mut self.bypass_batch);
+        let pieces: Vec<u32> = batch.iter().map(|&(p, _)| p).collect();
+        for (run, offset, data) in self.adjacent_runs(&pieces, |_, _| true) {
+            let run = &batch[run];
+            let io = self.emit(
+                Dev::Backing,
+                IoOp::Write {
+                    offset,
+                    data,
+                    fua: true,
+                },
+                None,
+                IoCtx::BypassWrite {
+                    pieces: run.to_vec(),
+                    orphans: Vec::new(),
+                },
+            );
+            for &(p, b) in run {
+                self.bypass_io.insert(b, (p, io));
+            }
+        }
+    }
+
+    /// Split `pieces` (in order) into runs of adjacent pieces of one request
+    /// that `same(i, j)` also allows together: each run's index range, its
+    /// first byte on the backing store, and its data.
+    pub(super) fn adjacent_runs(
+        &self,
+        pieces: &[u32],
+        same: impl Fn(usize, usize) -> bool,
+    ) -> Vec<(std::ops::Range<usize>, u64, P)> {
+        let span = |p: u32| {
+            let pc = self.pieces.get(p);
+            (
+                pc.req,
+                pc.lbn * self.bs + pc.start as u64,
+                pc.lbn * self.bs + pc.end as u64,
+            )
+        };
+        let mut runs = Vec::new();
+        let mut i = 0;
+        while i < pieces.len() {
+            let (req, start_off, mut end_off) = span(pieces[i]);
+            let mut j = i + 1;
+            while j < pieces.len() {
+                let (r, s, e) = span(pieces[j]);
+                if r != req || s != end_off || !same(i, j) {
+                    break;
+                }
+                end_off = e;
+                j += 1;
+            }
+            let parts: Vec<P> = pieces[i..j]
+                .iter()
+                .map(|&p| self.pieces.get(p).data.clone().unwrap())
+                .collect();
+            let data = P::concat(&parts);
+            debug_assert_eq!(data.len() as u64, end_off - start_off);
+            runs.push((i..j, start_off, data));
+            i = j;
+        }
+        runs
+    }
+
+    /// The backing write of a reissued bypass piece completed: its result is
+    /// discarded, and block `b` may be destaged again.
+    pub(super) fn on_orphan_done(&mut self, b: u32) {
+        self.stats.discarded_completions += 1;
+        let blk = &mut self.blocks[b as usize];
+        assert!(
+            blk.destaging > 0,
+            "orphan bypass write without its block mark"
+        );
+        blk.destaging -= 1;
+        self.maybe_drop_block(b);
+    }
+
+    /// A critical request waits for busy block `b`: follow the dependency
+    /// chain to what the holder itself waits on (cascading dependencies,
+    /// §4.2.3) and speed that up. The holder inherits criticality (so later
+    /// waiters on whatever it waits for follow the chain on); a bypass write
+    /// in flight is reissued to the cache (I/O criticality inheritance,
+    /// §4.2.2); a holder waiting for a free slot moves to the head of that queue.
+    pub(super) fn inherit(&mut self, b: u32) {
+        let Some(&h) = self.holders.get(&b) else {
+            return;
+        };
+        let pc = self.pieces.get_mut(h);
+        if !pc.critical {
+            pc.critical = true;
+            self.stats.inherited += 1;
+        }
+        // A bypass (or write-through) piece still in this round's batch has
+        // no backing write yet: emit the batch, then treat it like any write
+        // in flight.
+        self.flush_bypass_batch();
+        self.flush_through_batch();
+        if let Some(&(p, io)) = self.bypass_io.get(&b) {
+            assert_eq!(p, h, "bypass write of a block another piece holds");
+            if self.admission.reissue() {
+                self.reissue(b, p, io);
+            }
+            return;
+        }
+        if let Some(pos) = self.alloc_waiters.iter().position(|&x| x == h) {
+            if pos > 0 {
+                self.alloc_waiters.remove(pos);
+                self.alloc_waiters.push_front(h);
+            }
+        }
+    }
+
+    /// Reissue bypass piece `p` (backing write `io` in flight) to the cache:
+    /// the piece completes when its cache write does, as a dirty version,
+    /// and the backing write's completion is discarded when it comes.
+    ///
+    /// Only under write-back. Under ordered, the orphaned backing write is a
+    /// write the dependency graph does not know: a later version of the block
+    /// can be destaged in a wave, and later waves after it, before the orphan
+    /// lands with the older bytes (tried: the test
+    /// `an_orphaned_bypass_write_never_lands_over_a_later_destage` fails with
+    /// ordered reissue). Only for a
+    /// whole-block piece (a partial one would need the block's other bytes),
+    /// and only when a spare slot is free. Otherwise the waiter waits.
+    ///
+    /// Crash story: the version is dirty and newer than anything recovery
+    /// could find for the block (it had none, `can_bypass`); the old backing
+    /// write carries the same bytes, and holds the block's `destaging` count
+    /// until it completes, so no destage of a later version can land first.
+    pub(super) fn reissue(&mut self, b: u32, p: u32, io: IoId) {
+        if self.policy.kind() != WritePolicyKind::WriteBack {
+            return;
+        }
+        let (lbn, start, end) = {
+            let pc = self.pieces.get(p);
+            (pc.lbn, pc.start, pc.end)
+        };
+        if start != 0 || end as u64 != self.bs || self.free_slots.len() as u64 <= self.reserved {
+            return;
+        }
+        let Some(s) = self.alloc_slot(lbn) else {
+            return;
+        };
+        match self.ios.get_mut(&io) {
+            Some(IoCtx::BypassWrite { pieces, orphans }) => {
+                let at = pieces
+                    .iter()
+                    .position(|&(x, _)| x == p)
+                    .expect("reissued piece is part of its bypass write");
+                pieces.swap_remove(at);
+                orphans.push(b);
+            }
+            _ => panic!("reissued a bypass write that is not in flight"),
+        }
+        self.bypass_io.remove(&b);
+        self.blocks[b as usize].destaging += 1;
+        self.stats.reissued_writes += 1;
+        if self.pieces.get(p).tag_critical {
+            self.stats.critical_reissued_writes += 1;
+        }
+        let req = self.pieces.get(p).req;
+        self.reqs
+            .get_mut(&req)
+            .expect("piece of unknown request")
+            .cached = true;
+        let pc = self.pieces.get_mut(p);
+        pc.ios = 0;
+        pc.bypass = false;
+        let data = pc.data.clone().unwrap();
+        self.write_new_version(p, s, data);
+    }
+}

@@ -1,0 +1,468 @@
+//! Progress and destage: the round that runs everything runnable, clean
+//! eviction, and destage plans from the write policy to the backing store.
+
+use super::*;
+
+/// The engine's view offered to write policies while they plan.
+pub(super) struct View<'a> {
+    now: u64,
+    repl: &'a mut dyn Replacement,
+    blocks: &'a [Block],
+    slots: &'a [Slot],
+    groups: &'a [Group],
+    rid_block: &'a [u32],
+    wanted: bool,
+    pressure: bool,
+    inflight: usize,
+    limit: usize,
+    ids: Vec<BlockId>,
+}
+
+impl PlanCtx for View<'_> {
+    fn now(&self) -> u64 {
+        self.now
+    }
+    fn cleaning_wanted(&self) -> bool {
+        self.wanted
+    }
+    fn pick_victims(&mut self, max: usize, out: &mut Vec<(u32, Group)>) {
+        let blocks = self.blocks;
+        let slots = self.slots;
+        let groups = self.groups;
+        let rid_block = self.rid_block;
+        let busy = |id: BlockId| {
+            let b = &blocks[rid_block[id.0 as usize] as usize];
+            if b.busy || b.latest == NIL {
+                return true;
+            }
+            if b.destaging > 0 {
+                return true;
+            }
+            let s = &slots[b.latest as usize];
+            // A version outside any group (ordered: already written in its wave)
+            // is re-synced only once no older version of its block is left.
+            let g = groups.get(b.latest as usize).copied().unwrap_or(NO_GROUP);
+            s.destaging() || !s.dirty() || (g == NO_GROUP && b.shadows > 0)
+        };
+        self.ids.clear();
+        self.repl.clean_batch(max, &busy, &mut self.ids);
+        for id in &self.ids {
+            let b = &blocks[rid_block[id.0 as usize] as usize];
+            if !busy(*id) {
+                out.push((
+                    b.latest,
+                    groups.get(b.latest as usize).copied().unwrap_or(NO_GROUP),
+                ));
+            }
+        }
+    }
+    fn space_pressure(&self) -> bool {
+        self.pressure
+    }
+    fn destage_in_flight(&self) -> usize {
+        self.inflight
+    }
+    fn destage_limit(&self) -> usize {
+        self.limit
+    }
+}
+
+impl<P: Payload> Engine<P> {
+    // ---------------------------------------------------------------- progress
+
+    /// Run everything that can run now.
+    pub(super) fn progress(&mut self) {
+        for _ in 0..64 {
+            let mut changed = false;
+            // Stalled writers take freed slots first.
+            while !self.free_slots.is_empty() {
+                let Some(p) = self.alloc_waiters.pop_front() else {
+                    break;
+                };
+                if !self.alloc_and_write(p) {
+                    // Still no slot for it: keep its place at the head.
+                    let back = self.alloc_waiters.pop_back();
+                    debug_assert_eq!(back, Some(p));
+                    self.alloc_waiters.push_front(p);
+                    break;
+                }
+                changed = true;
+            }
+            changed |= self.admit();
+            while self.active_pieces < self.max_active {
+                let Some(p) = self.piece_queue.pop_front() else {
+                    break;
+                };
+                self.active_pieces += 1;
+                self.start_piece(p);
+                changed = true;
+            }
+            changed |= self.ensure_free();
+            // Slots ensure_free just freed (clean evictions) go to waiting
+            // writes before the write policy looks at space pressure: a
+            // write that only waited for a clean eviction is not pressure
+            // (journaled-hints would close a transaction early for it).
+            changed |= self.admit();
+            changed |= self.patch_progress();
+            changed |= self.plan();
+            changed |= self.cover_direct_at_end();
+            changed |= self.maybe_commit();
+            if !changed {
+                break;
+            }
+        }
+        self.flush_bypass_batch();
+        self.flush_through_batch();
+    }
+
+    /// Evict clean blocks to keep `free_reserve` slots (plus one per stalled writer) ready.
+    pub(super) fn ensure_free(&mut self) -> bool {
+        self.evict_clean_until(self.free_wanted())
+    }
+
+    /// Evict clean, idle blocks (the replacement policy's victims) until
+    /// free slots plus those a commit will free reach `want`, or no victim
+    /// is left. Returns whether it evicted any.
+    pub(super) fn evict_clean_until(&mut self, want: u64) -> bool {
+        let mut changed = false;
+        while (self.free_slots.len() as u64 + self.retired_pending) < want {
+            let blocks = &self.blocks;
+            let slots = &self.slots;
+            let rid_block = &self.rid_block;
+            let waiters = &self.waiters;
+            let pinned = |id: BlockId| {
+                let b = rid_block[id.0 as usize];
+                let blk = &blocks[b as usize];
+                let s = &slots[blk.latest as usize];
+                blk.busy || s.refs > 0 || s.destaging() || s.dirty() || waiters.contains_key(&b)
+            };
+            let Some(v) = self.repl.victim_clean(&pinned) else {
+                break;
+            };
+            let b = self.rid_block[v.0 as usize];
+            assert!(
+                !self.slots[self.blocks[b as usize].latest as usize].dirty(),
+                "replacement chose a dirty victim"
+            );
+            self.evict_block(b);
+            self.stats.evictions += 1;
+            changed = true;
+        }
+        changed
+    }
+
+    pub(super) fn space_pressure(&self) -> bool {
+        !self.alloc_waiters.is_empty() || !self.admit_queue.is_empty()
+    }
+
+    /// Free slots wanted now: the reserve, promised slots, and the next admission.
+    pub(super) fn free_wanted(&self) -> u64 {
+        self.cfg.free_reserve as u64
+            + self.reserved
+            + self.alloc_waiters.len() as u64
+            + self.admit_queue.front().map_or(0, |a| a.need)
+    }
+
+    pub(super) fn plan(&mut self) -> bool {
+        if self.retry_at.is_some() || self.shutting_down && self.drain_done() {
+            return false;
+        }
+        let mut changed = false;
+        for _ in 0..16 {
+            let cap = self.cfg.capacity_blocks;
+            let wanted = self.drain && self.dirty_slots > 0
+                || self.space_pressure()
+                || self.repl.should_clean(
+                    self.dirty_slots,
+                    cap,
+                    self.cleaning_active,
+                    self.cfg.watermarks,
+                );
+            self.cleaning_active = wanted;
+            // Pressure for the write policy: writers wait and the slots
+            // already on their way back (evicted, freed at the next metadata
+            // commit) do not cover them. A wait that only needs that commit
+            // is not a reason for a policy to act (journaled-hints would close
+            // a transaction off a FLUSH boundary for nothing).
+            let coming = self.free_slots.len() as u64 + self.retired_pending;
+            let pressure = self.space_pressure() && coming < self.free_wanted() || self.drain;
+            let mut view = View {
+                now: self.now,
+                repl: &mut *self.repl,
+                blocks: &self.blocks,
+                slots: &self.slots,
+                groups: &self.groups,
+                rid_block: &self.rid_block,
+                wanted,
+                pressure,
+                inflight: self.destage_inflight,
+                limit: self.cfg.max_destage_inflight as usize,
+                ids: Vec::new(),
+            };
+            let Some(plan) = self.policy.next_plan(&mut view) else {
+                break;
+            };
+            self.start_plan(plan);
+            changed = true;
+        }
+        changed
+    }
+
+    pub(super) fn drain_done(&self) -> bool {
+        self.dirty_slots == 0
+    }
+
+    pub(super) fn start_plan(&mut self, plan: Plan) {
+        for &s in &plan.write {
+            let slot = &mut self.slots[s as usize];
+            assert_eq!(
+                slot.state,
+                SlotState::Valid,
+                "plan names a slot that is not valid"
+            );
+            assert!(slot.dirty(), "plan names a clean version");
+            assert!(!slot.destaging(), "slot destaged twice at once");
+            slot.set_destaging(true);
+            slot.refs += 1;
+        }
+        let blocks: Vec<u32> = plan
+            .write
+            .iter()
+            .map(|&s| self.slots[s as usize].block)
+            .collect();
+        assert!(
+            blocks.iter().all(|&b| b != NIL),
+            "plan names a version without a block"
+        );
+        for &b in &blocks {
+            self.blocks[b as usize].destaging += 1;
+        }
+        self.destage_inflight += plan.write.len();
+        self.stats.destage_plans += 1;
+        let group = plan.atomic_group;
+        let n = plan.write.len() as u32;
+        let pid = self.plans.insert(PlanExec {
+            plan,
+            blocks,
+            left: n,
+            failed: false,
+        });
+        match group {
+            Some(g) => {
+                self.emit(
+                    Dev::Backing,
+                    IoOp::GroupBegin { group: g },
+                    Some(g),
+                    IoCtx::PlanBegin { plan: pid },
+                );
+            }
+            None => self.plan_copy(pid),
+        }
+    }
+
+    pub(super) fn plan_copy(&mut self, pid: u32) {
+        let slots = self.plans.get(pid).plan.write.clone();
+        if slots.is_empty() {
+            return self.plan_copied(pid);
+        }
+        let exact = self.plans.get(pid).plan.exact;
+        let blocks = self.plans.get(pid).blocks.clone();
+        for (s, b) in slots.into_iter().zip(blocks) {
+            let (lo, hi) = if exact {
+                self.range_of(s)
+            } else {
+                (0, self.bs as u32)
+            };
+            // A partial version holds only its valid bytes; the backing
+            // store already has the rest of the block (`partial`).
+            let (vlo, vhi) = self.valid_range(s);
+            let (lo, hi) = (lo.max(vlo), hi.min(vhi));
+            assert!(lo < hi, "destage of slot {s} has nothing to copy");
+            let off = self.layout.slot_offset(s) + lo as u64;
+            self.cache_read(
+                off,
+                hi - lo,
+                IoCtx::DestageRead {
+                    plan: pid,
+                    slot: s,
+                    block: b,
+                    lo,
+                },
+            );
+        }
+    }
+
+    pub(super) fn on_plan_begin(&mut self, pid: u32, ok: bool) {
+        if !ok {
+            let pe = self.plans.get_mut(pid);
+            pe.failed = true;
+            pe.left = 0;
+            return self.plan_copied(pid);
+        }
+        self.plan_copy(pid);
+    }
+
+    pub(super) fn on_destage_read(&mut self, pid: u32, _s: u32, b: u32, lo: u32, res: IoResult<P>) {
+        match res {
+            Ok(Some(d)) => {
+                let lbn = self.blocks[b as usize].lbn();
+                let group = self.plans.get(pid).plan.atomic_group;
+                self.emit(
+                    Dev::Backing,
+                    IoOp::Write {
+                        offset: lbn * self.bs + lo as u64,
+                        data: d,
+                        fua: false,
+                    },
+                    group,
+                    IoCtx::DestageWrite { plan: pid },
+                );
+            }
+            _ => self.on_destage_write(pid, false),
+        }
+    }
+
+    pub(super) fn on_destage_write(&mut self, pid: u32, ok: bool) {
+        let pe = self.plans.get_mut(pid);
+        if !ok {
+            pe.failed = true;
+        }
+        pe.left -= 1;
+        if pe.left == 0 {
+            self.plan_copied(pid);
+        }
+    }
+
+    /// Every block of the plan was written (or the plan failed).
+    pub(super) fn plan_copied(&mut self, pid: u32) {
+        let pe = self.plans.get(pid);
+        if pe.failed {
+            return self.plan_end(pid, false);
+        }
+        match pe.plan.atomic_group {
+            Some(g) => {
+                self.emit(
+                    Dev::Backing,
+                    IoOp::GroupEnd { group: g },
+                    Some(g),
+                    IoCtx::PlanFinish { plan: pid },
+                );
+            }
+            None => {
+                // One backing FLUSH covers every plan whose writes completed
+                // before it was issued: a plan that finishes copying while
+                // one is in flight waits for the next, shared by all such
+                // plans (destage at the backing store's write rate, not one
+                // sync per 16 blocks).
+                if let Some(waiting) = &mut self.plan_flush_next {
+                    waiting.push(pid);
+                } else if self.plan_flush_inflight.is_some() {
+                    self.plan_flush_next = Some(vec![pid]);
+                } else {
+                    self.issue_plan_flush(vec![pid]);
+                }
+            }
+        }
+    }
+
+    pub(super) fn issue_plan_flush(&mut self, plans: Vec<u32>) {
+        debug_assert!(self.plan_flush_inflight.is_none());
+        self.plan_flush_inflight = Some(plans);
+        self.emit(Dev::Backing, IoOp::Flush, None, IoCtx::PlanFlush);
+    }
+
+    pub(super) fn on_plan_flush(&mut self, ok: bool) {
+        let done = self
+            .plan_flush_inflight
+            .take()
+            .expect("plan flush completion without plans");
+        if let Some(next) = self.plan_flush_next.take() {
+            self.issue_plan_flush(next);
+        }
+        for pid in done {
+            self.plan_end(pid, ok);
+        }
+    }
+
+    pub(super) fn on_plan_finish(&mut self, pid: u32, ok: bool) {
+        self.plan_end(pid, ok);
+    }
+
+    pub(super) fn plan_end(&mut self, pid: u32, ok: bool) {
+        let pe = self.plans.remove(pid);
+        self.destage_inflight -= pe.plan.write.len();
+        for &b in &pe.blocks {
+            self.blocks[b as usize].destaging -= 1;
+        }
+        for &s in &pe.plan.write {
+            self.slots[s as usize].set_destaging(false);
+        }
+        if !ok {
+            self.stats.destage_failures += 1;
+            self.out_event
+                .push_back(Event::BackgroundError { what: "destage" });
+            for &s in &pe.plan.write {
+                self.unref(s);
+            }
+            self.policy.on_plan_failed(&pe.plan);
+            self.retry_at = Some(self.now + self.cfg.retry_ns);
+            return;
+        }
+        self.stats.destaged_blocks += pe.plan.write.len() as u64;
+        // Older versions first, so that each block's shadow count is final
+        // when its latest version is considered.
+        let mut per_block: HashMap<u32, u32> = HashMap::new();
+        for &s in &pe.plan.write {
+            let b = self.slots[s as usize].block;
+            if b != NIL {
+                *per_block.entry(b).or_default() += 1;
+            }
+        }
+        for &s in &pe.plan.write {
+            if self.slots[s as usize].state == SlotState::Valid && !self.is_latest(s) {
+                self.retire(s);
+            }
+        }
+        for &s in &pe.plan.drop {
+            assert!(!self.is_latest(s), "dropping the latest version of a block");
+            if self.slots[s as usize].state == SlotState::Valid {
+                self.retire(s);
+            }
+        }
+        for &s in &pe.plan.write {
+            let slot = self.slots[s as usize];
+            if slot.state == SlotState::Valid && self.is_latest(s) && slot.dirty() {
+                let b = slot.block;
+                // Written whole: its dirty range covers every byte it holds.
+                let full = {
+                    let ((lo, hi), (vlo, vhi)) = (self.range_of(s), self.valid_range(s));
+                    lo <= vlo && hi >= vhi
+                };
+                let alone = self.blocks[b as usize].shadows == 0
+                    && per_block.get(&b).copied().unwrap_or(0) == 1;
+                let g = self.set_group(s, NO_GROUP);
+                if g != NO_GROUP {
+                    self.policy.on_version_removed(g, s);
+                }
+                if !pe.plan.exact || (full && alone) {
+                    // The backing store now holds exactly this version: clean.
+                    self.slots[s as usize].set_dirty(false);
+                    self.dirty_slots -= 1;
+                    let rid = self.blocks[b as usize].rid;
+                    self.repl.set_dirty(BlockId(rid), false);
+                }
+                // Otherwise its own bytes are written but the block as a whole may
+                // not match yet: it stays dirty, outside any group, and is re-synced
+                // whole once no older version of the block is left.
+                self.mark_meta(s);
+            }
+        }
+        for &s in &pe.plan.write {
+            self.unref(s);
+        }
+        for &b in &pe.blocks {
+            self.maybe_drop_block(b);
+        }
+        self.policy.on_plan_done(self.now, &pe.plan);
+    }
+}

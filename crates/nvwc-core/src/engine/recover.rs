@@ -1,0 +1,402 @@
+//! Recovery: open an existing cache device from its checkpoint and replay
+//! the metadata log after it (`docs/ON-DISK-FORMAT.md`, "Recovery").
+
+use super::*;
+
+/// What recovery found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    pub commit: u64,
+    pub clean_shutdown: bool,
+    pub dirty_versions: u64,
+    pub clean_versions: u64,
+    pub discarded: u64,
+    pub ignored_uncommitted: u64,
+    /// Log records replayed after the checkpoint, and valid-looking ones
+    /// left out (from the first whose data did not match its checksums).
+    pub log_records: u64,
+    pub log_dropped: u64,
+}
+
+/// The metadata regions of a cache device, read by the driver for recovery.
+#[derive(Clone, Debug, Default)]
+pub struct CacheImage {
+    /// 512 bytes at offset 0.
+    pub superblock: Vec<u8>,
+    /// 512 bytes at each commit record offset.
+    pub commit_a: Vec<u8>,
+    pub commit_b: Vec<u8>,
+    /// The slot table: `Layout::table_bytes` bytes at `layout::TABLE_OFFSET`.
+    pub table: Vec<u8>,
+    /// The metadata log: `Layout::log_bytes` bytes at `Layout::log_offset`.
+    pub log: Vec<u8>,
+}
+
+/// Errors opening an existing cache device. The message includes the
+/// inner error's, so it is not also given as a `source` (a chain printed
+/// whole would repeat it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecoverError {
+    #[error("invalid configuration: {0}")]
+    Config(ConfigError),
+    #[error("cache device metadata: {0}")]
+    Format(FormatError),
+    #[error("reading cache data to check the log: {0}")]
+    Read(String),
+}
+
+impl From<ConfigError> for RecoverError {
+    fn from(e: ConfigError) -> Self {
+        RecoverError::Config(e)
+    }
+}
+
+impl From<FormatError> for RecoverError {
+    fn from(e: FormatError) -> Self {
+        RecoverError::Format(e)
+    }
+}
+
+impl<P: Payload> Engine<P> {
+    /// Open an existing cache device from its metadata regions.
+    ///
+    /// `data_crc(offset, len)` MUST return the CRC-32C ([`layout::data_crc`])
+    /// of the cache device's bytes at `offset..offset + len`: recovery
+    /// checks the data that the log's unsealed records name (a few blocks).
+    pub fn recover(
+        cfg: Config,
+        image: &CacheImage,
+        data_crc: &mut dyn FnMut(u64, u32) -> Result<u32, String>,
+    ) -> Result<(Self, RecoveryReport), RecoverError> {
+        cfg.validate()?;
+        let sb = layout::Superblock::decode(&image.superblock)?;
+        layout::check_superblock(&sb, &cfg)?;
+        let ra = CommitRecord::decode(&image.commit_a);
+        let rb = CommitRecord::decode(&image.commit_b);
+        let (rec, cr_cur) = match (ra, rb) {
+            (Some(a), Some(b)) => {
+                if a.commit >= b.commit {
+                    (a, 0)
+                } else {
+                    (b, 1)
+                }
+            }
+            (Some(a), None) => (a, 0),
+            (None, Some(b)) => (b, 1),
+            (None, None) => return Err(FormatError::NoCommit.into()),
+        };
+        let mut e = Self::build(cfg);
+        e.partial_ok = sb.version >= 2;
+        let l = e.layout;
+        if (image.table.len() as u64) < l.table_bytes || (image.log.len() as u64) < l.log_bytes {
+            return Err(FormatError::Short.into());
+        }
+        let mut report = RecoveryReport {
+            commit: rec.commit,
+            clean_shutdown: rec.clean_shutdown,
+            ..Default::default()
+        };
+        let mut versions: Vec<RecoveredVersion> = Vec::new();
+        let mut max_tag = rec.commit;
+        let mut max_seq = 0u64;
+        let mut stale: Vec<u32> = Vec::new();
+        let mut rewrite_pages: Vec<u64> = Vec::new();
+        let mut chosen: Vec<Option<usize>> = vec![None; l.pages() as usize];
+        for pg in 0..l.pages() {
+            let mut best: Option<(u64, u8)> = None;
+            for c in 0..2u8 {
+                let at = (2 * pg + c as u64) as usize * layout::PAGE_BYTES as usize;
+                let Some(tag) =
+                    layout::page_tag(pg, &image.table[at..at + layout::PAGE_BYTES as usize])
+                else {
+                    continue;
+                };
+                max_tag = max_tag.max(tag);
+                if tag > rec.commit {
+                    // Written by a commit that never completed: ignored, and
+                    // rewritten before any later commit could make its tag valid.
+                    report.ignored_uncommitted += 1;
+                    rewrite_pages.push(pg);
+                    continue;
+                }
+                if best.is_none_or(|b| tag > b.0) {
+                    best = Some((tag, c));
+                }
+            }
+            if let Some((_, c)) = best {
+                e.page_cur[pg as usize] = c;
+                chosen[pg as usize] =
+                    Some((2 * pg + c as u64) as usize * layout::PAGE_BYTES as usize);
+            }
+        }
+        let mut table: Vec<Option<Entry>> = (0..l.capacity as u32)
+            .map(|s| {
+                let pg = s as u64 / layout::ENTRIES_PER_PAGE;
+                let base = chosen[pg as usize]?;
+                let at = base + 64 + (s as u64 % layout::ENTRIES_PER_PAGE) as usize * 64;
+                Entry::decode(s, &image.table[at..at + 64])
+            })
+            .collect();
+        let replay = replay_log(&l, &image.log, &rec, data_crc)?;
+        e.log = LogState::recovered(rec.commit, cr_cur);
+        let mut rec = rec;
+        for r in &replay.accepted {
+            for &(s, ent) in &r.entries {
+                table[s as usize] = Some(ent);
+                e.log.page_changed(s as u64 / layout::ENTRIES_PER_PAGE);
+            }
+            rec = r.record;
+        }
+        max_tag = max_tag.max(replay.max_n);
+        report.log_records = replay.accepted.len() as u64;
+        report.log_dropped = replay.dropped.len() as u64;
+        if !replay.accepted.is_empty() {
+            report.commit = rec.commit;
+            report.clean_shutdown = false;
+        }
+        for (s, ent) in table.iter().enumerate() {
+            let s = s as u32;
+            let Some(ent) = *ent else {
+                continue;
+            };
+            if ent.flags & F_VALID == 0 {
+                continue;
+            }
+            if ent.lbn >= e.cfg.backing_blocks() {
+                stale.push(s);
+                continue;
+            }
+            max_seq = max_seq.max(ent.seq);
+            versions.push(RecoveredVersion {
+                slot: s,
+                lbn: ent.lbn,
+                seq: ent.seq,
+                aux0: ent.aux0,
+                aux1: ent.aux1,
+                lo: ent.lo,
+                hi: ent.hi,
+                dirty: ent.flags & F_DIRTY != 0,
+                partial: ent.flags & F_PARTIAL != 0,
+                latest: false,
+                group: NO_GROUP,
+                discard: false,
+                clean: false,
+            });
+        }
+        // Versions named only by dropped records: sequence numbers stay above them.
+        for r in &replay.dropped {
+            for (_, ent) in &r.entries {
+                if ent.flags & F_VALID != 0 {
+                    max_seq = max_seq.max(ent.seq);
+                }
+            }
+        }
+        let any_dirty = versions.iter().any(|v| v.dirty);
+        if any_dirty && sb.write_policy != e.cfg.write_policy.code() {
+            return Err(FormatError::Policy {
+                found: layout::policy_name(sb.write_policy),
+            }
+            .into());
+        }
+        // Latest version per block: the highest sequence number.
+        let mut newest: HashMap<u64, (u64, usize)> = HashMap::new();
+        for (i, v) in versions.iter().enumerate() {
+            let n = newest.entry(v.lbn).or_insert((v.seq, i));
+            if v.seq > n.0 {
+                *n = (v.seq, i);
+            }
+        }
+        for &(_, i) in newest.values() {
+            versions[i].latest = true;
+        }
+        e.policy.recover(&rec, &mut versions);
+        // A discarded latest version hands "latest" to the newest survivor.
+        let mut survivor: HashMap<u64, (u64, usize)> = HashMap::new();
+        for (i, v) in versions.iter().enumerate() {
+            if !v.discard {
+                let n = survivor.entry(v.lbn).or_insert((v.seq, i));
+                if v.seq > n.0 {
+                    *n = (v.seq, i);
+                }
+            }
+        }
+        e.free_slots.clear();
+        let mut used = vec![false; l.capacity as usize];
+        for (i, v) in versions.iter().enumerate() {
+            let s = v.slot;
+            used[s as usize] = true;
+            let is_latest = survivor.get(&v.lbn).map(|&(_, j)| j == i).unwrap_or(false);
+            let dirty = v.dirty && !v.clean;
+            let keep = !v.discard && (is_latest || dirty);
+            e.set_range(s, (v.lo, v.hi));
+            let slot = &mut e.slots[s as usize];
+            slot.seq = v.seq;
+            slot.set_disk_valid(true);
+            if !keep {
+                slot.state = SlotState::Retired;
+                e.retired_pending += 1;
+                report.discarded += 1;
+                e.mark_meta(s);
+                continue;
+            }
+            slot.state = SlotState::Valid;
+            slot.set_dirty(dirty);
+            if v.partial {
+                assert!(
+                    v.lo < v.hi && v.hi as u64 <= e.bs,
+                    "partial entry with a bad range"
+                );
+                e.partial.insert(s, (v.lo, v.hi));
+            }
+            e.set_group(s, if dirty { v.group } else { NO_GROUP });
+            if dirty {
+                e.dirty_slots += 1;
+                report.dirty_versions += 1;
+                // The policy registered the version with its group in `recover`.
+                // A version whose entry no longer says what the policy made
+                // of it (journaled: an uncommitted transaction merged into
+                // the open one) gets its entry rewritten at the next commit:
+                // a stale transaction id left on a page no other change
+                // rewrote would later read as a committed, even checkpointed,
+                // transaction (the VOPR's second crash on a large cache found
+                // it: journaled-hints seed 224).
+                if e.policy.entry_aux(v.group) != (v.aux0, v.aux1) {
+                    e.mark_meta(s);
+                }
+            } else {
+                report.clean_versions += 1;
+                if v.dirty {
+                    e.mark_meta(s);
+                }
+            }
+            let b = e.block_for(v.lbn);
+            e.slots[s as usize].block = b;
+            if !is_latest {
+                e.slots[s as usize].set_shadow(true);
+                e.blocks[b as usize].shadows += 1;
+            }
+            if is_latest {
+                e.blocks[b as usize].latest = s;
+                let rid = e.free_rids.pop().expect("more cached blocks than slots");
+                e.rid_block[rid as usize] = b;
+                e.blocks[b as usize].rid = rid;
+                e.repl.insert(BlockId(rid), v.lbn, dirty);
+            }
+        }
+        // Slots whose entries recovery drops stay unused until a commit has
+        // written them free: stale entries, and the slots a dropped log
+        // record names (new data there could make that record's checksums
+        // match at a second recovery, bringing back writes this recovery
+        // left out).
+        let dropped = replay
+            .dropped
+            .iter()
+            .flat_map(|r| r.entries.iter().map(|&(s, _)| s));
+        for s in stale.into_iter().chain(dropped) {
+            if used[s as usize] {
+                continue;
+            }
+            used[s as usize] = true;
+            let slot = &mut e.slots[s as usize];
+            slot.state = SlotState::Retired;
+            slot.set_disk_valid(true);
+            e.retired_pending += 1;
+            e.mark_meta(s);
+        }
+        for s in (0..l.capacity as u32).rev() {
+            if !used[s as usize] {
+                e.free_slots.push(s);
+            }
+        }
+        for pg in rewrite_pages {
+            let s = (pg * layout::ENTRIES_PER_PAGE) as u32;
+            e.mark_meta(s);
+        }
+        e.next_commit = max_tag + 1;
+        e.durable_commit = rec.commit;
+        e.next_seq = rec.next_seq.max(max_seq + 1);
+        // The first commit is a checkpoint; until it is durable the recovered
+        // versions count as unsealed (an unsealed record among them is
+        // checked again if the device crashes before it).
+        for s in 0..l.capacity as u32 {
+            let slot = &mut e.slots[s as usize];
+            if slot.state == SlotState::Valid {
+                slot.set_unsealed(true);
+                let seq = slot.seq;
+                e.log.note_unsealed(e.next_commit, s, seq);
+            }
+        }
+        e.commit_asap = !e.meta_dirty.is_empty() || !replay.accepted.is_empty();
+        Ok((e, report))
+    }
+}
+
+/// The log records recovery found after the checkpoint.
+struct Replay {
+    /// Records whose data checks passed (or that are sealed), in order.
+    accepted: Vec<layout::LogRecord>,
+    /// Valid records from the first whose data did not match on.
+    dropped: Vec<layout::LogRecord>,
+    /// Highest record number seen.
+    max_n: u64,
+}
+
+/// Read the log that extends checkpoint `ckpt`: consecutive records of its
+/// epoch from the region's start, to the first invalid one. Records past
+/// the highest `sealed` any of them carries are checked against their data
+/// (entries without `F_NOCHECK`), and the first mismatch drops that record
+/// and every later one (`docs/ON-DISK-FORMAT.md`, "Recovery").
+fn replay_log(
+    l: &Layout,
+    log: &[u8],
+    ckpt: &CommitRecord,
+    data_crc: &mut dyn FnMut(u64, u32) -> Result<u32, String>,
+) -> Result<Replay, RecoverError> {
+    let mut found = Vec::new();
+    let mut pos = 0u64;
+    let mut want = ckpt.commit + 1;
+    while pos < l.log_bytes {
+        let Some((r, len)) = layout::LogRecord::decode(&log[pos as usize..l.log_bytes as usize])
+        else {
+            break;
+        };
+        if r.epoch != ckpt.commit
+            || r.n != want
+            || r.entries.iter().any(|&(s, _)| s as u64 >= l.capacity)
+        {
+            break;
+        }
+        found.push(r);
+        pos += len;
+        want += 1;
+    }
+    let max_n = found.last().map_or(0, |r| r.n);
+    let sealed = found
+        .iter()
+        .map(|r| r.sealed)
+        .max()
+        .unwrap_or(0)
+        .max(ckpt.commit);
+    let mut cut = found.len();
+    'records: for (i, r) in found.iter().enumerate() {
+        if r.n <= sealed || crate::mutation::active(crate::mutation::Mutation::LogSkipsDataCheck) {
+            continue;
+        }
+        for (s, ent) in &r.entries {
+            if ent.flags & F_VALID == 0 || ent.flags & layout::F_NOCHECK != 0 {
+                continue;
+            }
+            let (off, len) = l.checked_bytes(*s, ent);
+            if data_crc(off, len).map_err(RecoverError::Read)? != ent.data_crc {
+                cut = i;
+                break 'records;
+            }
+        }
+    }
+    let dropped = found.split_off(cut);
+    Ok(Replay {
+        accepted: found,
+        dropped,
+        max_n,
+    })
+}

@@ -1,0 +1,238 @@
+//! Requests into pieces: write admission (slot reservations), splitting
+//! a request into per-block pieces, and starting a piece on its block.
+
+use super::*;
+
+impl<P: Payload> Engine<P> {
+    // ------------------------------------------------------------- reads/writes
+
+    /// Queue a write for admission. A write joins its write-policy group (node,
+    /// transaction) only once the slots it may need are reserved, so it never
+    /// waits for space while a group it belongs to waits for it (which would
+    /// deadlock a journal transaction that must commit to free space).
+    pub(super) fn admit_write(
+        &mut self,
+        id: ReqId,
+        offset: u64,
+        len: u64,
+        data: P,
+        fua: bool,
+        tag: Tag,
+    ) {
+        let first = offset / self.bs;
+        let last = (offset + len - 1) / self.bs;
+        let bypass = self.bypassing
+            && !self.admission.admit(&WriteInfo {
+                offset,
+                len,
+                fua,
+                tag,
+            });
+        if bypass
+            && matches!(
+                self.policy.kind(),
+                WritePolicyKind::WriteBack | WritePolicyKind::WriteThrough
+            )
+        {
+            // No group to join and no slot to reserve: a piece that is cached
+            // after all (its block is cached) takes a spare slot or waits for
+            // one like any stalled writer, which write-back can always free.
+            self.start_rw(id, offset, len, Some(data), fua, tag, true, true);
+            return;
+        }
+        if bypass && self.journal_bypass_ok(first, last) {
+            // Journaled: the write takes no transaction and runs now, ahead
+            // of anything queued after it (see `journal_bypass_ok`).
+            let pieces = self.start_rw(id, offset, len, Some(data), fua, tag, true, false);
+            assert_eq!(self.piece_queue.len(), pieces.len());
+            self.piece_queue.clear();
+            for p in pieces {
+                self.active_pieces += 1;
+                self.start_piece(p);
+            }
+            return;
+        }
+        let need = if self.policy.synchronous_backing() {
+            0
+        } else {
+            last - first + 1
+        };
+        // `admit` runs right after this and takes the queue in order: the
+        // write waits exactly when others wait before it or space is short.
+        let waits =
+            !self.admit_queue.is_empty() || (self.free_slots.len() as u64) < self.reserved + need;
+        if waits {
+            self.stats.admission_stalls += 1;
+        }
+        self.admit_queue.push_back(Admit {
+            id,
+            tag,
+            bypass,
+            offset,
+            len,
+            data,
+            fua,
+            need,
+            pieces: last - first + 1,
+            stalled_since: waits.then_some(self.now),
+        });
+    }
+
+    pub(super) fn admit(&mut self) -> bool {
+        let mut changed = false;
+        while let Some(a) = self.admit_queue.front() {
+            if (self.free_slots.len() as u64) < self.reserved + a.need {
+                break;
+            }
+            let a = self.admit_queue.pop_front().unwrap();
+            if let Some(since) = a.stalled_since {
+                // A stall for cache space, counted like a piece waiting for
+                // a slot (its pieces then have reservations and never wait again).
+                self.stats.stalled_writes += a.pieces;
+                self.stats.stall_ns += (self.now - since) * a.pieces;
+            }
+            let pieces = self.start_rw(
+                a.id,
+                a.offset,
+                a.len,
+                Some(a.data),
+                a.fua,
+                a.tag,
+                a.bypass,
+                true,
+            );
+            // The first `need` pieces each hold one reservation.
+            for &k in pieces.iter().take(a.need as usize) {
+                self.pieces.get_mut(k).reserved = true;
+                self.reserved += 1;
+            }
+            changed = true;
+        }
+        changed
+    }
+
+    pub(super) fn release_reservation(&mut self, p: u32) {
+        let pc = self.pieces.get_mut(p);
+        if std::mem::replace(&mut pc.reserved, false) {
+            self.reserved -= 1;
+        }
+    }
+
+    /// Split a request into block pieces and queue them; returns the pieces.
+    /// A write joins its write-policy group unless `grouped` is false (a
+    /// journaled bypass, `journal_bypass_ok`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn start_rw(
+        &mut self,
+        id: ReqId,
+        offset: u64,
+        len: u64,
+        data: Option<P>,
+        fua: bool,
+        tag: Tag,
+        bypass: bool,
+        grouped: bool,
+    ) -> Vec<u32> {
+        let write = data.is_some();
+        let (seq, group) = if write && !grouped {
+            assert!(bypass && self.policy.kind().journaled());
+            // Decided by `admit_write` with `journal_bypass_ok`: the write
+            // belongs to no transaction (and so has no sequence number: the
+            // transactions' sequence ranges never cover it).
+            (0, NO_GROUP)
+        } else if write {
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            let g = if self.policy.synchronous_backing() {
+                NO_GROUP
+            } else {
+                self.policy.on_write_issue(self.now, seq)
+            };
+            (seq, g)
+        } else {
+            (0, NO_GROUP)
+        };
+        let first = offset / self.bs;
+        let last = (offset + len - 1) / self.bs;
+        let n = (last - first + 1) as u32;
+        let mut ids = Vec::with_capacity(n as usize);
+        self.reqs.insert(
+            id,
+            Req {
+                kind: if write { ReqKind::Write } else { ReqKind::Read },
+                pieces_left: n,
+                failed: None,
+                parts: Vec::new(),
+                offset,
+                seq,
+                group,
+                fua,
+                installed: Vec::new(),
+                // A request the admission policy admitted is cached whole;
+                // a rejected one only where a piece cannot bypass.
+                cached: !bypass,
+            },
+        );
+        for lbn in first..=last {
+            let bstart = lbn * self.bs;
+            let s = offset.max(bstart);
+            let e = (offset + len).min(bstart + self.bs);
+            let pdata = data
+                .as_ref()
+                .map(|d| d.slice((s - offset) as usize..(e - offset) as usize));
+            let p = self.pieces.insert(Piece {
+                reserved: false,
+                bypass,
+                critical: tag.critical,
+                tag_critical: tag.critical,
+                valid: None,
+                counted: true,
+                req: id,
+                lbn,
+                start: (s - bstart) as u32,
+                end: (e - bstart) as u32,
+                data: pdata,
+                buf: None,
+                slot: NIL,
+                ios: 0,
+                failed: false,
+                stalled_since: None,
+                seq,
+                group,
+                fua,
+            });
+            self.piece_queue.push_back(p);
+            ids.push(p);
+        }
+        ids
+    }
+
+    pub(super) fn start_piece(&mut self, p: u32) {
+        let lbn = self.pieces.get(p).lbn;
+        let b = self.block_for(lbn);
+        if self.blocks[b as usize].busy {
+            self.waiters.entry(b).or_default().push_back(p);
+            if self.bypassing && self.pieces.get(p).critical {
+                self.inherit(b);
+            }
+            return;
+        }
+        self.run_piece(p, b);
+    }
+
+    pub(super) fn run_piece(&mut self, p: u32, b: u32) {
+        if self.pieces.get(p).data.is_none() {
+            self.read_piece(p, b);
+        } else {
+            let blk = &mut self.blocks[b as usize];
+            blk.busy = true;
+            if blk.readers() > 0 {
+                blk.fill_stale = true;
+            }
+            if self.bypassing {
+                self.holders.insert(b, p);
+            }
+            self.write_piece(p, b);
+        }
+    }
+}

@@ -1,0 +1,298 @@
+//! Slot and block lifecycle: allocation, retirement, release and the
+//! small helpers every path uses to emit commands and replies.
+
+use super::*;
+
+impl<P: Payload> Engine<P> {
+    // ---------------------------------------------------------------- helpers
+
+    pub(super) fn set_now(&mut self, now: u64) {
+        debug_assert!(now >= self.now, "time went backwards");
+        self.now = self.now.max(now);
+    }
+
+    /// Number of cache blocks a byte range touches (`len > 0`).
+    pub(super) fn spans(&self, offset: u64, len: u64) -> u64 {
+        (offset + len - 1) / self.bs - offset / self.bs + 1
+    }
+
+    pub(super) fn in_range(&self, offset: u64, len: u64) -> bool {
+        offset
+            .checked_add(len)
+            .is_some_and(|e| e <= self.cfg.backing_size)
+    }
+
+    pub(super) fn reply(&mut self, id: ReqId, result: Result<Option<P>, ReqError>, seq: u64) {
+        self.out_reply.push_back(Reply { id, result, seq });
+    }
+
+    pub(super) fn reply_data(&mut self, id: ReqId, data: P) {
+        self.out_reply.push_back(Reply {
+            id,
+            result: Ok(Some(data)),
+            seq: 0,
+        });
+    }
+
+    pub(super) fn emit(&mut self, dev: Dev, op: IoOp<P>, group: Option<u64>, ctx: IoCtx) -> IoId {
+        let id = self.next_io;
+        self.next_io += 1;
+        let s = &mut self.stats;
+        match (&op, dev) {
+            (IoOp::Read { len, .. }, Dev::Cache) => {
+                s.cache_reads += 1;
+                s.cache_read_bytes += *len as u64;
+            }
+            (IoOp::Read { len, .. }, Dev::Backing) => {
+                s.backing_reads += 1;
+                s.backing_read_bytes += *len as u64;
+            }
+            (IoOp::Write { data, .. }, Dev::Cache) => {
+                s.cache_writes += 1;
+                s.cache_write_bytes += data.len() as u64;
+            }
+            (IoOp::Write { data, .. }, Dev::Backing) => {
+                s.backing_writes += 1;
+                s.backing_write_bytes += data.len() as u64;
+            }
+            (IoOp::Flush, Dev::Cache) => s.cache_flushes += 1,
+            (IoOp::Flush, Dev::Backing) => s.backing_flushes += 1,
+            (IoOp::GroupEnd { .. }, _) => s.backing_groups += 1,
+            _ => {}
+        }
+        self.ios.insert(id, ctx);
+        self.out_io.push_back(IoCmd { id, dev, op, group });
+        id
+    }
+
+    pub(super) fn block_for(&mut self, lbn: u64) -> u32 {
+        if let Some(b) = self.index.get(lbn, |id| self.blocks[id as usize].lbn()) {
+            return b;
+        }
+        let blk = Block::new(lbn);
+        let b = if let Some(b) = self.free_blocks.pop() {
+            self.blocks[b as usize] = blk;
+            b
+        } else {
+            self.blocks.push(blk);
+            (self.blocks.len() - 1) as u32
+        };
+        self.index
+            .insert(lbn, b, |id| self.blocks[id as usize].lbn());
+        b
+    }
+
+    pub(super) fn group_of(&self, s: u32) -> Group {
+        self.groups.get(s as usize).copied().unwrap_or(NO_GROUP)
+    }
+
+    pub(super) fn set_group(&mut self, s: u32, g: Group) -> Group {
+        match self.groups.get_mut(s as usize) {
+            Some(x) => std::mem::replace(x, g),
+            None => {
+                debug_assert_eq!(g, NO_GROUP, "policy without groups got a group");
+                NO_GROUP
+            }
+        }
+    }
+
+    pub(super) fn range_of(&self, s: u32) -> (u32, u32) {
+        self.ranges
+            .get(s as usize)
+            .copied()
+            .unwrap_or((0, self.bs as u32))
+    }
+
+    pub(super) fn set_range(&mut self, s: u32, r: (u32, u32)) {
+        if let Some(x) = self.ranges.get_mut(s as usize) {
+            *x = r;
+        }
+    }
+
+    /// The block number a valid version belongs to.
+    pub(super) fn lbn_of(&self, s: u32) -> u64 {
+        let b = self.slots[s as usize].block;
+        assert!(b != NIL, "slot {s} has no block");
+        self.blocks[b as usize].lbn()
+    }
+
+    /// A read of the cache device (outside any atomic group).
+    pub(super) fn cache_read(&mut self, offset: u64, len: u32, ctx: IoCtx) -> IoId {
+        self.emit(Dev::Cache, IoOp::Read { offset, len }, None, ctx)
+    }
+
+    /// A read of the backing store (outside any atomic group).
+    pub(super) fn backing_read(&mut self, offset: u64, len: u32, ctx: IoCtx) -> IoId {
+        self.emit(Dev::Backing, IoOp::Read { offset, len }, None, ctx)
+    }
+
+    /// A plain (non-FUA) write to the cache device.
+    pub(super) fn cache_write(&mut self, offset: u64, data: P, ctx: IoCtx) -> IoId {
+        let op = IoOp::Write {
+            offset,
+            data,
+            fua: false,
+        };
+        self.emit(Dev::Cache, op, None, ctx)
+    }
+
+    /// The block entry of `lbn`. Caller guarantees it exists.
+    pub(super) fn block_of(&self, lbn: u64) -> u32 {
+        self.index
+            .get(lbn, |id| self.blocks[id as usize].lbn())
+            .expect("block entry exists")
+    }
+
+    pub(super) fn maybe_drop_block(&mut self, b: u32) {
+        let blk = &self.blocks[b as usize];
+        if blk.latest == NIL
+            && !blk.busy
+            && blk.readers() == 0
+            && blk.shadows == 0
+            && blk.destaging == 0
+            && !self.waiters.contains_key(&b)
+            && !self.patches.contains_key(&b)
+        {
+            debug_assert_eq!(blk.rid, NIL);
+            let lbn = blk.lbn();
+            self.index.remove(lbn, |id| self.blocks[id as usize].lbn());
+            self.free_blocks.push(b);
+        }
+    }
+
+    pub(super) fn mark_meta(&mut self, s: u32) {
+        let slot = &mut self.slots[s as usize];
+        if !slot.in_meta_dirty() {
+            slot.set_in_meta_dirty(true);
+            self.meta_dirty.push(s);
+        }
+        if self.oldest_change.is_none() {
+            self.oldest_change = Some(self.now);
+        }
+    }
+
+    /// Allocate a slot for a version of block `lbn`: its home slot
+    /// (`lbn mod capacity`) if free, else any. Homes keep neighbouring blocks
+    /// in neighbouring slots whatever order they were first written in, so a
+    /// later large write of them is one device write rather than one per
+    /// block (the server merges adjacent slot writes).
+    pub(super) fn alloc_slot(&mut self, lbn: u64) -> Option<u32> {
+        let home = (lbn % self.layout.capacity) as u32;
+        let s = if self.free_slots.take(home) {
+            home
+        } else {
+            self.free_slots.pop()?
+        };
+        let slot = &mut self.slots[s as usize];
+        assert_eq!(
+            slot.state,
+            SlotState::Free,
+            "allocated a slot that is not free"
+        );
+        assert!(!slot.disk_valid() && !slot.in_snapshot() && slot.refs == 0);
+        slot.state = SlotState::Writing;
+        Some(s)
+    }
+
+    /// Return a never-valid slot (a failed or abandoned write) to the free list.
+    pub(super) fn unalloc_slot(&mut self, s: u32) {
+        let slot = &mut self.slots[s as usize];
+        assert_eq!(slot.state, SlotState::Writing);
+        slot.state = SlotState::Free;
+        self.free_slots.push(s);
+        self.partial.remove(&s);
+    }
+
+    /// Release a version: it stops being readable; the slot is reused once no
+    /// read holds it and no durable entry names it.
+    pub(super) fn retire(&mut self, s: u32) {
+        let slot = &mut self.slots[s as usize];
+        assert_eq!(
+            slot.state,
+            SlotState::Valid,
+            "retiring a slot that is not valid"
+        );
+        slot.state = SlotState::Retired;
+        self.partial.remove(&s);
+        let slot = &mut self.slots[s as usize];
+        let owner = std::mem::replace(&mut slot.block, NIL);
+        let was_shadow = slot.shadow();
+        slot.set_shadow(false);
+        if slot.dirty() {
+            slot.set_dirty(false);
+            self.dirty_slots -= 1;
+        }
+        let (disk_valid, in_snapshot) = (slot.disk_valid(), slot.in_snapshot());
+        if self.bypassing && (disk_valid || in_snapshot) && owner != NIL {
+            let lbn = self.blocks[owner as usize].lbn();
+            *self.retired_lbns.entry(lbn).or_default() += 1;
+            self.retired_lbn.insert(s, lbn);
+        }
+        let g = self.set_group(s, NO_GROUP);
+        if g != NO_GROUP {
+            self.policy.on_version_removed(g, s);
+        }
+        if disk_valid || in_snapshot {
+            self.retired_pending += 1;
+            self.mark_meta(s);
+        } else {
+            self.try_release(s);
+        }
+        if was_shadow {
+            self.blocks[owner as usize].shadows -= 1;
+            self.maybe_drop_block(owner);
+        }
+    }
+
+    pub(super) fn is_latest(&self, s: u32) -> bool {
+        let b = self.slots[s as usize].block;
+        b != NIL && self.blocks[b as usize].latest == s
+    }
+
+    pub(super) fn try_release(&mut self, s: u32) {
+        let slot = &mut self.slots[s as usize];
+        if slot.state == SlotState::Retired
+            && slot.refs == 0
+            && !slot.disk_valid()
+            && !slot.in_snapshot()
+        {
+            slot.state = SlotState::Free;
+            slot.set_unsealed(false);
+            self.free_slots.push(s);
+            if self.bypassing {
+                if let Some(lbn) = self.retired_lbn.remove(&s) {
+                    let n = self
+                        .retired_lbns
+                        .get_mut(&lbn)
+                        .expect("retired block count");
+                    *n -= 1;
+                    if *n == 0 {
+                        self.retired_lbns.remove(&lbn);
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) fn unref(&mut self, s: u32) {
+        let slot = &mut self.slots[s as usize];
+        assert!(slot.refs > 0);
+        slot.refs -= 1;
+        self.try_release(s);
+    }
+
+    /// Remove a block's (clean) latest version from the cache.
+    pub(super) fn evict_block(&mut self, b: u32) {
+        let s = self.blocks[b as usize].latest;
+        assert!(s != NIL);
+        let rid = self.blocks[b as usize].rid;
+        self.repl.remove(BlockId(rid));
+        self.rid_block[rid as usize] = NIL;
+        self.free_rids.push(rid);
+        let blk = &mut self.blocks[b as usize];
+        blk.rid = NIL;
+        blk.latest = NIL;
+        self.retire(s);
+        self.maybe_drop_block(b);
+    }
+}

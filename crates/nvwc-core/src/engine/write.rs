@@ -1,0 +1,472 @@
+//! Writes into the cache: in place or to a fresh slot, read-modify-write
+//! of partial blocks, installing a version, and finishing a request.
+
+use super::*;
+
+impl<P: Payload> Engine<P> {
+    pub(super) fn inplace_ok(&self, s: u32, group: Group) -> bool {
+        let slot = &self.slots[s as usize];
+        slot.state == SlotState::Valid
+            && (!slot.disk_valid() && !slot.in_snapshot() || self.policy.may_overwrite_durable())
+            && slot.refs == 0
+            && !slot.destaging()
+            && (!slot.unsealed()
+                || crate::mutation::active(crate::mutation::Mutation::InPlaceIgnoresSeal))
+            && slot.dirty()
+            && self.commit_waiters.is_empty()
+            && !self.commit_deferred
+            && self.policy.may_overwrite(self.group_of(s), group)
+    }
+
+    pub(super) fn write_piece(&mut self, p: u32, b: u32) {
+        let latest = self.blocks[b as usize].latest;
+        let (start, end, lbn, group, fua) = {
+            let pc = self.pieces.get(p);
+            (pc.start, pc.end, pc.lbn, pc.group, pc.fua)
+        };
+        let full = start == 0 && end as u64 == self.bs;
+        if latest != NIL {
+            self.stats.write_hits += 1;
+        } else {
+            self.stats.write_misses += 1;
+        }
+        let bypass = self.pieces.get(p).bypass;
+        if self.bypassing && !self.policy.synchronous_backing() {
+            if bypass && self.can_bypass(p, b) {
+                return self.bypass_piece(p, b);
+            }
+            if bypass {
+                self.stats.bypass_refused += 1;
+                self.pieces.get_mut(p).bypass = false;
+                let req = self.pieces.get(p).req;
+                self.reqs
+                    .get_mut(&req)
+                    .expect("piece of unknown request")
+                    .cached = true;
+            } else {
+                self.count_admitted(p);
+            }
+        }
+        if self.policy.synchronous_backing() {
+            let data = self.pieces.get(p).data.clone().unwrap();
+            self.pieces.get_mut(p).ios += 1;
+            // Emitted at the end of this round, merged with the adjacent
+            // pieces of the same request (`flush_through_batch`).
+            self.through_batch.push((p, fua));
+            // The backing store is authoritative: drop the old copy now (a read in
+            // flight on it finishes first; the slot is reused after), and install a
+            // new one only if its cache write succeeds.
+            if latest != NIL {
+                self.evict_block(b);
+            }
+            // A rejected write under write-through keeps the cache out of it:
+            // the old copy (if any) is gone above, and no new one is made.
+            if bypass {
+                self.count_bypassed(p);
+            } else if self.bypassing {
+                self.count_admitted(p);
+            }
+            if full
+                && !bypass
+                && self.free_slots.len() as u64 > self.reserved + self.cfg.free_reserve as u64 / 2
+            {
+                let s = self.alloc_slot(lbn).unwrap();
+                self.write_new_version(p, s, data);
+            }
+            return;
+        }
+        if latest == NIL && self.patch_write(p, b) {
+            return;
+        }
+        if latest != NIL && self.inplace_ok(latest, group) && self.within_valid(latest, start, end)
+        {
+            let data = self.pieces.get(p).data.clone().unwrap();
+            self.stats.overwrites += 1;
+            let pc = self.pieces.get_mut(p);
+            pc.slot = latest;
+            pc.ios = 1;
+            self.slots[latest as usize].state = SlotState::Writing;
+            self.inplace_inflight += 1;
+            let off = self.layout.slot_offset(latest) + start as u64;
+            self.cache_write(
+                off,
+                data,
+                IoCtx::PieceCacheWrite {
+                    piece: p,
+                    inplace: true,
+                },
+            );
+            return;
+        }
+        if full {
+            let d = self.pieces.get(p).data.clone();
+            self.pieces.get_mut(p).buf = d;
+            let _ = self.alloc_and_write(p);
+        } else if latest != NIL && self.partial.contains_key(&latest) {
+            self.partial_rmw(p, latest);
+        } else if latest != NIL {
+            self.slots[latest as usize].refs += 1;
+            self.rmw_from_cache(p, latest);
+        } else {
+            self.stats.fetches += 1;
+            self.pieces.get_mut(p).ios = 1;
+            self.backing_read(
+                lbn * self.bs,
+                self.bs as u32,
+                IoCtx::RmwRead {
+                    piece: p,
+                    from_cache: false,
+                },
+            );
+        }
+    }
+
+    /// Admission counters: every class, and the critical class alone (the
+    /// class the request's tag gave the piece).
+    pub(super) fn count_admitted(&mut self, p: u32) {
+        self.stats.admitted_pieces += 1;
+        if self.pieces.get(p).tag_critical {
+            self.stats.critical_admitted_pieces += 1;
+        }
+    }
+
+    pub(super) fn on_rmw_read(&mut self, p: u32, from_cache: bool, res: IoResult<P>) {
+        if from_cache {
+            let s = self.pieces.get(p).slot;
+            self.unref(s);
+            self.pieces.get_mut(p).slot = NIL;
+        }
+        self.pieces.get_mut(p).ios = 0;
+        match res {
+            Ok(Some(old)) if old.len() == self.bs as usize => {
+                let pc = self.pieces.get_mut(p);
+                let d = pc.data.as_ref().unwrap();
+                pc.buf = Some(old.overlay(pc.start as usize, d));
+                let _ = self.alloc_and_write(p);
+            }
+            _ => {
+                self.pieces.get_mut(p).failed = true;
+                self.finish_write_piece(p);
+            }
+        }
+    }
+
+    /// Read-modify-write from the cache: read version `old`'s whole slot for
+    /// piece `p` (caller holds a reference on `old`; `on_rmw_read` drops it).
+    pub(super) fn rmw_from_cache(&mut self, p: u32, old: u32) {
+        let pc = self.pieces.get_mut(p);
+        pc.slot = old;
+        pc.ios = 1;
+        let off = self.layout.slot_offset(old);
+        self.cache_read(
+            off,
+            self.bs as u32,
+            IoCtx::RmwRead {
+                piece: p,
+                from_cache: true,
+            },
+        );
+    }
+
+    /// Write a piece's whole new version (`data`, one block) to fresh slot `s`.
+    pub(super) fn write_new_version(&mut self, p: u32, s: u32, data: P) {
+        let pc = self.pieces.get_mut(p);
+        pc.slot = s;
+        pc.ios += 1;
+        let offset = self.layout.slot_offset(s);
+        self.cache_write(
+            offset,
+            data,
+            IoCtx::PieceCacheWrite {
+                piece: p,
+                inplace: false,
+            },
+        );
+    }
+
+    /// Allocate a slot and write the piece's block to it, or queue the piece
+    /// as a stalled writer. Returns whether it got a slot.
+    pub(super) fn alloc_and_write(&mut self, p: u32) -> bool {
+        // A piece without a reservation must leave the reserved slots alone.
+        let spare = self.free_slots.len() as u64 > self.reserved;
+        let slot = if self.pieces.get(p).reserved || spare {
+            self.alloc_slot(self.pieces.get(p).lbn)
+        } else {
+            None
+        };
+        match slot {
+            Some(s) => {
+                self.release_reservation(p);
+                if let Some(since) = self.pieces.get_mut(p).stalled_since.take() {
+                    self.stats.stall_ns += self.now - since;
+                }
+                let data = self.pieces.get_mut(p).buf.take().expect("full block data");
+                self.write_new_version(p, s, data);
+                true
+            }
+            None => {
+                let pc = self.pieces.get_mut(p);
+                if pc.stalled_since.is_none() {
+                    pc.stalled_since = Some(self.now);
+                    self.stats.stalled_writes += 1;
+                }
+                self.alloc_waiters.push_back(p);
+                false
+            }
+        }
+    }
+
+    pub(super) fn on_piece_cache_write(&mut self, p: u32, inplace: bool, ok: bool) {
+        let (s, lbn, seq, group) = {
+            let pc = self.pieces.get(p);
+            (pc.slot, pc.lbn, pc.seq, pc.group)
+        };
+        if inplace {
+            self.inplace_inflight -= 1;
+            let slot = &mut self.slots[s as usize];
+            slot.state = SlotState::Valid;
+            if ok {
+                slot.seq = seq;
+                // Over a version a commit names (or is naming), under a policy
+                // that allows it: the durable entry (block, dirty, an older
+                // seq that still orders it above every durable shadow of the
+                // block) stays right, so nothing needs committing; a FLUSH
+                // still commits, and its device flush makes these bytes durable.
+                let durable = slot.disk_valid() || slot.in_snapshot();
+                let (a, e) = (self.pieces.get(p).start, self.pieces.get(p).end);
+                let (lo, hi) = self.range_of(s);
+                self.set_range(s, (lo.min(a), hi.max(e)));
+                if durable && self.policy.may_overwrite_durable() {
+                    self.unsynced_overwrites = true;
+                } else {
+                    self.mark_meta(s);
+                }
+                if group != NO_GROUP {
+                    self.policy.on_version_installed(group, s, lbn, seq);
+                }
+            }
+            self.pieces.get_mut(p).slot = NIL;
+            return self.on_piece_io_done(p, ok);
+        }
+        if self.policy.synchronous_backing() {
+            // Write-through: the clean copy is installed once the backing write
+            // is done too; a failed cache write only loses the copy.
+            if !ok {
+                self.unalloc_slot(s);
+                self.pieces.get_mut(p).slot = NIL;
+            }
+            return self.on_piece_io_done(p, true);
+        }
+        if ok {
+            let b = self.block_of(lbn);
+            let (a, e) = (self.pieces.get(p).start, self.pieces.get(p).end);
+            self.install(b, s, lbn, seq, group, true, (a, e));
+            if let Some(v) = self.pieces.get(p).valid {
+                self.partial.insert(s, v);
+            }
+            let req = self.pieces.get(p).req;
+            self.reqs
+                .get_mut(&req)
+                .expect("piece of unknown request")
+                .installed
+                .push(s);
+        } else {
+            self.unalloc_slot(s);
+        }
+        if !self.patches.is_empty() {
+            // A full write over a patched block: its patches go once it is installed.
+            let b = self.block_of(lbn);
+            self.patch_superseded(b, ok);
+        }
+        self.pieces.get_mut(p).slot = NIL;
+        self.on_piece_io_done(p, ok);
+    }
+
+    pub(super) fn on_piece_io_done(&mut self, p: u32, ok: bool) {
+        let pc = self.pieces.get_mut(p);
+        if !ok {
+            pc.failed = true;
+        }
+        pc.ios -= 1;
+        if pc.ios > 0 {
+            return;
+        }
+        // Write-through: a finished cache copy waits for the backing write.
+        let s = pc.slot;
+        if s != NIL {
+            let (lbn, seq, failed) = (pc.lbn, pc.seq, pc.failed);
+            pc.slot = NIL;
+            if failed {
+                self.unalloc_slot(s);
+            } else {
+                let b = self.block_of(lbn);
+                self.install(b, s, lbn, seq, NO_GROUP, false, (0, 0));
+            }
+        }
+        self.finish_write_piece(p);
+    }
+
+    /// Make slot `s` the latest version of block `b`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn install(
+        &mut self,
+        b: u32,
+        s: u32,
+        lbn: u64,
+        seq: u64,
+        group: Group,
+        dirty: bool,
+        range: (u32, u32),
+    ) {
+        let old = self.blocks[b as usize].latest;
+        let coalesce = old != NIL && {
+            let o = &self.slots[old as usize];
+            !(o.dirty() && self.policy.keep_superseded(self.group_of(old), group))
+        };
+        let (mut lo, mut hi) = range;
+        if coalesce && self.slots[old as usize].dirty() && self.policy.inherits_dirty_range() {
+            let (olo, ohi) = self.range_of(old);
+            lo = lo.min(olo);
+            hi = hi.max(ohi);
+        }
+        self.set_range(s, (lo, hi));
+        self.set_group(s, group);
+        // A new version holds its whole block unless the caller marks it
+        // partial right after (`Engine::partial`).
+        self.partial.remove(&s);
+        {
+            let slot = &mut self.slots[s as usize];
+
+            assert_eq!(slot.state, SlotState::Writing);
+            slot.state = SlotState::Valid;
+            slot.seq = seq;
+            slot.set_dirty(dirty);
+            slot.block = b;
+        }
+        if dirty {
+            self.dirty_slots += 1;
+        }
+        self.mark_meta(s);
+        if group != NO_GROUP {
+            self.policy.on_version_installed(group, s, lbn, seq);
+        }
+        self.blocks[b as usize].latest = s;
+        if old != NIL {
+            let o = self.slots[old as usize];
+            if !coalesce {
+                // Shadow version: kept until its group reaches the backing store.
+                self.blocks[b as usize].shadows += 1;
+                self.slots[old as usize].set_shadow(true);
+            } else {
+                if o.dirty() {
+                    self.stats.overwrites += 1;
+                }
+                self.retire(old);
+            }
+            let rid = self.blocks[b as usize].rid;
+            self.repl.touch(BlockId(rid), true);
+            if o.dirty() != dirty {
+                self.repl.set_dirty(BlockId(rid), dirty);
+            }
+        } else {
+            let rid = self.free_rids.pop().expect("more cached blocks than slots");
+            self.rid_block[rid as usize] = b;
+            self.blocks[b as usize].rid = rid;
+            self.repl.insert(BlockId(rid), lbn, dirty);
+        }
+    }
+
+    pub(super) fn finish_write_piece(&mut self, p: u32) {
+        self.release_reservation(p);
+        let pc = self.pieces.remove(p);
+        if pc.counted {
+            self.active_pieces -= 1;
+        }
+        let b = self.block_of(pc.lbn);
+        self.release_block(b);
+        let r = self
+            .reqs
+            .get_mut(&pc.req)
+            .expect("piece of unknown request");
+        if pc.failed {
+            r.failed = Some(ReqError::Io);
+        }
+        r.pieces_left -= 1;
+        if r.pieces_left == 0 {
+            self.finish_request(pc.req);
+        }
+    }
+
+    pub(super) fn release_block(&mut self, b: u32) {
+        self.blocks[b as usize].busy = false;
+        if self.bypassing {
+            self.holders.remove(&b);
+        }
+        // Wake waiters: reads run together; a write takes the block.
+        while let Some(q) = self.waiters.get_mut(&b) {
+            let Some(p) = q.pop_front() else {
+                self.waiters.remove(&b);
+                break;
+            };
+            if q.is_empty() {
+                self.waiters.remove(&b);
+            }
+            let is_write = self.pieces.get(p).data.is_some();
+            self.run_piece(p, b);
+            if is_write || self.blocks[b as usize].busy {
+                break;
+            }
+        }
+        self.maybe_drop_block(b);
+    }
+
+    pub(super) fn finish_request(&mut self, id: ReqId) {
+        let r = self.reqs.remove(&id).expect("unknown request");
+        match r.kind {
+            ReqKind::Read => {
+                if let Some(e) = r.failed {
+                    return self.reply(id, Err(e), 0);
+                }
+                let mut parts = r.parts;
+                parts.sort_by_key(|(o, _)| *o);
+                debug_assert_eq!(parts.first().map(|p| p.0), Some(r.offset));
+                let data: Vec<P> = parts.into_iter().map(|(_, d)| d).collect();
+                self.reply_data(id, P::concat(&data));
+            }
+            ReqKind::Write => {
+                if r.group != NO_GROUP {
+                    self.policy.on_write_data_done(self.now, r.group);
+                    // Entries carry the write's completion (ordered): rewrite
+                    // them, including versions of the group the write's own
+                    // pieces did not install (a patch persisted meanwhile).
+                    // Missing one left a stale "not completed" entry on a
+                    // metadata page no other change rewrote (the VOPR's
+                    // large caches found it: ordered seed 497).
+                    let extra = self.policy.aux_changed_on_completion(r.group).to_vec();
+                    for s in r.installed.iter().copied().chain(extra) {
+                        let slot = &self.slots[s as usize];
+                        if slot.state == SlotState::Valid && self.group_of(s) == r.group {
+                            self.mark_meta(s);
+                        }
+                    }
+                }
+                if let Some(e) = r.failed {
+                    return self.reply(id, Err(e), r.seq);
+                }
+                if r.fua && r.cached && !self.policy.synchronous_backing() {
+                    self.commit_waiters.push(Waiter {
+                        id,
+                        group: r.group,
+                        write: true,
+                        seq: r.seq,
+                    });
+                } else {
+                    if r.group != NO_GROUP {
+                        self.policy.on_write_ack(self.now, r.group);
+                    }
+                    self.reply(id, Ok(None), r.seq);
+                }
+            }
+        }
+    }
+}
