@@ -61,8 +61,10 @@ mod request;
 mod slots;
 mod state;
 mod write;
-use commit::{CommitJob, LogState};
-use patch::PatchSet;
+use bypass::BypassState;
+use commit::{CommitState, LogState};
+use destage::DestageState;
+use patch::PatchState;
 pub use recover::{CacheImage, RecoverError, RecoveryReport};
 use state::*;
 
@@ -87,25 +89,17 @@ pub enum Event {
 
 /// The engine. See the module docs.
 pub struct Engine<P: Payload> {
+    table: SlotTable,
+    map: BlockMap,
+    commits: CommitState,
+    patch: PatchState<P>,
+    bypass: BypassState,
+    destage: DestageState,
     cfg: Config,
     layout: Layout,
     bs: u64,
     policy: Box<dyn WritePolicy>,
     repl: Box<dyn Replacement>,
-    slots: Vec<Slot>,
-    /// Policy group of each slot's version; empty for policies without groups.
-    groups: Vec<Group>,
-    /// Byte range each version's writes changed; kept only where destage is
-    /// exact (ordered), empty otherwise (whole blocks).
-    ranges: Vec<(u32, u32)>,
-    free_slots: FreeSet,
-    retired_pending: u64,
-    index: LbnIndex,
-    blocks: Vec<Block>,
-    free_blocks: FreeSet,
-    rid_block: Vec<u32>,
-    free_rids: FreeSet,
-    waiters: IdMap<u32, VecDeque<u32>>,
     reqs: IdMap<ReqId, Req<P>>,
     pieces: Slab<Piece<P>>,
     piece_queue: VecDeque<u32>,
@@ -114,92 +108,23 @@ pub struct Engine<P: Payload> {
     alloc_waiters: VecDeque<u32>,
     /// Writes waiting to be admitted (FIFO) until their slots can be reserved.
     admit_queue: VecDeque<Admit<P>>,
-    /// Free slots promised to admitted write pieces that have not allocated yet.
-    reserved: u64,
     ios: IdMap<IoId, IoCtx>,
     next_io: IoId,
     out_io: VecDeque<IoCmd<P>>,
     out_reply: VecDeque<Reply<P>>,
     out_event: VecDeque<Event>,
-    meta_dirty: Vec<u32>,
-    /// Which copy (0 or 1) of each metadata page is durable; 2 = neither.
-    page_cur: Vec<u8>,
-    /// In-place data writes in flight (a commit waits for them).
-    inplace_inflight: u32,
-    /// A commit is due but waits for in-place writes to finish.
-    commit_deferred: bool,
-    /// In-place overwrites of durable versions completed since the last
-    /// commit started: their bytes need that commit's device flush, though
-    /// no entry changed (so a FLUSH cannot be answered at once).
-    unsynced_overwrites: bool,
-    oldest_change: Option<u64>,
-    commit: Option<CommitJob>,
-    /// The metadata log and checkpoints (see [`commit`]).
-    log: LogState,
-    commit_waiters: Vec<Waiter>,
-    commit_asap: bool,
-    next_commit: u64,
-    durable_commit: u64,
-    plans: Slab<PlanExec>,
-    /// Plans (without an atomic group) whose shared backing FLUSH is in
-    /// flight, and those waiting for the next one.
-    plan_flush_inflight: Option<Vec<u32>>,
-    plan_flush_next: Option<Vec<u32>>,
-    destage_inflight: usize,
-    cleaning_active: bool,
     retry_at: Option<u64>,
     drain: bool,
     shutting_down: bool,
     next_seq: u64,
-    dirty_slots: u64,
     now: u64,
     stats: Stats,
-    /// Patched blocks (see [`patch`]), oldest first in `patch_order` by first sequence number.
-    patches: IdMap<u32, PatchSet<P>>,
     /// Valid byte range of each partial version, by slot (see [`partial`]);
     /// a slot not in here holds its whole block.
     partial: IdMap<u32, (u32, u32)>,
     /// Lazy patches may be persisted as partial versions (a cache formatted
     /// at `FORMAT_VERSION` 2 or later: older readers do not know `F_PARTIAL`).
     partial_ok: bool,
-    patch_order: BTreeSet<(u64, u32)>,
-    patch_bytes: u64,
-    next_patch_id: u64,
-    /// Patched blocks queued for background materialisation, and how many run.
-    patch_bg: VecDeque<u32>,
-    patch_bg_inflight: u32,
-    /// Patched blocks whose materialisation failed, retried at `retry_at`.
-    patch_retry: Vec<u32>,
-    /// A commit waits for every patch (ordered): no new patch sets meanwhile.
-    patch_barrier: bool,
-    /// FLUSHes waiting for patch sets older than their sequence number: (id, explicit, seq).
-    patch_flushes: Vec<(ReqId, bool, u64)>,
-    /// Direct patch writes completed (and their patch sets dropped) since the
-    /// last backing FLUSH was issued: the next client FLUSH issues one first.
-    direct_unflushed: bool,
-    /// Backing FLUSHes in flight for `direct_unflushed` writes.
-    direct_cover_inflight: u32,
-    /// Admission policy; the state below is kept only when it can reject
-    /// writes (`bypassing`), so the `all` fast path pays nothing.
-    admission: Box<dyn Admission>,
-    bypassing: bool,
-    /// Bypass writes in flight: block -> (piece, backing write).
-    bypass_io: IdMap<u32, (u32, IoId)>,
-    /// Bypass pieces started in this `progress` round, not yet emitted:
-    /// adjacent pieces of one request become one backing write.
-    bypass_batch: Vec<(u32, u32)>,
-    /// Write-through pieces started in this `progress` round, not yet
-    /// emitted: (piece, FUA). Adjacent pieces of one request become one backing write.
-    through_batch: Vec<(u32, bool)>,
-    /// The write piece holding each busy block (the blocking object a
-    /// waiter's dependency chain follows).
-    holders: IdMap<u32, u32>,
-    /// Blocks with a released version whose entry a durable (or in-flight)
-    /// commit may still name, and the count: recovery could bring such a
-    /// version back, so the block must not be bypassed until a commit frees
-    /// the entry. `retired_lbn` maps each such slot to its block.
-    retired_lbns: HashMap<u64, u32>,
-    retired_lbn: IdMap<u32, u64>,
 }
 
 impl<P: Payload> Engine<P> {
@@ -217,45 +142,22 @@ impl<P: Payload> Engine<P> {
         let bs = cfg.block_size as u64;
         // Pieces in progress; also bounds the reads of one block in flight (u16).
         let max_active = ((cap / 4) as u32).clamp(4, u16::MAX as u32);
-        let admission = admission::build(cfg.admission, &cfg.wal_ranges);
-        let bypassing = cfg.admission != AdmissionKind::All;
+        let grouped = matches!(
+            cfg.write_policy,
+            WritePolicyKind::Ordered | WritePolicyKind::Journaled | WritePolicyKind::JournaledHints
+        );
+        let ranged = cfg.write_policy == WritePolicyKind::Ordered;
         Engine {
-            admission,
-            bypassing,
-            bypass_io: IdMap::default(),
-            bypass_batch: Vec::new(),
-            through_batch: Vec::new(),
-            holders: IdMap::default(),
-            retired_lbns: HashMap::new(),
-            retired_lbn: IdMap::default(),
+            table: SlotTable::new(cap, grouped, ranged),
+            map: BlockMap::new(cap),
+            commits: CommitState::new(layout.pages() as usize),
+            patch: PatchState::default(),
+            bypass: BypassState::new(&cfg),
+            destage: DestageState::default(),
             layout,
             bs,
             policy,
             repl,
-            slots: vec![Slot::free(); cap],
-            groups: if matches!(
-                cfg.write_policy,
-                WritePolicyKind::Ordered
-                    | WritePolicyKind::Journaled
-                    | WritePolicyKind::JournaledHints
-            ) {
-                vec![NO_GROUP; cap]
-            } else {
-                Vec::new()
-            },
-            ranges: if cfg.write_policy == WritePolicyKind::Ordered {
-                vec![(0, 0); cap]
-            } else {
-                Vec::new()
-            },
-            free_slots: FreeSet::new(cap, true),
-            retired_pending: 0,
-            index: LbnIndex::with_capacity(cap),
-            blocks: Vec::new(),
-            free_blocks: FreeSet::default(),
-            rid_block: vec![NIL; cap],
-            free_rids: FreeSet::new(cap, true),
-            waiters: IdMap::default(),
             reqs: IdMap::default(),
             pieces: Slab::default(),
             piece_queue: VecDeque::new(),
@@ -263,49 +165,19 @@ impl<P: Payload> Engine<P> {
             max_active,
             alloc_waiters: VecDeque::new(),
             admit_queue: VecDeque::new(),
-            reserved: 0,
             ios: IdMap::default(),
             next_io: 1,
             out_io: VecDeque::new(),
             out_reply: VecDeque::new(),
             out_event: VecDeque::new(),
-            meta_dirty: Vec::new(),
-            page_cur: vec![2; layout.pages() as usize],
-            inplace_inflight: 0,
-            commit_deferred: false,
-            unsynced_overwrites: false,
-            oldest_change: None,
-            commit: None,
-            log: LogState::fresh(),
-            commit_waiters: Vec::new(),
-            commit_asap: false,
-            next_commit: 1,
-            durable_commit: 0,
-            plans: Slab::default(),
-            plan_flush_inflight: None,
-            plan_flush_next: None,
-            destage_inflight: 0,
-            cleaning_active: false,
             retry_at: None,
             drain: false,
             shutting_down: false,
             next_seq: 1,
-            dirty_slots: 0,
             now: 0,
             stats: Stats::default(),
-            patches: IdMap::default(),
             partial: IdMap::default(),
             partial_ok: true,
-            patch_order: BTreeSet::new(),
-            patch_bytes: 0,
-            next_patch_id: 1,
-            patch_bg: VecDeque::new(),
-            patch_bg_inflight: 0,
-            patch_retry: Vec::new(),
-            patch_barrier: false,
-            patch_flushes: Vec::new(),
-            direct_unflushed: false,
-            direct_cover_inflight: 0,
             cfg,
         }
     }
@@ -345,15 +217,15 @@ impl<P: Payload> Engine<P> {
             .deadline()
             .map(|t| self.retry_at.map_or(t, |r| t.max(r)));
         let mut min = |x: u64| d = Some(d.map_or(x, |d: u64| d.min(x)));
-        let commit_blocked = self.commit.is_some()
-            || self.inplace_inflight > 0
-            || self.patch_barrier
+        let commit_blocked = self.commits.job.is_some()
+            || self.commits.inplace_inflight > 0
+            || self.patch.barrier
                 && self.policy.commit_needs_patches_done()
-                && !self.patches.is_empty();
-        if self.commit_asap && !commit_blocked {
+                && !self.patch.sets.is_empty();
+        if self.commits.asap && !commit_blocked {
             min(self.now);
         }
-        if let Some(t) = self.oldest_change.filter(|_| !commit_blocked) {
+        if let Some(t) = self.commits.oldest_change.filter(|_| !commit_blocked) {
             min(t.saturating_add(self.cfg.autocommit_ns));
         }
         if let Some(t) = self.retry_at {
@@ -365,11 +237,11 @@ impl<P: Payload> Engine<P> {
     /// Counters.
     pub fn stats(&self) -> Stats {
         let mut s = self.stats.clone();
-        s.dirty_blocks = self.dirty_slots;
-        s.cached_blocks = self.cfg.capacity_blocks - self.free_rids.len() as u64;
-        s.free_slots = self.free_slots.len() as u64;
-        s.patched_blocks = self.patches.len() as u64;
-        s.patch_bytes = self.patch_bytes;
+        s.dirty_blocks = self.table.dirty;
+        s.cached_blocks = self.cfg.capacity_blocks - self.map.free_rids.len() as u64;
+        s.free_slots = self.table.free.len() as u64;
+        s.patched_blocks = self.patch.sets.len() as u64;
+        s.patch_bytes = self.patch.bytes;
         s
     }
     /// Policy-specific counters.
@@ -387,22 +259,22 @@ impl<P: Payload> Engine<P> {
     /// Dirty versions in the cache, plus patched blocks (dirty data in RAM),
     /// plus one while direct patch writes wait for a backing FLUSH.
     pub fn dirty_versions(&self) -> u64 {
-        self.dirty_slots
-            + self.patches.len() as u64
-            + u64::from(self.direct_unflushed || self.direct_cover_inflight > 0)
+        self.table.dirty
+            + self.patch.sets.len() as u64
+            + u64::from(self.patch.direct_unflushed || self.patch.direct_cover_inflight > 0)
     }
     /// Highest durable commit.
     pub fn durable_commit(&self) -> u64 {
-        self.durable_commit
+        self.commits.durable
     }
     /// Nothing in flight: no requests, no device commands, no plans, no commit.
     pub fn is_idle(&self) -> bool {
         self.reqs.is_empty()
             && self.admit_queue.is_empty()
             && self.ios.is_empty()
-            && self.commit.is_none()
-            && self.plans.is_empty()
-            && (self.patches.is_empty() || !self.shutting_down)
+            && self.commits.job.is_none()
+            && self.destage.plans.is_empty()
+            && (self.patch.sets.is_empty() || !self.shutting_down)
     }
     /// Largest write (in bytes) the engine accepts: half the cache, so that a
     /// write can always reserve every slot it needs before it joins a
@@ -418,22 +290,22 @@ impl<P: Payload> Engine<P> {
             "reqs={} admit_queue={} reserved={} piece_queue={} active={} alloc_waiters={} free={} retired_pending={} dirty={} cached={} ios={} plans={} destage_inflight={} commit={:?} commit_waiters={} meta_dirty={} inplace={} deferred={} policy={:?}",
             self.reqs.len(),
             self.admit_queue.len(),
-            self.reserved,
+            self.table.reserved,
             self.piece_queue.len(),
             self.active_pieces,
             self.alloc_waiters.len(),
-            self.free_slots.len(),
-            self.retired_pending,
-            self.dirty_slots,
-            self.index.len(),
+            self.table.free.len(),
+            self.table.retired_pending,
+            self.table.dirty,
+            self.map.index.len(),
             self.ios.len(),
-            self.plans.len(),
-            self.destage_inflight,
-            self.commit.as_ref().map(|c| (c.n, c.stage)),
-            self.commit_waiters.len(),
-            self.meta_dirty.len(),
-            self.inplace_inflight,
-            self.commit_deferred,
+            self.destage.plans.len(),
+            self.destage.inflight,
+            self.commits.job.as_ref().map(|c| (c.n, c.stage)),
+            self.commits.waiters.len(),
+            self.commits.meta_dirty.len(),
+            self.commits.inplace_inflight,
+            self.commits.deferred,
             self.policy.counters(),
         )
     }
@@ -444,17 +316,17 @@ impl<P: Payload> Engine<P> {
     }
     /// Bytes of RAM used by the engine's per-block state (slots, blocks, index, replacement, policy).
     pub fn mem_bytes(&self) -> usize {
-        self.slots.capacity() * std::mem::size_of::<Slot>()
-            + self.groups.capacity() * std::mem::size_of::<Group>()
-            + self.ranges.capacity() * 8
+        self.table.slots.capacity() * std::mem::size_of::<Slot>()
+            + self.table.groups.capacity() * std::mem::size_of::<Group>()
+            + self.table.ranges.capacity() * 8
             // Partial versions: key, range, and about one control byte.
             + self.partial.capacity() * 13
-            + self.blocks.capacity() * std::mem::size_of::<Block>()
-            + self.index.mem_bytes()
-            + self.free_slots.mem_bytes()
-            + self.free_blocks.mem_bytes()
-            + self.free_rids.mem_bytes()
-            + self.rid_block.capacity() * 4
+            + self.map.blocks.capacity() * std::mem::size_of::<Block>()
+            + self.map.index.mem_bytes()
+            + self.table.free.mem_bytes()
+            + self.map.free.mem_bytes()
+            + self.map.free_rids.mem_bytes()
+            + self.map.rid_block.capacity() * 4
             + self.repl.mem_bytes()
             + self.policy.mem_bytes()
     }
@@ -570,7 +442,7 @@ impl<P: Payload> Engine<P> {
             }
             IoCtx::BypassWrite { pieces, orphans } => {
                 for (piece, block) in pieces {
-                    self.bypass_io.remove(&block);
+                    self.bypass.io.remove(&block);
                     self.on_piece_io_done(piece, res.is_ok());
                 }
                 for block in orphans {
@@ -640,27 +512,28 @@ impl<P: Payload> Engine<P> {
     /// for an unknown or finished request.
     pub fn inherit_request(&mut self, now: u64, id: ReqId) {
         self.set_now(now);
-        if !self.bypassing || !self.reqs.contains_key(&id) {
+        if !self.bypass.active || !self.reqs.contains_key(&id) {
             return;
         }
         let queued: Vec<u32> = self
             .piece_queue
             .iter()
-            .chain(self.waiters.values().flatten())
+            .chain(self.map.waiters.values().flatten())
             .copied()
             .filter(|&p| self.pieces.get(p).req == id)
             .collect();
         for p in queued {
             let pc = self.pieces.get_mut(p);
             pc.critical = true;
-            if self.admission.reissue() && pc.bypass {
+            if self.bypass.admission.reissue() && pc.bypass {
                 pc.bypass = false;
                 // Now cached: a FUA reply waits for a commit.
                 self.reqs.get_mut(&id).expect("checked above").cached = true;
             }
         }
         let inflight: Vec<u32> = self
-            .bypass_io
+            .bypass
+            .io
             .iter()
             .filter(|(_, &(p, _))| self.pieces.get(p).req == id)
             .map(|(&b, _)| b)
@@ -692,7 +565,7 @@ impl<P: Payload> Engine<P> {
     pub fn start_shutdown(&mut self, now: u64) {
         self.set_now(now);
         self.shutting_down = true;
-        self.commit_asap = true;
+        self.commits.asap = true;
         self.materialize_all();
         self.progress();
     }

@@ -31,12 +31,12 @@ impl<P: Payload> Engine<P> {
     /// a transaction bypasses, and the block conditions MUST still hold (its
     /// pieces ran at once); a piece with one is cached.
     pub(super) fn can_bypass(&self, p: u32, b: u32) -> bool {
-        let blk = &self.blocks[b as usize];
+        let blk = &self.map.blocks[b as usize];
         let local = blk.latest == NIL
             && blk.shadows == 0
             && blk.destaging == 0
-            && !self.patches.contains_key(&b)
-            && !self.retired_lbns.contains_key(&blk.lbn());
+            && !self.patch.sets.contains_key(&b)
+            && !self.table.retired_lbns.contains_key(&blk.lbn());
         if self.policy.kind().journaled() {
             if self.pieces.get(p).group != NO_GROUP {
                 return false;
@@ -52,9 +52,9 @@ impl<P: Payload> Engine<P> {
             && match self.policy.kind() {
                 WritePolicyKind::WriteBack => true,
                 _ => {
-                    self.destage_inflight == 0
-                        && self.plans.is_empty()
-                        && self.patches.is_empty()
+                    self.destage.inflight == 0
+                        && self.destage.plans.is_empty()
+                        && self.patch.sets.is_empty()
                         && self.policy.bypass_ok()
                 }
             }
@@ -78,25 +78,29 @@ impl<P: Payload> Engine<P> {
     pub(super) fn journal_bypass_ok(&self, first: u64, last: u64) -> bool {
         if !(self.policy.kind().journaled()
             && self.policy.bypass_ok()
-            && self.destage_inflight == 0
-            && self.plans.is_empty()
-            && self.patches.is_empty()
+            && self.destage.inflight == 0
+            && self.destage.plans.is_empty()
+            && self.patch.sets.is_empty()
             && self.admit_queue.is_empty()
             && self.piece_queue.is_empty())
         {
             return false;
         }
         (first..=last).all(|lbn| {
-            let Some(b) = self.index.get(lbn, |id| self.blocks[id as usize].lbn()) else {
-                return !self.retired_lbns.contains_key(&lbn);
+            let Some(b) = self
+                .map
+                .index
+                .get(lbn, |id| self.map.blocks[id as usize].lbn())
+            else {
+                return !self.table.retired_lbns.contains_key(&lbn);
             };
-            let blk = &self.blocks[b as usize];
+            let blk = &self.map.blocks[b as usize];
             !blk.busy
                 && blk.latest == NIL
                 && blk.shadows == 0
                 && blk.destaging == 0
-                && !self.waiters.contains_key(&b)
-                && !self.retired_lbns.contains_key(&lbn)
+                && !self.map.waiters.contains_key(&b)
+                && !self.table.retired_lbns.contains_key(&lbn)
         })
     }
 
@@ -115,7 +119,7 @@ impl<P: Payload> Engine<P> {
         pc.ios = 1;
         pc.counted = false;
         self.active_pieces -= 1;
-        self.bypass_batch.push((p, b));
+        self.bypass.batch.push((p, b));
     }
 
     /// Emit the write-through pieces of this round: each run of adjacent
@@ -123,10 +127,10 @@ impl<P: Payload> Engine<P> {
     /// (a 1 MiB write is one command to a slow backing store, not 256 that
     /// queue for its connections).
     pub(super) fn flush_through_batch(&mut self) {
-        if self.through_batch.is_empty() {
+        if self.bypass.through_batch.is_empty() {
             return;
         }
-        let batch = std::mem::take(&mut self.through_batch);
+        let batch = std::mem::take(&mut self.bypass.through_batch);
         let pieces: Vec<u32> = batch.iter().map(|&(p, _)| p).collect();
         for (run, offset, data) in self.adjacent_runs(&pieces, |a, b| batch[a].1 == batch[b].1) {
             let fua = batch[run.start].1;
@@ -144,10 +148,10 @@ impl<P: Payload> Engine<P> {
     /// Emit the batched bypass pieces: each run of adjacent pieces of one
     /// request is one backing write (a 256 KiB write is one command, not 64).
     pub(super) fn flush_bypass_batch(&mut self) {
-        if self.bypass_batch.is_empty() {
+        if self.bypass.batch.is_empty() {
             return;
         }
-        let batch = std::mem::take(&mut self.bypass_batch);
+        let batch = std::mem::take(&mut self.bypass.batch);
         let pieces: Vec<u32> = batch.iter().map(|&(p, _)| p).collect();
         for (run, offset, data) in self.adjacent_runs(&pieces, |_, _| true) {
             let run = &batch[run];
@@ -165,7 +169,7 @@ impl<P: Payload> Engine<P> {
                 },
             );
             for &(p, b) in run {
-                self.bypass_io.insert(b, (p, io));
+                self.bypass.io.insert(b, (p, io));
             }
         }
     }
@@ -215,7 +219,7 @@ impl<P: Payload> Engine<P> {
     /// discarded, and block `b` may be destaged again.
     pub(super) fn on_orphan_done(&mut self, b: u32) {
         self.stats.discarded_completions += 1;
-        let blk = &mut self.blocks[b as usize];
+        let blk = &mut self.map.blocks[b as usize];
         assert!(
             blk.destaging > 0,
             "orphan bypass write without its block mark"
@@ -231,7 +235,7 @@ impl<P: Payload> Engine<P> {
     /// in flight is reissued to the cache (I/O criticality inheritance,
     /// §4.2.2); a holder waiting for a free slot moves to the head of that queue.
     pub(super) fn inherit(&mut self, b: u32) {
-        let Some(&h) = self.holders.get(&b) else {
+        let Some(&h) = self.bypass.holders.get(&b) else {
             return;
         };
         let pc = self.pieces.get_mut(h);
@@ -244,9 +248,9 @@ impl<P: Payload> Engine<P> {
         // in flight.
         self.flush_bypass_batch();
         self.flush_through_batch();
-        if let Some(&(p, io)) = self.bypass_io.get(&b) {
+        if let Some(&(p, io)) = self.bypass.io.get(&b) {
             assert_eq!(p, h, "bypass write of a block another piece holds");
-            if self.admission.reissue() {
+            if self.bypass.admission.reissue() {
                 self.reissue(b, p, io);
             }
             return;
@@ -284,7 +288,10 @@ impl<P: Payload> Engine<P> {
             let pc = self.pieces.get(p);
             (pc.lbn, pc.start, pc.end)
         };
-        if start != 0 || end as u64 != self.bs || self.free_slots.len() as u64 <= self.reserved {
+        if start != 0
+            || end as u64 != self.bs
+            || self.table.free.len() as u64 <= self.table.reserved
+        {
             return;
         }
         let Some(s) = self.alloc_slot(lbn) else {
@@ -301,8 +308,8 @@ impl<P: Payload> Engine<P> {
             }
             _ => panic!("reissued a bypass write that is not in flight"),
         }
-        self.bypass_io.remove(&b);
-        self.blocks[b as usize].destaging += 1;
+        self.bypass.io.remove(&b);
+        self.map.blocks[b as usize].destaging += 1;
         self.stats.reissued_writes += 1;
         if self.pieces.get(p).tag_critical {
             self.stats.critical_reissued_writes += 1;
@@ -317,5 +324,37 @@ impl<P: Payload> Engine<P> {
         pc.bypass = false;
         let data = pc.data.clone().unwrap();
         self.write_new_version(p, s, data);
+    }
+}
+
+/// Admission and bypass state. The maps are used only when admission can
+/// reject writes (`active`), so the `all` fast path pays nothing.
+pub(super) struct BypassState {
+    pub(super) admission: Box<dyn Admission>,
+    /// Admission may reject writes (any policy but `all`).
+    pub(super) active: bool,
+    /// Bypass writes in flight: block -> (piece, backing write).
+    pub(super) io: IdMap<u32, (u32, IoId)>,
+    /// Bypass pieces started in this `progress` round, not yet emitted:
+    /// adjacent pieces of one request become one backing write.
+    pub(super) batch: Vec<(u32, u32)>,
+    /// Write-through pieces started in this `progress` round, not yet
+    /// emitted: (piece, FUA). Adjacent pieces of one request become one backing write.
+    pub(super) through_batch: Vec<(u32, bool)>,
+    /// The write piece holding each busy block (the blocking object a
+    /// waiter's dependency chain follows).
+    pub(super) holders: IdMap<u32, u32>,
+}
+
+impl BypassState {
+    pub(super) fn new(cfg: &Config) -> Self {
+        BypassState {
+            admission: admission::build(cfg.admission, &cfg.wal_ranges),
+            active: cfg.admission != AdmissionKind::All,
+            io: IdMap::default(),
+            batch: Vec::new(),
+            through_batch: Vec::new(),
+            holders: IdMap::default(),
+        }
     }
 }

@@ -129,31 +129,32 @@ impl<P: Payload> Engine<P> {
     pub(super) fn maybe_commit(&mut self) -> bool {
         // An in-place write in flight leaves its slot's contents undefined: the
         // commit waits for it (new in-place writes are refused meanwhile).
-        if self.commit.is_some() {
+        if self.commits.job.is_some() {
             return false;
         }
         let autocommit = self
+            .commits
             .oldest_change
             .is_some_and(|t| self.now >= t.saturating_add(self.cfg.autocommit_ns))
-            || self.meta_dirty.len() >= self.cfg.autocommit_changes as usize;
+            || self.commits.meta_dirty.len() >= self.cfg.autocommit_changes as usize;
         // Reclaim when writers need slots, and also before they have to
         // wait: once free slots fall below an eighth of the cache and a
         // commit would release at least a thirty-second of it, that commit
         // starts while the free slots still absorb writes.
-        let free = self.free_slots.len() as u64;
+        let free = self.table.free.len() as u64;
         let cap = self.cfg.capacity_blocks;
-        let reclaim = self.retired_pending > 0
+        let reclaim = self.table.retired_pending > 0
             && (free < self.free_wanted()
-                || free < cap / 8 && self.retired_pending >= (cap / 32).max(1));
+                || free < cap / 8 && self.table.retired_pending >= (cap / 32).max(1));
         let shutdown = self.shutting_down
             && self.reqs.is_empty()
-            && self.plans.is_empty()
-            && self.patches.is_empty()
-            && !self.direct_unflushed
-            && self.direct_cover_inflight == 0
-            && self.commit_asap;
-        if !(self.commit_asap
-            || !self.commit_waiters.is_empty()
+            && self.destage.plans.is_empty()
+            && self.patch.sets.is_empty()
+            && !self.patch.direct_unflushed
+            && self.patch.direct_cover_inflight == 0
+            && self.commits.asap;
+        if !(self.commits.asap
+            || !self.commits.waiters.is_empty()
             || self.policy.wants_commit()
             || autocommit
             || reclaim)
@@ -162,40 +163,41 @@ impl<P: Payload> Engine<P> {
         }
         if self.shutting_down
             && !shutdown
-            && self.commit_waiters.is_empty()
+            && self.commits.waiters.is_empty()
             && !self.policy.wants_commit()
         {
             return false;
         }
-        if self.policy.commit_needs_patches_done() && !self.patches.is_empty() {
-            if !self.patch_barrier {
-                self.patch_barrier = true;
+        if self.policy.commit_needs_patches_done() && !self.patch.sets.is_empty() {
+            if !self.patch.barrier {
+                self.patch.barrier = true;
                 self.materialize_all();
             }
             return false;
         }
-        self.patch_barrier = false;
-        if self.inplace_inflight > 0 {
-            self.commit_deferred = true;
+        self.patch.barrier = false;
+        if self.commits.inplace_inflight > 0 {
+            self.commits.deferred = true;
             return false;
         }
-        self.commit_deferred = false;
+        self.commits.deferred = false;
         self.start_commit();
         true
     }
 
     fn start_commit(&mut self) {
         // This commit's device flush covers every in-place write completed so far.
-        self.unsynced_overwrites = false;
-        let n = self.next_commit;
-        self.next_commit += 1;
+        self.commits.unsynced_overwrites = false;
+        let n = self.commits.next;
+        self.commits.next += 1;
         self.policy.on_commit_start();
-        let clean_shutdown = self.shutting_down && self.reqs.is_empty() && self.plans.is_empty();
+        let clean_shutdown =
+            self.shutting_down && self.reqs.is_empty() && self.destage.plans.is_empty();
         if clean_shutdown || !self.shutting_down {
-            self.commit_asap = false;
+            self.commits.asap = false;
         }
         let snapshot = self.take_snapshot();
-        self.oldest_change = None;
+        self.commits.oldest_change = None;
         let mut record = CommitRecord {
             commit: n,
             next_seq: self.next_seq,
@@ -203,8 +205,9 @@ impl<P: Payload> Engine<P> {
             ..Default::default()
         };
         self.policy.fill_commit(&mut record);
-        let waiters = std::mem::take(&mut self.commit_waiters);
-        let fits = self.log.pos + LogRecord::bytes_for(snapshot.len()) <= self.layout.log_bytes
+        let waiters = std::mem::take(&mut self.commits.waiters);
+        let fits = self.commits.log.pos + LogRecord::bytes_for(snapshot.len())
+            <= self.layout.log_bytes
             && self.checked_bytes(&snapshot) <= LOG_MAX_CHECKED_BYTES;
         let mut job = CommitJob {
             n,
@@ -220,15 +223,15 @@ impl<P: Payload> Engine<P> {
             record,
             log: None,
         };
-        if fits && !self.log.force_checkpoint && !clean_shutdown {
+        if fits && !self.commits.log.force_checkpoint && !clean_shutdown {
             self.start_log_commit(&mut job);
-            self.commit = Some(job);
-            if self.commit.as_ref().is_some_and(|j| j.left == 0) {
+            self.commits.job = Some(job);
+            if self.commits.job.as_ref().is_some_and(|j| j.left == 0) {
                 self.on_commit_io(true);
             }
         } else {
             self.start_checkpoint(&mut job);
-            self.commit = Some(job);
+            self.commits.job = Some(job);
             self.emit(Dev::Cache, IoOp::Flush, None, IoCtx::Commit);
         }
     }
@@ -239,7 +242,7 @@ impl<P: Payload> Engine<P> {
         snapshot
             .iter()
             .filter(|&&(s, valid)| {
-                let slot = &self.slots[s as usize];
+                let slot = &self.table.slots[s as usize];
                 valid && (!slot.disk_valid() || slot.unsealed())
             })
             .map(|&(s, _)| match self.partial.get(&s) {
@@ -253,9 +256,9 @@ impl<P: Payload> Engine<P> {
     /// valid)`, marked as part of the commit; their pages join the set the
     /// next checkpoint writes.
     fn take_snapshot(&mut self) -> Vec<(u32, bool)> {
-        let mut snapshot = Vec::with_capacity(self.meta_dirty.len());
-        for s in std::mem::take(&mut self.meta_dirty) {
-            let slot = &mut self.slots[s as usize];
+        let mut snapshot = Vec::with_capacity(self.commits.meta_dirty.len());
+        for s in std::mem::take(&mut self.commits.meta_dirty) {
+            let slot = &mut self.table.slots[s as usize];
             slot.set_in_meta_dirty(false);
             // Free and Writing slots are written as free entries: the durable
             // state already says free for them, so they need no protection.
@@ -269,14 +272,17 @@ impl<P: Payload> Engine<P> {
                 slot.set_in_snapshot(true);
             }
             snapshot.push((s, slot.state == SlotState::Valid));
-            self.log.pages.insert(s as u64 / layout::ENTRIES_PER_PAGE);
+            self.commits
+                .log
+                .pages
+                .insert(s as u64 / layout::ENTRIES_PER_PAGE);
         }
         snapshot
     }
 
     /// The entry slot `s` has now, tagged with commit `tag`.
     fn entry_now(&self, s: u32, tag: u64) -> Entry {
-        let slot = &self.slots[s as usize];
+        let slot = &self.table.slots[s as usize];
         if slot.state != SlotState::Valid {
             return Entry {
                 commit: tag,
@@ -316,7 +322,7 @@ impl<P: Payload> Engine<P> {
             let mut e = self.entry_now(s, n);
             debug_assert_eq!(valid, e.flags & F_VALID != 0);
             if valid {
-                let slot = &mut self.slots[s as usize];
+                let slot = &mut self.table.slots[s as usize];
                 if slot.disk_valid() && !slot.unsealed() {
                     // A sealed version in this slot: its bytes are as durable
                     // as any FLUSH promised, and may be rewritten in place.
@@ -325,7 +331,7 @@ impl<P: Payload> Engine<P> {
                     if !slot.unsealed() {
                         slot.set_unsealed(true);
                         let seq = slot.seq;
-                        self.log.note_unsealed(n, s, seq);
+                        self.commits.log.note_unsealed(n, s, seq);
                     }
                     let (off, len) = self.layout.checked_bytes(s, &e);
                     sums.push((entries.len() as u32, off, len));
@@ -334,9 +340,9 @@ impl<P: Payload> Engine<P> {
             entries.push((s, e));
         }
         job.log = Some(LogRecord {
-            epoch: self.log.epoch,
+            epoch: self.commits.log.epoch,
             n,
-            sealed: self.durable_commit,
+            sealed: self.commits.durable,
             record: job.record,
             entries,
         });
@@ -354,7 +360,7 @@ impl<P: Payload> Engine<P> {
 
     fn start_checkpoint(&mut self, job: &mut CommitJob) {
         let n = job.n;
-        let pages = std::mem::take(&mut self.log.pages);
+        let pages = std::mem::take(&mut self.commits.log.pages);
         // Shadow paging: every page changed since the last checkpoint is
         // written whole into the copy that is not durable. Slots outside the
         // snapshot are unchanged since the last durable commit, so their
@@ -367,7 +373,7 @@ impl<P: Payload> Engine<P> {
                 let entries: Vec<(u32, Entry)> = (first..last)
                     .map(|s| (s as u32, self.entry_now(s as u32, n)))
                     .collect();
-                let copy = if self.page_cur[pg as usize] == 0 {
+                let copy = if self.commits.page_cur[pg as usize] == 0 {
                     1
                 } else {
                     0
@@ -377,13 +383,17 @@ impl<P: Payload> Engine<P> {
             .collect();
         job.written = job.pages.iter().map(|(p, c, _)| (*p, *c)).collect();
         job.ckpt_pages = pages.into_iter().collect();
-        job.copy = 1 - self.log.cr_cur;
+        job.copy = 1 - self.commits.log.cr_cur;
         job.stage = CommitStage::DataFlush;
         job.left = 1;
     }
 
     pub(super) fn on_commit_checksum(&mut self, entry: u32, res: IoResult<P>) {
-        let job = self.commit.as_mut().expect("checksum without a commit");
+        let job = self
+            .commits
+            .job
+            .as_mut()
+            .expect("checksum without a commit");
         if let Ok(p) = &res {
             let crc = p
                 .as_ref()
@@ -398,7 +408,11 @@ impl<P: Payload> Engine<P> {
     }
 
     pub(super) fn on_commit_io(&mut self, ok: bool) {
-        let job = self.commit.as_mut().expect("commit I/O without a commit");
+        let job = self
+            .commits
+            .job
+            .as_mut()
+            .expect("commit I/O without a commit");
         if !ok {
             job.failed = true;
         }
@@ -450,8 +464,8 @@ impl<P: Payload> Engine<P> {
                 job.stage = CommitStage::LogWrite;
                 job.left = 1;
                 let bytes = job.log.as_ref().expect("log commit").encode();
-                let off = self.layout.log_offset + self.log.pos;
-                debug_assert!(self.log.pos + bytes.len() as u64 <= self.layout.log_bytes);
+                let off = self.layout.log_offset + self.commits.log.pos;
+                debug_assert!(self.commits.log.pos + bytes.len() as u64 <= self.layout.log_bytes);
                 self.cache_write(off, P::from_vec(bytes), IoCtx::Commit);
             }
             CommitStage::LogWrite => {
@@ -464,13 +478,13 @@ impl<P: Payload> Engine<P> {
 
     /// Commits up to `upto` are sealed: their versions may change.
     fn advance_sealed(&mut self, upto: u64) {
-        self.log.sealed = self.log.sealed.max(upto);
-        while let Some(&(n, s, seq)) = self.log.unsealed.front() {
-            if n > self.log.sealed {
+        self.commits.log.sealed = self.commits.log.sealed.max(upto);
+        while let Some(&(n, s, seq)) = self.commits.log.unsealed.front() {
+            if n > self.commits.log.sealed {
                 break;
             }
-            self.log.unsealed.pop_front();
-            let slot = &mut self.slots[s as usize];
+            self.commits.log.unsealed.pop_front();
+            let slot = &mut self.table.slots[s as usize];
             if slot.seq == seq {
                 slot.set_unsealed(false);
             }
@@ -478,35 +492,38 @@ impl<P: Payload> Engine<P> {
     }
 
     fn finish_commit(&mut self, ok: bool) {
-        let job = self.commit.take().expect("no commit");
+        let job = self.commits.job.take().expect("no commit");
         if ok {
-            self.durable_commit = job.n;
+            self.commits.durable = job.n;
             self.stats.commits += 1;
             if let Some(rec) = &job.log {
                 self.stats.log_commits += 1;
-                self.log.pos += LogRecord::bytes_for(rec.entries.len());
+                self.commits.log.pos += LogRecord::bytes_for(rec.entries.len());
                 self.advance_sealed(rec.sealed);
             } else {
                 for &(pg, copy) in &job.written {
-                    self.page_cur[pg as usize] = copy;
+                    self.commits.page_cur[pg as usize] = copy;
                 }
-                self.log.cr_cur = job.copy;
-                self.log.epoch = job.n;
-                self.log.pos = 0;
-                self.log.force_checkpoint = false;
+                self.commits.log.cr_cur = job.copy;
+                self.commits.log.epoch = job.n;
+                self.commits.log.pos = 0;
+                self.commits.log.force_checkpoint = false;
                 self.advance_sealed(job.n);
             }
         } else {
             self.stats.commit_failures += 1;
             // Its device flush may not have covered the in-place writes.
-            self.unsynced_overwrites = true;
+            self.commits.unsynced_overwrites = true;
             // What reached the device is unknown: the log's tail, or which
             // commit record is in force. Only a checkpoint settles it.
-            self.log.force_checkpoint = true;
-            self.log.pages.extend(job.ckpt_pages.iter().copied());
+            self.commits.log.force_checkpoint = true;
+            self.commits
+                .log
+                .pages
+                .extend(job.ckpt_pages.iter().copied());
         }
         for (s, valid) in job.snapshot {
-            let slot = &mut self.slots[s as usize];
+            let slot = &mut self.table.slots[s as usize];
             let marked = slot.in_snapshot();
             slot.set_in_snapshot(false);
             let was = slot.disk_valid();
@@ -521,9 +538,9 @@ impl<P: Payload> Engine<P> {
                 slot.set_disk_valid(was || valid);
                 self.mark_meta(s);
             }
-            let slot = &self.slots[s as usize];
+            let slot = &self.table.slots[s as usize];
             if slot.state == SlotState::Retired && !slot.disk_valid() && (was || ok) {
-                self.retired_pending = self.retired_pending.saturating_sub(1);
+                self.table.retired_pending = self.table.retired_pending.saturating_sub(1);
                 self.try_release(s);
             }
         }
@@ -539,6 +556,55 @@ impl<P: Payload> Engine<P> {
             } else {
                 self.reply(w.id, Err(ReqError::Io), w.seq);
             }
+        }
+    }
+}
+
+/// Commit state: what the next commit must write, the commit in flight,
+/// the log, and the requests waiting for a durable commit.
+pub(super) struct CommitState {
+    /// Slots whose entries changed since the last commit.
+    pub(super) meta_dirty: Vec<u32>,
+    /// Which copy (0 or 1) of each metadata page is durable; 2 = neither.
+    pub(super) page_cur: Vec<u8>,
+    /// In-place data writes in flight (a commit waits for them).
+    pub(super) inplace_inflight: u32,
+    /// A commit is due but waits for in-place writes to finish.
+    pub(super) deferred: bool,
+    /// In-place overwrites of durable versions completed since the last
+    /// commit started: their bytes need that commit's device flush, though
+    /// no entry changed (so a FLUSH cannot be answered at once).
+    pub(super) unsynced_overwrites: bool,
+    /// When the oldest change not yet committed was made.
+    pub(super) oldest_change: Option<u64>,
+    /// The commit in flight.
+    pub(super) job: Option<CommitJob>,
+    /// The metadata log and checkpoints (see the module docs).
+    pub(super) log: LogState,
+    /// Requests waiting for a durable commit.
+    pub(super) waiters: Vec<Waiter>,
+    /// Start a commit as soon as possible.
+    pub(super) asap: bool,
+    /// Number of the next commit, and of the last durable one.
+    pub(super) next: u64,
+    pub(super) durable: u64,
+}
+
+impl CommitState {
+    pub(super) fn new(pages: usize) -> Self {
+        CommitState {
+            meta_dirty: Vec::new(),
+            page_cur: vec![2; pages],
+            inplace_inflight: 0,
+            deferred: false,
+            unsynced_overwrites: false,
+            oldest_change: None,
+            job: None,
+            log: LogState::fresh(),
+            waiters: Vec::new(),
+            asap: false,
+            next: 1,
+            durable: 0,
         }
     }
 }

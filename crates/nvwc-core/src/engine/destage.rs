@@ -75,7 +75,7 @@ impl<P: Payload> Engine<P> {
         for _ in 0..64 {
             let mut changed = false;
             // Stalled writers take freed slots first.
-            while !self.free_slots.is_empty() {
+            while !self.table.free.is_empty() {
                 let Some(p) = self.alloc_waiters.pop_front() else {
                     break;
                 };
@@ -125,11 +125,11 @@ impl<P: Payload> Engine<P> {
     /// is left. Returns whether it evicted any.
     pub(super) fn evict_clean_until(&mut self, want: u64) -> bool {
         let mut changed = false;
-        while (self.free_slots.len() as u64 + self.retired_pending) < want {
-            let blocks = &self.blocks;
-            let slots = &self.slots;
-            let rid_block = &self.rid_block;
-            let waiters = &self.waiters;
+        while (self.table.free.len() as u64 + self.table.retired_pending) < want {
+            let blocks = &self.map.blocks;
+            let slots = &self.table.slots;
+            let rid_block = &self.map.rid_block;
+            let waiters = &self.map.waiters;
             let pinned = |id: BlockId| {
                 let b = rid_block[id.0 as usize];
                 let blk = &blocks[b as usize];
@@ -139,9 +139,9 @@ impl<P: Payload> Engine<P> {
             let Some(v) = self.repl.victim_clean(&pinned) else {
                 break;
             };
-            let b = self.rid_block[v.0 as usize];
+            let b = self.map.rid_block[v.0 as usize];
             assert!(
-                !self.slots[self.blocks[b as usize].latest as usize].dirty(),
+                !self.table.slots[self.map.blocks[b as usize].latest as usize].dirty(),
                 "replacement chose a dirty victim"
             );
             self.evict_block(b);
@@ -158,7 +158,7 @@ impl<P: Payload> Engine<P> {
     /// Free slots wanted now: the reserve, promised slots, and the next admission.
     pub(super) fn free_wanted(&self) -> u64 {
         self.cfg.free_reserve as u64
-            + self.reserved
+            + self.table.reserved
             + self.alloc_waiters.len() as u64
             + self.admit_queue.front().map_or(0, |a| a.need)
     }
@@ -170,32 +170,32 @@ impl<P: Payload> Engine<P> {
         let mut changed = false;
         for _ in 0..16 {
             let cap = self.cfg.capacity_blocks;
-            let wanted = self.drain && self.dirty_slots > 0
+            let wanted = self.drain && self.table.dirty > 0
                 || self.space_pressure()
                 || self.repl.should_clean(
-                    self.dirty_slots,
+                    self.table.dirty,
                     cap,
-                    self.cleaning_active,
+                    self.destage.cleaning,
                     self.cfg.watermarks,
                 );
-            self.cleaning_active = wanted;
+            self.destage.cleaning = wanted;
             // Pressure for the write policy: writers wait and the slots
             // already on their way back (evicted, freed at the next metadata
             // commit) do not cover them. A wait that only needs that commit
             // is not a reason for a policy to act (journaled-hints would close
             // a transaction off a FLUSH boundary for nothing).
-            let coming = self.free_slots.len() as u64 + self.retired_pending;
+            let coming = self.table.free.len() as u64 + self.table.retired_pending;
             let pressure = self.space_pressure() && coming < self.free_wanted() || self.drain;
             let mut view = View {
                 now: self.now,
                 repl: &mut *self.repl,
-                blocks: &self.blocks,
-                slots: &self.slots,
-                groups: &self.groups,
-                rid_block: &self.rid_block,
+                blocks: &self.map.blocks,
+                slots: &self.table.slots,
+                groups: &self.table.groups,
+                rid_block: &self.map.rid_block,
                 wanted,
                 pressure,
-                inflight: self.destage_inflight,
+                inflight: self.destage.inflight,
                 limit: self.cfg.max_destage_inflight as usize,
                 ids: Vec::new(),
             };
@@ -209,12 +209,12 @@ impl<P: Payload> Engine<P> {
     }
 
     pub(super) fn drain_done(&self) -> bool {
-        self.dirty_slots == 0
+        self.table.dirty == 0
     }
 
     pub(super) fn start_plan(&mut self, plan: Plan) {
         for &s in &plan.write {
-            let slot = &mut self.slots[s as usize];
+            let slot = &mut self.table.slots[s as usize];
             assert_eq!(
                 slot.state,
                 SlotState::Valid,
@@ -228,20 +228,20 @@ impl<P: Payload> Engine<P> {
         let blocks: Vec<u32> = plan
             .write
             .iter()
-            .map(|&s| self.slots[s as usize].block)
+            .map(|&s| self.table.slots[s as usize].block)
             .collect();
         assert!(
             blocks.iter().all(|&b| b != NIL),
             "plan names a version without a block"
         );
         for &b in &blocks {
-            self.blocks[b as usize].destaging += 1;
+            self.map.blocks[b as usize].destaging += 1;
         }
-        self.destage_inflight += plan.write.len();
+        self.destage.inflight += plan.write.len();
         self.stats.destage_plans += 1;
         let group = plan.atomic_group;
         let n = plan.write.len() as u32;
-        let pid = self.plans.insert(PlanExec {
+        let pid = self.destage.plans.insert(PlanExec {
             plan,
             blocks,
             left: n,
@@ -261,12 +261,12 @@ impl<P: Payload> Engine<P> {
     }
 
     pub(super) fn plan_copy(&mut self, pid: u32) {
-        let slots = self.plans.get(pid).plan.write.clone();
+        let slots = self.destage.plans.get(pid).plan.write.clone();
         if slots.is_empty() {
             return self.plan_copied(pid);
         }
-        let exact = self.plans.get(pid).plan.exact;
-        let blocks = self.plans.get(pid).blocks.clone();
+        let exact = self.destage.plans.get(pid).plan.exact;
+        let blocks = self.destage.plans.get(pid).blocks.clone();
         for (s, b) in slots.into_iter().zip(blocks) {
             let (lo, hi) = if exact {
                 self.range_of(s)
@@ -294,7 +294,7 @@ impl<P: Payload> Engine<P> {
 
     pub(super) fn on_plan_begin(&mut self, pid: u32, ok: bool) {
         if !ok {
-            let pe = self.plans.get_mut(pid);
+            let pe = self.destage.plans.get_mut(pid);
             pe.failed = true;
             pe.left = 0;
             return self.plan_copied(pid);
@@ -305,8 +305,8 @@ impl<P: Payload> Engine<P> {
     pub(super) fn on_destage_read(&mut self, pid: u32, _s: u32, b: u32, lo: u32, res: IoResult<P>) {
         match res {
             Ok(Some(d)) => {
-                let lbn = self.blocks[b as usize].lbn();
-                let group = self.plans.get(pid).plan.atomic_group;
+                let lbn = self.map.blocks[b as usize].lbn();
+                let group = self.destage.plans.get(pid).plan.atomic_group;
                 self.emit(
                     Dev::Backing,
                     IoOp::Write {
@@ -323,7 +323,7 @@ impl<P: Payload> Engine<P> {
     }
 
     pub(super) fn on_destage_write(&mut self, pid: u32, ok: bool) {
-        let pe = self.plans.get_mut(pid);
+        let pe = self.destage.plans.get_mut(pid);
         if !ok {
             pe.failed = true;
         }
@@ -335,7 +335,7 @@ impl<P: Payload> Engine<P> {
 
     /// Every block of the plan was written (or the plan failed).
     pub(super) fn plan_copied(&mut self, pid: u32) {
-        let pe = self.plans.get(pid);
+        let pe = self.destage.plans.get(pid);
         if pe.failed {
             return self.plan_end(pid, false);
         }
@@ -354,10 +354,10 @@ impl<P: Payload> Engine<P> {
                 // one is in flight waits for the next, shared by all such
                 // plans (destage at the backing store's write rate, not one
                 // sync per 16 blocks).
-                if let Some(waiting) = &mut self.plan_flush_next {
+                if let Some(waiting) = &mut self.destage.flush_next {
                     waiting.push(pid);
-                } else if self.plan_flush_inflight.is_some() {
-                    self.plan_flush_next = Some(vec![pid]);
+                } else if self.destage.flush_inflight.is_some() {
+                    self.destage.flush_next = Some(vec![pid]);
                 } else {
                     self.issue_plan_flush(vec![pid]);
                 }
@@ -366,17 +366,18 @@ impl<P: Payload> Engine<P> {
     }
 
     pub(super) fn issue_plan_flush(&mut self, plans: Vec<u32>) {
-        debug_assert!(self.plan_flush_inflight.is_none());
-        self.plan_flush_inflight = Some(plans);
+        debug_assert!(self.destage.flush_inflight.is_none());
+        self.destage.flush_inflight = Some(plans);
         self.emit(Dev::Backing, IoOp::Flush, None, IoCtx::PlanFlush);
     }
 
     pub(super) fn on_plan_flush(&mut self, ok: bool) {
         let done = self
-            .plan_flush_inflight
+            .destage
+            .flush_inflight
             .take()
             .expect("plan flush completion without plans");
-        if let Some(next) = self.plan_flush_next.take() {
+        if let Some(next) = self.destage.flush_next.take() {
             self.issue_plan_flush(next);
         }
         for pid in done {
@@ -389,13 +390,13 @@ impl<P: Payload> Engine<P> {
     }
 
     pub(super) fn plan_end(&mut self, pid: u32, ok: bool) {
-        let pe = self.plans.remove(pid);
-        self.destage_inflight -= pe.plan.write.len();
+        let pe = self.destage.plans.remove(pid);
+        self.destage.inflight -= pe.plan.write.len();
         for &b in &pe.blocks {
-            self.blocks[b as usize].destaging -= 1;
+            self.map.blocks[b as usize].destaging -= 1;
         }
         for &s in &pe.plan.write {
-            self.slots[s as usize].set_destaging(false);
+            self.table.slots[s as usize].set_destaging(false);
         }
         if !ok {
             self.stats.destage_failures += 1;
@@ -413,24 +414,24 @@ impl<P: Payload> Engine<P> {
         // when its latest version is considered.
         let mut per_block: HashMap<u32, u32> = HashMap::new();
         for &s in &pe.plan.write {
-            let b = self.slots[s as usize].block;
+            let b = self.table.slots[s as usize].block;
             if b != NIL {
                 *per_block.entry(b).or_default() += 1;
             }
         }
         for &s in &pe.plan.write {
-            if self.slots[s as usize].state == SlotState::Valid && !self.is_latest(s) {
+            if self.table.slots[s as usize].state == SlotState::Valid && !self.is_latest(s) {
                 self.retire(s);
             }
         }
         for &s in &pe.plan.drop {
             assert!(!self.is_latest(s), "dropping the latest version of a block");
-            if self.slots[s as usize].state == SlotState::Valid {
+            if self.table.slots[s as usize].state == SlotState::Valid {
                 self.retire(s);
             }
         }
         for &s in &pe.plan.write {
-            let slot = self.slots[s as usize];
+            let slot = self.table.slots[s as usize];
             if slot.state == SlotState::Valid && self.is_latest(s) && slot.dirty() {
                 let b = slot.block;
                 // Written whole: its dirty range covers every byte it holds.
@@ -438,7 +439,7 @@ impl<P: Payload> Engine<P> {
                     let ((lo, hi), (vlo, vhi)) = (self.range_of(s), self.valid_range(s));
                     lo <= vlo && hi >= vhi
                 };
-                let alone = self.blocks[b as usize].shadows == 0
+                let alone = self.map.blocks[b as usize].shadows == 0
                     && per_block.get(&b).copied().unwrap_or(0) == 1;
                 let g = self.set_group(s, NO_GROUP);
                 if g != NO_GROUP {
@@ -446,9 +447,9 @@ impl<P: Payload> Engine<P> {
                 }
                 if !pe.plan.exact || (full && alone) {
                     // The backing store now holds exactly this version: clean.
-                    self.slots[s as usize].set_dirty(false);
-                    self.dirty_slots -= 1;
-                    let rid = self.blocks[b as usize].rid;
+                    self.table.slots[s as usize].set_dirty(false);
+                    self.table.dirty -= 1;
+                    let rid = self.map.blocks[b as usize].rid;
                     self.repl.set_dirty(BlockId(rid), false);
                 }
                 // Otherwise its own bytes are written but the block as a whole may
@@ -465,4 +466,18 @@ impl<P: Payload> Engine<P> {
         }
         self.policy.on_plan_done(self.now, &pe.plan);
     }
+}
+
+/// Destage state: plans in flight and their shared backing FLUSHes.
+#[derive(Default)]
+pub(super) struct DestageState {
+    pub(super) plans: Slab<PlanExec>,
+    /// Plans (without an atomic group) whose shared backing FLUSH is in
+    /// flight, and those waiting for the next one.
+    pub(super) flush_inflight: Option<Vec<u32>>,
+    pub(super) flush_next: Option<Vec<u32>>,
+    /// Destage copies in flight.
+    pub(super) inflight: usize,
+    /// Cleaning (destage without space pressure) is running.
+    pub(super) cleaning: bool,
 }

@@ -66,10 +66,10 @@ impl<P: Payload> Engine<P> {
             return None;
         }
         let n = len / self.bs;
-        if (self.free_slots.len() as u64) < self.reserved + n {
+        if (self.table.free.len() as u64) < self.table.reserved + n {
             // Room as `admit` finds it: clean evictions, with the reserve kept.
-            self.evict_clean_until(self.reserved + n + u64::from(self.cfg.free_reserve));
-            if (self.free_slots.len() as u64) < self.reserved + n {
+            self.evict_clean_until(self.table.reserved + n + u64::from(self.cfg.free_reserve));
+            if (self.table.free.len() as u64) < self.table.reserved + n {
                 return None;
             }
         }
@@ -141,7 +141,7 @@ impl<P: Payload> Engine<P> {
             || !self.in_range(offset, len)
             || n > self.max_write_bytes() / self.bs
             || self.policy.synchronous_backing()
-            || self.bypassing
+            || self.bypass.active
             || !self.admit_queue.is_empty()
             || !self.piece_queue.is_empty()
             || !self.alloc_waiters.is_empty()
@@ -150,15 +150,19 @@ impl<P: Payload> Engine<P> {
             return false;
         }
         let first = offset / self.bs;
-        (first..first + n).all(
-            |lbn| match self.index.get(lbn, |b| self.blocks[b as usize].lbn()) {
+        (first..first + n).all(|lbn| {
+            match self
+                .map
+                .index
+                .get(lbn, |b| self.map.blocks[b as usize].lbn())
+            {
                 None => true,
                 Some(b) => {
-                    !self.blocks[b as usize].busy
-                        && !self.waiters.contains_key(&b)
-                        && !self.patches.contains_key(&b)
+                    !self.map.blocks[b as usize].busy
+                        && !self.map.waiters.contains_key(&b)
+                        && !self.patch.sets.contains_key(&b)
                 }
-            },
-        )
+            }
+        })
     }
 }

@@ -19,10 +19,10 @@ impl<P: Payload> Engine<P> {
         // The consistency point is here, where the FLUSH arrives (it closes a
         // journaled-hints transaction), even if the reply waits for patches.
         self.policy.on_consistency_point(self.now, explicit);
-        if !self.patches.is_empty() {
+        if !self.patch.sets.is_empty() {
             // Every patch acknowledged before this FLUSH becomes a version
             // first; then the FLUSH goes on in `flush_after_patches` (see `patch`).
-            self.patch_flushes.push((id, explicit, self.next_seq));
+            self.patch.flushes.push((id, explicit, self.next_seq));
             self.materialize_all();
             return;
         }
@@ -31,7 +31,7 @@ impl<P: Payload> Engine<P> {
 
     /// The rest of a FLUSH, once no patch older than it is left.
     pub(super) fn flush_after_patches(&mut self, id: ReqId, _explicit: bool) {
-        if (self.direct_unflushed || self.direct_cover_inflight > 0)
+        if (self.patch.direct_unflushed || self.patch.direct_cover_inflight > 0)
             && !crate::mutation::active(crate::mutation::Mutation::FlushSkipsDirectCover)
         {
             // Direct patch writes acknowledged before this FLUSH sit in the
@@ -45,16 +45,16 @@ impl<P: Payload> Engine<P> {
     }
 
     pub(super) fn issue_direct_cover(&mut self, req: Option<ReqId>) {
-        self.direct_unflushed = false;
-        self.direct_cover_inflight += 1;
+        self.patch.direct_unflushed = false;
+        self.patch.direct_cover_inflight += 1;
         self.emit(Dev::Backing, IoOp::Flush, None, IoCtx::DirectCover { req });
     }
 
     pub(super) fn on_direct_cover(&mut self, req: Option<ReqId>, ok: bool) {
-        self.direct_cover_inflight -= 1;
+        self.patch.direct_cover_inflight -= 1;
         if !ok {
             // The writes may still be volatile: the next FLUSH tries again.
-            self.direct_unflushed = true;
+            self.patch.direct_unflushed = true;
             if req.is_none() && self.retry_at.is_none() {
                 self.retry_at = Some(self.now + self.cfg.retry_ns);
             }
@@ -73,9 +73,9 @@ impl<P: Payload> Engine<P> {
     /// store once no patch is left.
     pub(super) fn cover_direct_at_end(&mut self) -> bool {
         if (self.drain || self.shutting_down)
-            && self.direct_unflushed
-            && self.direct_cover_inflight == 0
-            && self.patches.is_empty()
+            && self.patch.direct_unflushed
+            && self.patch.direct_cover_inflight == 0
+            && self.patch.sets.is_empty()
             && self.retry_at.is_none()
         {
             self.issue_direct_cover(None);
@@ -86,7 +86,10 @@ impl<P: Payload> Engine<P> {
 
     /// The FLUSH's commit: every acknowledged write named by a durable commit.
     pub(super) fn flush_commit(&mut self, id: ReqId) {
-        if self.meta_dirty.is_empty() && self.commit.is_none() && !self.unsynced_overwrites {
+        if self.commits.meta_dirty.is_empty()
+            && self.commits.job.is_none()
+            && !self.commits.unsynced_overwrites
+        {
             // Every acknowledged write is already named by a durable commit,
             // and its bytes were flushed by it.
             return self.reply(id, Ok(None), 0);
@@ -94,7 +97,7 @@ impl<P: Payload> Engine<P> {
         if crate::mutation::active(crate::mutation::Mutation::FlushNeverAnswered) {
             return;
         }
-        self.commit_waiters.push(Waiter {
+        self.commits.waiters.push(Waiter {
             id,
             group: NO_GROUP,
             write: false,
@@ -114,10 +117,14 @@ impl<P: Payload> Engine<P> {
         let first = offset.div_ceil(self.bs);
         let end = (offset + len as u64) / self.bs;
         for lbn in first..end {
-            if let Some(b) = self.index.get(lbn, |id| self.blocks[id as usize].lbn()) {
-                let blk = &self.blocks[b as usize];
-                if blk.latest != NIL && !blk.busy && !self.waiters.contains_key(&b) {
-                    let s = &self.slots[blk.latest as usize];
+            if let Some(b) = self
+                .map
+                .index
+                .get(lbn, |id| self.map.blocks[id as usize].lbn())
+            {
+                let blk = &self.map.blocks[b as usize];
+                if blk.latest != NIL && !blk.busy && !self.map.waiters.contains_key(&b) {
+                    let s = &self.table.slots[blk.latest as usize];
                     if !s.dirty() && s.refs == 0 && !s.destaging() {
                         self.evict_block(b);
                     }

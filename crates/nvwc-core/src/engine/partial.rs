@@ -56,7 +56,7 @@ impl<P: Payload> Engine<P> {
     /// policy keeps one (ordered), else the valid range of a partial version.
     pub(super) fn entry_range(&self, s: u32) -> (u32, u32) {
         match self.partial.get(&s) {
-            Some(&r) if self.ranges.is_empty() => r,
+            Some(&r) if self.table.ranges.is_empty() => r,
             Some(&r) => {
                 debug_assert_eq!(
                     self.range_of(s),
@@ -78,11 +78,11 @@ impl<P: Payload> Engine<P> {
         };
         self.stats.partial_read_fetches += 1;
         self.stats.read_misses += 1;
-        let rid = self.blocks[self.block_of(lbn) as usize].rid;
+        let rid = self.map.blocks[self.block_of(lbn) as usize].rid;
         self.repl.touch(BlockId(rid), false);
         // Held until the read is done: the slot is neither reused nor
         // rewritten in place meanwhile, so `[lo, hi)` stays its range.
-        self.slots[s as usize].refs += 1;
+        self.table.slots[s as usize].refs += 1;
         let pc = self.pieces.get_mut(p);
         pc.slot = s;
         pc.ios = 1;
@@ -138,9 +138,9 @@ impl<P: Payload> Engine<P> {
             (pc.lbn, pc.start, pc.end)
         };
         let (lo, hi) = self.valid_range(old);
-        self.slots[old as usize].refs += 1;
+        self.table.slots[old as usize].refs += 1;
         let joins = start <= hi && end >= lo;
-        if joins && self.ranges.is_empty() {
+        if joins && self.table.ranges.is_empty() {
             // The old slot's bytes outside `[lo, hi)` are not the block's,
             // but neither are they inside the new version's range.
             self.pieces.get_mut(p).valid = Some((lo.min(start), hi.max(end)));

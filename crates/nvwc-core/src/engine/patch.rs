@@ -145,7 +145,7 @@ impl<P: Payload> Engine<P> {
             (pc.start, pc.end, pc.group, pc.fua, pc.seq, pc.reserved)
         };
         let full = start == 0 && end as u64 == self.bs;
-        if let Some(ps) = self.patches.get(&b) {
+        if let Some(ps) = self.patch.sets.get(&b) {
             let frozen = ps.frozen;
             if full
                 && !frozen
@@ -156,38 +156,38 @@ impl<P: Payload> Engine<P> {
                 // The whole block is rewritten: once the new version is
                 // installed the patches are moot (`patch_superseded`); if its
                 // write fails they stay. No materialisation starts meanwhile.
-                self.patches.get_mut(&b).unwrap().superseding = true;
+                self.patch.sets.get_mut(&b).unwrap().superseding = true;
                 return false;
             }
             if !full && !fua && !frozen && ps.group == group {
                 let data = self.pieces.get_mut(p).data.clone().expect("write data");
-                let ps = self.patches.get_mut(&b).unwrap();
+                let ps = self.patch.sets.get_mut(&b).unwrap();
                 let delta = merge_part(&mut ps.parts, start, data);
                 ps.bytes = (ps.bytes as i64 + delta) as u32;
                 ps.last_seq = ps.last_seq.max(seq);
-                self.patch_bytes = (self.patch_bytes as i64 + delta) as u64;
+                self.patch.bytes = (self.patch.bytes as i64 + delta) as u64;
                 self.stats.patch_merges += 1;
                 self.finish_write_piece(p);
                 return true;
             }
             self.stats.patch_waits += 1;
-            self.patches.get_mut(&b).unwrap().waiters.push(p);
+            self.patch.sets.get_mut(&b).unwrap().waiters.push(p);
             self.materialize(b, true);
             return true;
         }
-        let blk = &self.blocks[b as usize];
+        let blk = &self.map.blocks[b as usize];
         if full
             || fua
             || !reserved
             || self.cfg.fetch == FetchMode::Blocking
-            || self.patch_barrier
+            || self.patch.barrier
             || blk.shadows > 0
             || blk.destaging > 0
         {
             return false;
         }
         let len = (end - start) as u64;
-        if self.patch_bytes + len > self.cfg.patch_mem_bytes {
+        if self.patch.bytes + len > self.cfg.patch_mem_bytes {
             self.stats.patch_fallbacks += 1;
             return false;
         }
@@ -197,9 +197,9 @@ impl<P: Payload> Engine<P> {
             pc.reserved = false;
             pc.data.clone().expect("write data")
         };
-        let id = self.next_patch_id;
-        self.next_patch_id += 1;
-        self.patches.insert(
+        let id = self.patch.next_id;
+        self.patch.next_id += 1;
+        self.patch.sets.insert(
             b,
             PatchSet {
                 parts: vec![(start, data)],
@@ -217,17 +217,17 @@ impl<P: Payload> Engine<P> {
                 waiters: Vec::new(),
             },
         );
-        self.patch_order.insert((seq, b));
-        self.patch_bytes += len;
+        self.patch.order.insert((seq, b));
+        self.patch.bytes += len;
         self.stats.patches_created += 1;
         if group != NO_GROUP {
             self.policy.on_patch_pending(group);
         }
         // A FLUSH waits for every set older than it (by issue sequence), and
         // this write may have been issued before a FLUSH that is waiting now.
-        let flush_waits = self.patch_flushes.iter().any(|f| f.2 > seq);
+        let flush_waits = self.patch.flushes.iter().any(|f| f.2 > seq);
         match self.cfg.fetch {
-            _ if flush_waits || self.patch_barrier => self.materialize(b, true),
+            _ if flush_waits || self.patch.barrier => self.materialize(b, true),
             FetchMode::Async => self.materialize(b, true),
             FetchMode::AsyncBg => self.materialize(b, false),
             FetchMode::Lazy | FetchMode::Blocking => {}
@@ -242,7 +242,7 @@ impl<P: Payload> Engine<P> {
             let pc = self.pieces.get(p);
             (pc.start, pc.end)
         };
-        let ps = self.patches.get_mut(&b).expect("patched block");
+        let ps = self.patch.sets.get_mut(&b).expect("patched block");
         let i = ps.parts.partition_point(|(s, _)| *s <= start);
         if i > 0 {
             let (s, d) = &ps.parts[i - 1];
@@ -260,14 +260,14 @@ impl<P: Payload> Engine<P> {
 
     /// Bring block `b` up to date: now (`urgent`) or through the background queue.
     pub(super) fn materialize(&mut self, b: u32, urgent: bool) {
-        let ps = self.patches.get_mut(&b).expect("patched block");
+        let ps = self.patch.sets.get_mut(&b).expect("patched block");
         if ps.io || ps.superseding {
             return;
         }
         if !urgent {
             if !ps.queued {
                 ps.queued = true;
-                self.patch_bg.push_back(b);
+                self.patch.bg.push_back(b);
             }
             return;
         }
@@ -275,9 +275,9 @@ impl<P: Payload> Engine<P> {
     }
 
     fn start_materialize(&mut self, b: u32, bg: bool) {
-        let lbn = self.blocks[b as usize].lbn();
+        let lbn = self.map.blocks[b as usize].lbn();
         let reads_wait = {
-            let ps = &self.patches[&b];
+            let ps = &self.patch.sets[&b];
             ps.waiters
                 .iter()
                 .any(|&w| self.pieces.get(w).data.is_none())
@@ -286,17 +286,17 @@ impl<P: Payload> Engine<P> {
             return;
         }
         if bg {
-            self.patch_bg_inflight += 1;
+            self.patch.bg_inflight += 1;
         }
         let bs = self.bs;
         let direct = self.write_patch_directly() && !reads_wait;
-        let ps = self.patches.get_mut(&b).unwrap();
+        let ps = self.patch.sets.get_mut(&b).unwrap();
         ps.io = true;
         let id = ps.id;
         if direct {
             // Freeze the parts: the block is busy until the writes are done.
-            let took = !self.blocks[b as usize].busy;
-            self.blocks[b as usize].busy = true;
+            let took = !self.map.blocks[b as usize].busy;
+            self.map.blocks[b as usize].busy = true;
             let parts = ps.parts.clone();
             ps.frozen = true;
             ps.direct_left = parts.len() as u32;
@@ -330,7 +330,7 @@ impl<P: Payload> Engine<P> {
     /// set with one part and nothing waiting on it; returns false otherwise
     /// (the caller fetches).
     fn persist_patch(&mut self, b: u32) -> bool {
-        let ps = &self.patches[&b];
+        let ps = &self.patch.sets[&b];
         if self.cfg.fetch != FetchMode::Lazy
             || !self.partial_ok
             || self.write_patch_directly()
@@ -339,12 +339,12 @@ impl<P: Payload> Engine<P> {
         {
             return false;
         }
-        let lbn = self.blocks[b as usize].lbn();
+        let lbn = self.map.blocks[b as usize].lbn();
         let Some(s) = self.alloc_slot(lbn) else {
             // Cannot happen while the set holds its reservation: fetch instead.
             return false;
         };
-        let ps = self.patches.get_mut(&b).unwrap();
+        let ps = self.patch.sets.get_mut(&b).unwrap();
         ps.io = true;
         ps.frozen = true;
         let (at, data) = ps.parts[0].clone();
@@ -356,8 +356,8 @@ impl<P: Payload> Engine<P> {
     /// Write block `b`'s new contents (`data` at `at` in slot `s`: the whole
     /// block, or the one patch of a partial version) and install it when done.
     fn write_patch_slot(&mut self, b: u32, s: u32, at: u32, data: P, partial: bool) {
-        let took = !self.blocks[b as usize].busy;
-        self.blocks[b as usize].busy = true;
+        let took = !self.map.blocks[b as usize].busy;
+        self.map.blocks[b as usize].busy = true;
         let off = self.layout.slot_offset(s) + at as u64;
         self.cache_write(
             off,
@@ -384,15 +384,15 @@ impl<P: Payload> Engine<P> {
         self.cfg.patch_direct
             || self.cfg.fetch == FetchMode::Lazy
                 && self.cfg.write_policy == WritePolicyKind::WriteBack
-                && (self.free_slots.len() as u64) < self.reserved + self.layout.capacity / 8
+                && (self.table.free.len() as u64) < self.table.reserved + self.layout.capacity / 8
     }
 
     pub(super) fn on_patch_fetch(&mut self, b: u32, id: u64, bg: bool, res: IoResult<P>) {
         if bg {
-            self.patch_bg_inflight -= 1;
+            self.patch.bg_inflight -= 1;
         }
         let bs = self.bs as usize;
-        let Some(ps) = self.patches.get_mut(&b) else {
+        let Some(ps) = self.patch.sets.get_mut(&b) else {
             return;
         };
         if ps.id != id {
@@ -405,11 +405,11 @@ impl<P: Payload> Engine<P> {
                 return self.patch_failed(b);
             }
         };
-        let Some(s) = self.alloc_slot(self.blocks[b as usize].lbn()) else {
+        let Some(s) = self.alloc_slot(self.map.blocks[b as usize].lbn()) else {
             // Cannot happen while the reservation invariant holds; retry later.
             return self.patch_failed(b);
         };
-        let ps = self.patches.get_mut(&b).unwrap();
+        let ps = self.patch.sets.get_mut(&b).unwrap();
         ps.frozen = true;
         let mut buf = data;
         for (at, d) in &ps.parts {
@@ -429,9 +429,9 @@ impl<P: Payload> Engine<P> {
             }
             return;
         }
-        let lbn = self.blocks[b as usize].lbn();
+        let lbn = self.map.blocks[b as usize].lbn();
         let (seq, group, range) = {
-            let ps = &self.patches[&b];
+            let ps = &self.patch.sets[&b];
             let (fs, _) = ps.parts[0];
             let (ls, ld) = ps.parts.last().unwrap();
             (ps.last_seq, ps.group, (fs, ls + ld.len() as u32))
@@ -449,7 +449,8 @@ impl<P: Payload> Engine<P> {
 
     pub(super) fn on_patch_direct(&mut self, b: u32, id: u64, bg: bool, took: bool, ok: bool) {
         let ps = self
-            .patches
+            .patch
+            .sets
             .get_mut(&b)
             .expect("patched block busy with direct writes");
         assert_eq!(ps.id, id);
@@ -459,7 +460,7 @@ impl<P: Payload> Engine<P> {
             return;
         }
         if bg {
-            self.patch_bg_inflight -= 1;
+            self.patch.bg_inflight -= 1;
         }
         if ps.direct_failed {
             self.patch_failed(b);
@@ -472,7 +473,7 @@ impl<P: Payload> Engine<P> {
         // now (a read of the block reads these bytes back from the backing
         // store), and the next client FLUSH issues a backing FLUSH before its
         // commit (`Engine::flush_after_patches`).
-        self.direct_unflushed = true;
+        self.patch.direct_unflushed = true;
         let group = ps.group;
         let waiters = self.remove_patch_set(b, false);
         if group != NO_GROUP {
@@ -492,8 +493,8 @@ impl<P: Payload> Engine<P> {
                 // that missed meanwhile must not fill the cache with data
                 // older than it (as in `run_piece`).
                 debug_assert!(!took);
-                if self.blocks[b as usize].readers() > 0 {
-                    self.blocks[b as usize].fill_stale = true;
+                if self.map.blocks[b as usize].readers() > 0 {
+                    self.map.blocks[b as usize].fill_stale = true;
                 }
                 self.write_piece(p, b);
             }
@@ -510,7 +511,7 @@ impl<P: Payload> Engine<P> {
     /// reads and FLUSHes that need them, retry later.
     fn patch_failed(&mut self, b: u32) {
         let retry = self.now + self.cfg.retry_ns;
-        let ps = self.patches.get_mut(&b).unwrap();
+        let ps = self.patch.sets.get_mut(&b).unwrap();
         ps.io = false;
         ps.frozen = false;
         ps.queued = true;
@@ -527,7 +528,7 @@ impl<P: Payload> Engine<P> {
             self.finish_read_piece(w, None);
         }
         let mut failed = Vec::new();
-        self.patch_flushes.retain(|f| {
+        self.patch.flushes.retain(|f| {
             if f.2 > first {
                 failed.push(f.0);
                 false
@@ -538,7 +539,7 @@ impl<P: Payload> Engine<P> {
         for id in failed {
             self.reply(id, Err(ReqError::Io), 0);
         }
-        self.patch_retry.push(b);
+        self.patch.retry.push(b);
         if self.retry_at.is_none() {
             self.retry_at = Some(retry);
         }
@@ -550,7 +551,7 @@ impl<P: Payload> Engine<P> {
     /// The write piece that superseded block `b`'s patches finished: installed
     /// (`ok`: the patches go) or failed (they stay, and are brought up to date).
     pub(super) fn patch_superseded(&mut self, b: u32, ok: bool) {
-        let Some(ps) = self.patches.get_mut(&b) else {
+        let Some(ps) = self.patch.sets.get_mut(&b) else {
             return;
         };
         if !ps.superseding {
@@ -568,11 +569,11 @@ impl<P: Payload> Engine<P> {
     /// Drop block `b`'s patch set; returns its waiting pieces. `superseded`:
     /// a full write replaced the patches (the policy hears it here).
     fn remove_patch_set(&mut self, b: u32, superseded: bool) -> Vec<u32> {
-        let ps = self.patches.remove(&b).expect("patched block");
-        self.patch_order.remove(&(ps.first_seq, b));
-        self.patch_bytes -= ps.bytes as u64;
-        assert!(self.reserved > 0, "patch set without its reservation");
-        self.reserved -= 1;
+        let ps = self.patch.sets.remove(&b).expect("patched block");
+        self.patch.order.remove(&(ps.first_seq, b));
+        self.patch.bytes -= ps.bytes as u64;
+        assert!(self.table.reserved > 0, "patch set without its reservation");
+        self.table.reserved -= 1;
         if superseded && ps.group != NO_GROUP {
             self.policy.on_patch_done(ps.group);
         }
@@ -587,27 +588,27 @@ impl<P: Payload> Engine<P> {
     /// FLUSHes whose patches are all up to date.
     pub(super) fn patch_progress(&mut self) -> bool {
         self.patch_flushes_ready();
-        if self.patches.is_empty() {
+        if self.patch.sets.is_empty() {
             return false;
         }
         let mut changed = false;
-        if self.retry_at.is_none() && !self.patch_retry.is_empty() {
-            for b in std::mem::take(&mut self.patch_retry) {
-                if let Some(ps) = self.patches.get_mut(&b) {
+        if self.retry_at.is_none() && !self.patch.retry.is_empty() {
+            for b in std::mem::take(&mut self.patch.retry) {
+                if let Some(ps) = self.patch.sets.get_mut(&b) {
                     if !ps.io {
-                        self.patch_bg.push_back(b);
+                        self.patch.bg.push_back(b);
                     }
                 }
             }
         }
         let limit = self.cfg.fetch_bg_inflight;
         let over =
-            self.patch_bytes as f64 > self.cfg.patch_clean_at * self.cfg.patch_mem_bytes as f64;
-        if (over || self.space_pressure()) && self.patch_bg.len() < limit as usize {
-            let want = limit as usize - self.patch_bg.len();
+            self.patch.bytes as f64 > self.cfg.patch_clean_at * self.cfg.patch_mem_bytes as f64;
+        if (over || self.space_pressure()) && self.patch.bg.len() < limit as usize {
+            let want = limit as usize - self.patch.bg.len();
             let mut picked = Vec::new();
-            for &(_, b) in self.patch_order.iter() {
-                let ps = &self.patches[&b];
+            for &(_, b) in self.patch.order.iter() {
+                let ps = &self.patch.sets[&b];
                 if !ps.io && !ps.queued {
                     picked.push(b);
                     if picked.len() >= want {
@@ -616,17 +617,17 @@ impl<P: Payload> Engine<P> {
                 }
             }
             for b in picked {
-                self.patches.get_mut(&b).unwrap().queued = true;
-                self.patch_bg.push_back(b);
+                self.patch.sets.get_mut(&b).unwrap().queued = true;
+                self.patch.bg.push_back(b);
             }
         }
         // After a failure nothing new starts in the background until
         // `retry_at`: a backing store that is down is not hammered.
-        while self.retry_at.is_none() && self.patch_bg_inflight < limit {
-            let Some(b) = self.patch_bg.pop_front() else {
+        while self.retry_at.is_none() && self.patch.bg_inflight < limit {
+            let Some(b) = self.patch.bg.pop_front() else {
                 break;
             };
-            let Some(ps) = self.patches.get_mut(&b) else {
+            let Some(ps) = self.patch.sets.get_mut(&b) else {
                 continue;
             };
             ps.queued = false;
@@ -641,7 +642,7 @@ impl<P: Payload> Engine<P> {
 
     /// Request every patch set now (FLUSH, barrier, drain, shutdown).
     pub(super) fn materialize_all(&mut self) {
-        let blocks: Vec<u32> = self.patch_order.iter().map(|&(_, b)| b).collect();
+        let blocks: Vec<u32> = self.patch.order.iter().map(|&(_, b)| b).collect();
         for b in blocks {
             self.materialize(b, true);
         }
@@ -649,19 +650,63 @@ impl<P: Payload> Engine<P> {
 
     /// Continue the FLUSHes whose patches are all up to date.
     pub(super) fn patch_flushes_ready(&mut self) {
-        if self.patch_flushes.is_empty() {
+        if self.patch.flushes.is_empty() {
             return;
         }
-        let oldest = self.patch_order.first().map_or(u64::MAX, |&(s, _)| s);
+        let oldest = self.patch.order.first().map_or(u64::MAX, |&(s, _)| s);
         let ready: Vec<(ReqId, bool, u64)> = self
-            .patch_flushes
+            .patch
+            .flushes
             .iter()
             .copied()
             .filter(|f| f.2 <= oldest)
             .collect();
-        self.patch_flushes.retain(|f| f.2 > oldest);
+        self.patch.flushes.retain(|f| f.2 > oldest);
         for (id, explicit, _) in ready {
             self.flush_after_patches(id, explicit);
+        }
+    }
+}
+
+/// Patch state (non-blocking writes): the patch sets, their order, and
+/// background materialisation.
+pub(super) struct PatchState<P> {
+    /// Patched blocks, oldest first in `order` by first sequence number.
+    pub(super) sets: IdMap<u32, PatchSet<P>>,
+    pub(super) order: BTreeSet<(u64, u32)>,
+    /// Bytes held in patches.
+    pub(super) bytes: u64,
+    pub(super) next_id: u64,
+    /// Patched blocks queued for background materialisation, and how many run.
+    pub(super) bg: VecDeque<u32>,
+    pub(super) bg_inflight: u32,
+    /// Patched blocks whose materialisation failed, retried at `retry_at`.
+    pub(super) retry: Vec<u32>,
+    /// A commit waits for every patch (ordered): no new patch sets meanwhile.
+    pub(super) barrier: bool,
+    /// FLUSHes waiting for patch sets older than their sequence number: (id, explicit, seq).
+    pub(super) flushes: Vec<(ReqId, bool, u64)>,
+    /// Direct patch writes completed (and their patch sets dropped) since the
+    /// last backing FLUSH was issued: the next client FLUSH issues one first.
+    pub(super) direct_unflushed: bool,
+    /// Backing FLUSHes in flight for `direct_unflushed` writes.
+    pub(super) direct_cover_inflight: u32,
+}
+
+impl<P> Default for PatchState<P> {
+    fn default() -> Self {
+        PatchState {
+            sets: IdMap::default(),
+            order: BTreeSet::new(),
+            bytes: 0,
+            next_id: 1,
+            bg: VecDeque::new(),
+            bg_inflight: 0,
+            retry: Vec::new(),
+            barrier: false,
+            flushes: Vec::new(),
+            direct_unflushed: false,
+            direct_cover_inflight: 0,
         }
     }
 }

@@ -4,10 +4,10 @@ use super::*;
 
 impl<P: Payload> Engine<P> {
     pub(super) fn read_piece(&mut self, p: u32, b: u32) {
-        if self.blocks[b as usize].latest == NIL && self.patches.contains_key(&b) {
+        if self.map.blocks[b as usize].latest == NIL && self.patch.sets.contains_key(&b) {
             return self.patch_read(p, b);
         }
-        let blk = &self.blocks[b as usize];
+        let blk = &self.map.blocks[b as usize];
         let (start, end, lbn) = {
             let pc = self.pieces.get(p);
             (pc.start, pc.end, pc.lbn)
@@ -22,7 +22,7 @@ impl<P: Payload> Engine<P> {
             let rid = blk.rid;
             self.stats.read_hits += 1;
             self.repl.touch(BlockId(rid), false);
-            self.slots[s as usize].refs += 1;
+            self.table.slots[s as usize].refs += 1;
             let pc = self.pieces.get_mut(p);
             pc.slot = s;
             pc.ios = 1;
@@ -30,7 +30,7 @@ impl<P: Payload> Engine<P> {
             self.cache_read(off, end - start, IoCtx::ReadHit { piece: p });
         } else {
             self.stats.read_misses += 1;
-            self.blocks[b as usize].add_reader();
+            self.map.blocks[b as usize].add_reader();
             let full = self.cfg.read_allocate;
             let pc = self.pieces.get_mut(p);
             pc.ios = 1;
@@ -56,8 +56,8 @@ impl<P: Payload> Engine<P> {
         };
         let b = self.block_of(lbn);
         // A write that started while this read was in flight makes its data unfit to cache.
-        let stale = self.blocks[b as usize].fill_stale;
-        self.blocks[b as usize].remove_reader();
+        let stale = self.map.blocks[b as usize].fill_stale;
+        self.map.blocks[b as usize].remove_reader();
         let data = res.ok().flatten();
         let part = match (&data, full) {
             (Some(d), true) if d.len() == self.bs as usize => {
@@ -67,12 +67,12 @@ impl<P: Payload> Engine<P> {
             _ => None,
         };
         if let (Some(d), true) = (&data, full) {
-            let blk = &self.blocks[b as usize];
+            let blk = &self.map.blocks[b as usize];
             if part.is_some()
                 && blk.latest == NIL
                 && !blk.busy
                 && !stale
-                && !self.patches.contains_key(&b)
+                && !self.patch.sets.contains_key(&b)
             {
                 self.fill(b, d.clone());
             }
@@ -83,13 +83,13 @@ impl<P: Payload> Engine<P> {
 
     /// Copy a block read from the backing store into the cache as a clean version.
     pub(super) fn fill(&mut self, b: u32, data: P) {
-        if self.free_slots.len() as u64 <= self.reserved + self.cfg.free_reserve as u64 / 2 {
+        if self.table.free.len() as u64 <= self.table.reserved + self.cfg.free_reserve as u64 / 2 {
             return;
         }
-        let Some(s) = self.alloc_slot(self.blocks[b as usize].lbn()) else {
+        let Some(s) = self.alloc_slot(self.map.blocks[b as usize].lbn()) else {
             return;
         };
-        self.blocks[b as usize].busy = true;
+        self.map.blocks[b as usize].busy = true;
         self.stats.populates += 1;
         let off = self.layout.slot_offset(s);
         self.cache_write(off, data, IoCtx::Fill { block: b, slot: s });
@@ -97,7 +97,7 @@ impl<P: Payload> Engine<P> {
 
     pub(super) fn on_fill(&mut self, b: u32, s: u32, ok: bool) {
         if ok {
-            let lbn = self.blocks[b as usize].lbn();
+            let lbn = self.map.blocks[b as usize].lbn();
             let seq = self.next_seq;
             self.next_seq += 1;
             self.install(b, s, lbn, seq, NO_GROUP, false, (0, 0));

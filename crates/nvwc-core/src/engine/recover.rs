@@ -124,7 +124,7 @@ impl<P: Payload> Engine<P> {
                 }
             }
             if let Some((_, c)) = best {
-                e.page_cur[pg as usize] = c;
+                e.commits.page_cur[pg as usize] = c;
                 chosen[pg as usize] =
                     Some((2 * pg + c as u64) as usize * layout::PAGE_BYTES as usize);
             }
@@ -138,12 +138,14 @@ impl<P: Payload> Engine<P> {
             })
             .collect();
         let replay = replay_log(&l, &image.log, &rec, data_crc)?;
-        e.log = LogState::recovered(rec.commit, cr_cur);
+        e.commits.log = LogState::recovered(rec.commit, cr_cur);
         let mut rec = rec;
         for r in &replay.accepted {
             for &(s, ent) in &r.entries {
                 table[s as usize] = Some(ent);
-                e.log.page_changed(s as u64 / layout::ENTRIES_PER_PAGE);
+                e.commits
+                    .log
+                    .page_changed(s as u64 / layout::ENTRIES_PER_PAGE);
             }
             rec = r.record;
         }
@@ -220,7 +222,7 @@ impl<P: Payload> Engine<P> {
                 }
             }
         }
-        e.free_slots.clear();
+        e.table.free.clear();
         let mut used = vec![false; l.capacity as usize];
         for (i, v) in versions.iter().enumerate() {
             let s = v.slot;
@@ -229,12 +231,12 @@ impl<P: Payload> Engine<P> {
             let dirty = v.dirty && !v.clean;
             let keep = !v.discard && (is_latest || dirty);
             e.set_range(s, (v.lo, v.hi));
-            let slot = &mut e.slots[s as usize];
+            let slot = &mut e.table.slots[s as usize];
             slot.seq = v.seq;
             slot.set_disk_valid(true);
             if !keep {
                 slot.state = SlotState::Retired;
-                e.retired_pending += 1;
+                e.table.retired_pending += 1;
                 report.discarded += 1;
                 e.mark_meta(s);
                 continue;
@@ -250,7 +252,7 @@ impl<P: Payload> Engine<P> {
             }
             e.set_group(s, if dirty { v.group } else { NO_GROUP });
             if dirty {
-                e.dirty_slots += 1;
+                e.table.dirty += 1;
                 report.dirty_versions += 1;
                 // The policy registered the version with its group in `recover`.
                 // A version whose entry no longer says what the policy made
@@ -270,16 +272,20 @@ impl<P: Payload> Engine<P> {
                 }
             }
             let b = e.block_for(v.lbn);
-            e.slots[s as usize].block = b;
+            e.table.slots[s as usize].block = b;
             if !is_latest {
-                e.slots[s as usize].set_shadow(true);
-                e.blocks[b as usize].shadows += 1;
+                e.table.slots[s as usize].set_shadow(true);
+                e.map.blocks[b as usize].shadows += 1;
             }
             if is_latest {
-                e.blocks[b as usize].latest = s;
-                let rid = e.free_rids.pop().expect("more cached blocks than slots");
-                e.rid_block[rid as usize] = b;
-                e.blocks[b as usize].rid = rid;
+                e.map.blocks[b as usize].latest = s;
+                let rid = e
+                    .map
+                    .free_rids
+                    .pop()
+                    .expect("more cached blocks than slots");
+                e.map.rid_block[rid as usize] = b;
+                e.map.blocks[b as usize].rid = rid;
                 e.repl.insert(BlockId(rid), v.lbn, dirty);
             }
         }
@@ -297,36 +303,36 @@ impl<P: Payload> Engine<P> {
                 continue;
             }
             used[s as usize] = true;
-            let slot = &mut e.slots[s as usize];
+            let slot = &mut e.table.slots[s as usize];
             slot.state = SlotState::Retired;
             slot.set_disk_valid(true);
-            e.retired_pending += 1;
+            e.table.retired_pending += 1;
             e.mark_meta(s);
         }
         for s in (0..l.capacity as u32).rev() {
             if !used[s as usize] {
-                e.free_slots.push(s);
+                e.table.free.push(s);
             }
         }
         for pg in rewrite_pages {
             let s = (pg * layout::ENTRIES_PER_PAGE) as u32;
             e.mark_meta(s);
         }
-        e.next_commit = max_tag + 1;
-        e.durable_commit = rec.commit;
+        e.commits.next = max_tag + 1;
+        e.commits.durable = rec.commit;
         e.next_seq = rec.next_seq.max(max_seq + 1);
         // The first commit is a checkpoint; until it is durable the recovered
         // versions count as unsealed (an unsealed record among them is
         // checked again if the device crashes before it).
         for s in 0..l.capacity as u32 {
-            let slot = &mut e.slots[s as usize];
+            let slot = &mut e.table.slots[s as usize];
             if slot.state == SlotState::Valid {
                 slot.set_unsealed(true);
                 let seq = slot.seq;
-                e.log.note_unsealed(e.next_commit, s, seq);
+                e.commits.log.note_unsealed(e.commits.next, s, seq);
             }
         }
-        e.commit_asap = !e.meta_dirty.is_empty() || !replay.accepted.is_empty();
+        e.commits.asap = !e.commits.meta_dirty.is_empty() || !replay.accepted.is_empty();
         Ok((e, report))
     }
 }

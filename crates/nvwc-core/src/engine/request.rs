@@ -21,8 +21,8 @@ impl<P: Payload> Engine<P> {
     ) {
         let first = offset / self.bs;
         let last = (offset + len - 1) / self.bs;
-        let bypass = self.bypassing
-            && !self.admission.admit(&WriteInfo {
+        let bypass = self.bypass.active
+            && !self.bypass.admission.admit(&WriteInfo {
                 offset,
                 len,
                 fua,
@@ -59,8 +59,8 @@ impl<P: Payload> Engine<P> {
         };
         // `admit` runs right after this and takes the queue in order: the
         // write waits exactly when others wait before it or space is short.
-        let waits =
-            !self.admit_queue.is_empty() || (self.free_slots.len() as u64) < self.reserved + need;
+        let waits = !self.admit_queue.is_empty()
+            || (self.table.free.len() as u64) < self.table.reserved + need;
         if waits {
             self.stats.admission_stalls += 1;
         }
@@ -81,7 +81,7 @@ impl<P: Payload> Engine<P> {
     pub(super) fn admit(&mut self) -> bool {
         let mut changed = false;
         while let Some(a) = self.admit_queue.front() {
-            if (self.free_slots.len() as u64) < self.reserved + a.need {
+            if (self.table.free.len() as u64) < self.table.reserved + a.need {
                 break;
             }
             let a = self.admit_queue.pop_front().unwrap();
@@ -104,7 +104,7 @@ impl<P: Payload> Engine<P> {
             // The first `need` pieces each hold one reservation.
             for &k in pieces.iter().take(a.need as usize) {
                 self.pieces.get_mut(k).reserved = true;
-                self.reserved += 1;
+                self.table.reserved += 1;
             }
             changed = true;
         }
@@ -114,7 +114,7 @@ impl<P: Payload> Engine<P> {
     pub(super) fn release_reservation(&mut self, p: u32) {
         let pc = self.pieces.get_mut(p);
         if std::mem::replace(&mut pc.reserved, false) {
-            self.reserved -= 1;
+            self.table.reserved -= 1;
         }
     }
 
@@ -210,9 +210,9 @@ impl<P: Payload> Engine<P> {
     pub(super) fn start_piece(&mut self, p: u32) {
         let lbn = self.pieces.get(p).lbn;
         let b = self.block_for(lbn);
-        if self.blocks[b as usize].busy {
-            self.waiters.entry(b).or_default().push_back(p);
-            if self.bypassing && self.pieces.get(p).critical {
+        if self.map.blocks[b as usize].busy {
+            self.map.waiters.entry(b).or_default().push_back(p);
+            if self.bypass.active && self.pieces.get(p).critical {
                 self.inherit(b);
             }
             return;
@@ -224,13 +224,13 @@ impl<P: Payload> Engine<P> {
         if self.pieces.get(p).data.is_none() {
             self.read_piece(p, b);
         } else {
-            let blk = &mut self.blocks[b as usize];
+            let blk = &mut self.map.blocks[b as usize];
             blk.busy = true;
             if blk.readers() > 0 {
                 blk.fill_stale = true;
             }
-            if self.bypassing {
-                self.holders.insert(b, p);
+            if self.bypass.active {
+                self.bypass.holders.insert(b, p);
             }
             self.write_piece(p, b);
         }

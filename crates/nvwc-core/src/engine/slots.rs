@@ -66,28 +66,37 @@ impl<P: Payload> Engine<P> {
     }
 
     pub(super) fn block_for(&mut self, lbn: u64) -> u32 {
-        if let Some(b) = self.index.get(lbn, |id| self.blocks[id as usize].lbn()) {
+        if let Some(b) = self
+            .map
+            .index
+            .get(lbn, |id| self.map.blocks[id as usize].lbn())
+        {
             return b;
         }
         let blk = Block::new(lbn);
-        let b = if let Some(b) = self.free_blocks.pop() {
-            self.blocks[b as usize] = blk;
+        let b = if let Some(b) = self.map.free.pop() {
+            self.map.blocks[b as usize] = blk;
             b
         } else {
-            self.blocks.push(blk);
-            (self.blocks.len() - 1) as u32
+            self.map.blocks.push(blk);
+            (self.map.blocks.len() - 1) as u32
         };
-        self.index
-            .insert(lbn, b, |id| self.blocks[id as usize].lbn());
+        self.map
+            .index
+            .insert(lbn, b, |id| self.map.blocks[id as usize].lbn());
         b
     }
 
     pub(super) fn group_of(&self, s: u32) -> Group {
-        self.groups.get(s as usize).copied().unwrap_or(NO_GROUP)
+        self.table
+            .groups
+            .get(s as usize)
+            .copied()
+            .unwrap_or(NO_GROUP)
     }
 
     pub(super) fn set_group(&mut self, s: u32, g: Group) -> Group {
-        match self.groups.get_mut(s as usize) {
+        match self.table.groups.get_mut(s as usize) {
             Some(x) => std::mem::replace(x, g),
             None => {
                 debug_assert_eq!(g, NO_GROUP, "policy without groups got a group");
@@ -97,23 +106,24 @@ impl<P: Payload> Engine<P> {
     }
 
     pub(super) fn range_of(&self, s: u32) -> (u32, u32) {
-        self.ranges
+        self.table
+            .ranges
             .get(s as usize)
             .copied()
             .unwrap_or((0, self.bs as u32))
     }
 
     pub(super) fn set_range(&mut self, s: u32, r: (u32, u32)) {
-        if let Some(x) = self.ranges.get_mut(s as usize) {
+        if let Some(x) = self.table.ranges.get_mut(s as usize) {
             *x = r;
         }
     }
 
     /// The block number a valid version belongs to.
     pub(super) fn lbn_of(&self, s: u32) -> u64 {
-        let b = self.slots[s as usize].block;
+        let b = self.table.slots[s as usize].block;
         assert!(b != NIL, "slot {s} has no block");
-        self.blocks[b as usize].lbn()
+        self.map.blocks[b as usize].lbn()
     }
 
     /// A read of the cache device (outside any atomic group).
@@ -138,36 +148,39 @@ impl<P: Payload> Engine<P> {
 
     /// The block entry of `lbn`. Caller guarantees it exists.
     pub(super) fn block_of(&self, lbn: u64) -> u32 {
-        self.index
-            .get(lbn, |id| self.blocks[id as usize].lbn())
+        self.map
+            .index
+            .get(lbn, |id| self.map.blocks[id as usize].lbn())
             .expect("block entry exists")
     }
 
     pub(super) fn maybe_drop_block(&mut self, b: u32) {
-        let blk = &self.blocks[b as usize];
+        let blk = &self.map.blocks[b as usize];
         if blk.latest == NIL
             && !blk.busy
             && blk.readers() == 0
             && blk.shadows == 0
             && blk.destaging == 0
-            && !self.waiters.contains_key(&b)
-            && !self.patches.contains_key(&b)
+            && !self.map.waiters.contains_key(&b)
+            && !self.patch.sets.contains_key(&b)
         {
             debug_assert_eq!(blk.rid, NIL);
             let lbn = blk.lbn();
-            self.index.remove(lbn, |id| self.blocks[id as usize].lbn());
-            self.free_blocks.push(b);
+            self.map
+                .index
+                .remove(lbn, |id| self.map.blocks[id as usize].lbn());
+            self.map.free.push(b);
         }
     }
 
     pub(super) fn mark_meta(&mut self, s: u32) {
-        let slot = &mut self.slots[s as usize];
+        let slot = &mut self.table.slots[s as usize];
         if !slot.in_meta_dirty() {
             slot.set_in_meta_dirty(true);
-            self.meta_dirty.push(s);
+            self.commits.meta_dirty.push(s);
         }
-        if self.oldest_change.is_none() {
-            self.oldest_change = Some(self.now);
+        if self.commits.oldest_change.is_none() {
+            self.commits.oldest_change = Some(self.now);
         }
     }
 
@@ -178,12 +191,12 @@ impl<P: Payload> Engine<P> {
     /// block (the server merges adjacent slot writes).
     pub(super) fn alloc_slot(&mut self, lbn: u64) -> Option<u32> {
         let home = (lbn % self.layout.capacity) as u32;
-        let s = if self.free_slots.take(home) {
+        let s = if self.table.free.take(home) {
             home
         } else {
-            self.free_slots.pop()?
+            self.table.free.pop()?
         };
-        let slot = &mut self.slots[s as usize];
+        let slot = &mut self.table.slots[s as usize];
         assert_eq!(
             slot.state,
             SlotState::Free,
@@ -196,17 +209,17 @@ impl<P: Payload> Engine<P> {
 
     /// Return a never-valid slot (a failed or abandoned write) to the free list.
     pub(super) fn unalloc_slot(&mut self, s: u32) {
-        let slot = &mut self.slots[s as usize];
+        let slot = &mut self.table.slots[s as usize];
         assert_eq!(slot.state, SlotState::Writing);
         slot.state = SlotState::Free;
-        self.free_slots.push(s);
+        self.table.free.push(s);
         self.partial.remove(&s);
     }
 
     /// Release a version: it stops being readable; the slot is reused once no
     /// read holds it and no durable entry names it.
     pub(super) fn retire(&mut self, s: u32) {
-        let slot = &mut self.slots[s as usize];
+        let slot = &mut self.table.slots[s as usize];
         assert_eq!(
             slot.state,
             SlotState::Valid,
@@ -214,43 +227,43 @@ impl<P: Payload> Engine<P> {
         );
         slot.state = SlotState::Retired;
         self.partial.remove(&s);
-        let slot = &mut self.slots[s as usize];
+        let slot = &mut self.table.slots[s as usize];
         let owner = std::mem::replace(&mut slot.block, NIL);
         let was_shadow = slot.shadow();
         slot.set_shadow(false);
         if slot.dirty() {
             slot.set_dirty(false);
-            self.dirty_slots -= 1;
+            self.table.dirty -= 1;
         }
         let (disk_valid, in_snapshot) = (slot.disk_valid(), slot.in_snapshot());
-        if self.bypassing && (disk_valid || in_snapshot) && owner != NIL {
-            let lbn = self.blocks[owner as usize].lbn();
-            *self.retired_lbns.entry(lbn).or_default() += 1;
-            self.retired_lbn.insert(s, lbn);
+        if self.bypass.active && (disk_valid || in_snapshot) && owner != NIL {
+            let lbn = self.map.blocks[owner as usize].lbn();
+            *self.table.retired_lbns.entry(lbn).or_default() += 1;
+            self.table.retired_lbn.insert(s, lbn);
         }
         let g = self.set_group(s, NO_GROUP);
         if g != NO_GROUP {
             self.policy.on_version_removed(g, s);
         }
         if disk_valid || in_snapshot {
-            self.retired_pending += 1;
+            self.table.retired_pending += 1;
             self.mark_meta(s);
         } else {
             self.try_release(s);
         }
         if was_shadow {
-            self.blocks[owner as usize].shadows -= 1;
+            self.map.blocks[owner as usize].shadows -= 1;
             self.maybe_drop_block(owner);
         }
     }
 
     pub(super) fn is_latest(&self, s: u32) -> bool {
-        let b = self.slots[s as usize].block;
-        b != NIL && self.blocks[b as usize].latest == s
+        let b = self.table.slots[s as usize].block;
+        b != NIL && self.map.blocks[b as usize].latest == s
     }
 
     pub(super) fn try_release(&mut self, s: u32) {
-        let slot = &mut self.slots[s as usize];
+        let slot = &mut self.table.slots[s as usize];
         if slot.state == SlotState::Retired
             && slot.refs == 0
             && !slot.disk_valid()
@@ -258,16 +271,17 @@ impl<P: Payload> Engine<P> {
         {
             slot.state = SlotState::Free;
             slot.set_unsealed(false);
-            self.free_slots.push(s);
-            if self.bypassing {
-                if let Some(lbn) = self.retired_lbn.remove(&s) {
+            self.table.free.push(s);
+            if self.bypass.active {
+                if let Some(lbn) = self.table.retired_lbn.remove(&s) {
                     let n = self
+                        .table
                         .retired_lbns
                         .get_mut(&lbn)
                         .expect("retired block count");
                     *n -= 1;
                     if *n == 0 {
-                        self.retired_lbns.remove(&lbn);
+                        self.table.retired_lbns.remove(&lbn);
                     }
                 }
             }
@@ -275,7 +289,7 @@ impl<P: Payload> Engine<P> {
     }
 
     pub(super) fn unref(&mut self, s: u32) {
-        let slot = &mut self.slots[s as usize];
+        let slot = &mut self.table.slots[s as usize];
         assert!(slot.refs > 0);
         slot.refs -= 1;
         self.try_release(s);
@@ -283,13 +297,13 @@ impl<P: Payload> Engine<P> {
 
     /// Remove a block's (clean) latest version from the cache.
     pub(super) fn evict_block(&mut self, b: u32) {
-        let s = self.blocks[b as usize].latest;
+        let s = self.map.blocks[b as usize].latest;
         assert!(s != NIL);
-        let rid = self.blocks[b as usize].rid;
+        let rid = self.map.blocks[b as usize].rid;
         self.repl.remove(BlockId(rid));
-        self.rid_block[rid as usize] = NIL;
-        self.free_rids.push(rid);
-        let blk = &mut self.blocks[b as usize];
+        self.map.rid_block[rid as usize] = NIL;
+        self.map.free_rids.push(rid);
+        let blk = &mut self.map.blocks[b as usize];
         blk.rid = NIL;
         blk.latest = NIL;
         self.retire(s);

@@ -350,3 +350,79 @@ pub(super) struct Waiter {
     pub(super) write: bool,
     pub(super) seq: u64,
 }
+
+/// The slot table in memory: one [`Slot`] per cache slot, the policy's
+/// group and changed range of each version, free slots, and the slots
+/// whose released versions a commit may still name.
+pub(super) struct SlotTable {
+    pub(super) slots: Vec<Slot>,
+    /// Policy group of each slot's version; empty for policies without groups.
+    pub(super) groups: Vec<Group>,
+    /// Byte range each version's writes changed; kept only where destage is
+    /// exact (ordered), empty otherwise (whole blocks).
+    pub(super) ranges: Vec<(u32, u32)>,
+    pub(super) free: FreeSet,
+    /// Slots retired but not yet free (a commit may still name them).
+    pub(super) retired_pending: u64,
+    /// Free slots promised to admitted write pieces that have not allocated yet.
+    pub(super) reserved: u64,
+    /// Dirty versions (not yet on the backing store).
+    pub(super) dirty: u64,
+    /// Blocks with a released version whose entry a durable (or in-flight)
+    /// commit may still name, and the count: recovery could bring such a
+    /// version back, so the block must not be bypassed until a commit frees
+    /// the entry. `retired_lbn` maps each such slot to its block.
+    pub(super) retired_lbns: HashMap<u64, u32>,
+    pub(super) retired_lbn: IdMap<u32, u64>,
+}
+
+impl SlotTable {
+    /// `cap` free slots; groups kept when the policy groups versions,
+    /// ranges when it destages exact byte ranges.
+    pub(super) fn new(cap: usize, groups: bool, ranges: bool) -> Self {
+        SlotTable {
+            slots: vec![Slot::free(); cap],
+            groups: if groups {
+                vec![NO_GROUP; cap]
+            } else {
+                Vec::new()
+            },
+            ranges: if ranges {
+                vec![(0, 0); cap]
+            } else {
+                Vec::new()
+            },
+            free: FreeSet::new(cap, true),
+            retired_pending: 0,
+            reserved: 0,
+            dirty: 0,
+            retired_lbns: HashMap::new(),
+            retired_lbn: IdMap::default(),
+        }
+    }
+}
+
+/// The backing blocks the cache knows about: the LBN index into
+/// [`Block`] entries, and the request-id map of blocks with waiters.
+pub(super) struct BlockMap {
+    pub(super) index: LbnIndex,
+    pub(super) blocks: Vec<Block>,
+    pub(super) free: FreeSet,
+    pub(super) rid_block: Vec<u32>,
+    pub(super) free_rids: FreeSet,
+    /// Pieces waiting for each busy block, in arrival order.
+    pub(super) waiters: IdMap<u32, VecDeque<u32>>,
+}
+
+impl BlockMap {
+    pub(super) fn new(cap: usize) -> Self {
+        BlockMap {
+            index: LbnIndex::with_capacity(cap),
+            blocks: Vec::new(),
+            free: FreeSet::default(),
+            rid_block: vec![NIL; cap],
+            free_rids: FreeSet::new(cap, true),
+            waiters: IdMap::default(),
+        }
+    }
+}

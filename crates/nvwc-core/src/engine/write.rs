@@ -5,7 +5,7 @@ use super::*;
 
 impl<P: Payload> Engine<P> {
     pub(super) fn inplace_ok(&self, s: u32, group: Group) -> bool {
-        let slot = &self.slots[s as usize];
+        let slot = &self.table.slots[s as usize];
         slot.state == SlotState::Valid
             && (!slot.disk_valid() && !slot.in_snapshot() || self.policy.may_overwrite_durable())
             && slot.refs == 0
@@ -13,13 +13,13 @@ impl<P: Payload> Engine<P> {
             && (!slot.unsealed()
                 || crate::mutation::active(crate::mutation::Mutation::InPlaceIgnoresSeal))
             && slot.dirty()
-            && self.commit_waiters.is_empty()
-            && !self.commit_deferred
+            && self.commits.waiters.is_empty()
+            && !self.commits.deferred
             && self.policy.may_overwrite(self.group_of(s), group)
     }
 
     pub(super) fn write_piece(&mut self, p: u32, b: u32) {
-        let latest = self.blocks[b as usize].latest;
+        let latest = self.map.blocks[b as usize].latest;
         let (start, end, lbn, group, fua) = {
             let pc = self.pieces.get(p);
             (pc.start, pc.end, pc.lbn, pc.group, pc.fua)
@@ -31,7 +31,7 @@ impl<P: Payload> Engine<P> {
             self.stats.write_misses += 1;
         }
         let bypass = self.pieces.get(p).bypass;
-        if self.bypassing && !self.policy.synchronous_backing() {
+        if self.bypass.active && !self.policy.synchronous_backing() {
             if bypass && self.can_bypass(p, b) {
                 return self.bypass_piece(p, b);
             }
@@ -52,7 +52,7 @@ impl<P: Payload> Engine<P> {
             self.pieces.get_mut(p).ios += 1;
             // Emitted at the end of this round, merged with the adjacent
             // pieces of the same request (`flush_through_batch`).
-            self.through_batch.push((p, fua));
+            self.bypass.through_batch.push((p, fua));
             // The backing store is authoritative: drop the old copy now (a read in
             // flight on it finishes first; the slot is reused after), and install a
             // new one only if its cache write succeeds.
@@ -63,12 +63,13 @@ impl<P: Payload> Engine<P> {
             // the old copy (if any) is gone above, and no new one is made.
             if bypass {
                 self.count_bypassed(p);
-            } else if self.bypassing {
+            } else if self.bypass.active {
                 self.count_admitted(p);
             }
             if full
                 && !bypass
-                && self.free_slots.len() as u64 > self.reserved + self.cfg.free_reserve as u64 / 2
+                && self.table.free.len() as u64
+                    > self.table.reserved + self.cfg.free_reserve as u64 / 2
             {
                 let s = self.alloc_slot(lbn).unwrap();
                 self.write_new_version(p, s, data);
@@ -85,8 +86,8 @@ impl<P: Payload> Engine<P> {
             let pc = self.pieces.get_mut(p);
             pc.slot = latest;
             pc.ios = 1;
-            self.slots[latest as usize].state = SlotState::Writing;
-            self.inplace_inflight += 1;
+            self.table.slots[latest as usize].state = SlotState::Writing;
+            self.commits.inplace_inflight += 1;
             let off = self.layout.slot_offset(latest) + start as u64;
             self.cache_write(
                 off,
@@ -105,7 +106,7 @@ impl<P: Payload> Engine<P> {
         } else if latest != NIL && self.partial.contains_key(&latest) {
             self.partial_rmw(p, latest);
         } else if latest != NIL {
-            self.slots[latest as usize].refs += 1;
+            self.table.slots[latest as usize].refs += 1;
             self.rmw_from_cache(p, latest);
         } else {
             self.stats.fetches += 1;
@@ -188,7 +189,7 @@ impl<P: Payload> Engine<P> {
     /// as a stalled writer. Returns whether it got a slot.
     pub(super) fn alloc_and_write(&mut self, p: u32) -> bool {
         // A piece without a reservation must leave the reserved slots alone.
-        let spare = self.free_slots.len() as u64 > self.reserved;
+        let spare = self.table.free.len() as u64 > self.table.reserved;
         let slot = if self.pieces.get(p).reserved || spare {
             self.alloc_slot(self.pieces.get(p).lbn)
         } else {
@@ -222,8 +223,8 @@ impl<P: Payload> Engine<P> {
             (pc.slot, pc.lbn, pc.seq, pc.group)
         };
         if inplace {
-            self.inplace_inflight -= 1;
-            let slot = &mut self.slots[s as usize];
+            self.commits.inplace_inflight -= 1;
+            let slot = &mut self.table.slots[s as usize];
             slot.state = SlotState::Valid;
             if ok {
                 slot.seq = seq;
@@ -237,7 +238,7 @@ impl<P: Payload> Engine<P> {
                 let (lo, hi) = self.range_of(s);
                 self.set_range(s, (lo.min(a), hi.max(e)));
                 if durable && self.policy.may_overwrite_durable() {
-                    self.unsynced_overwrites = true;
+                    self.commits.unsynced_overwrites = true;
                 } else {
                     self.mark_meta(s);
                 }
@@ -273,7 +274,7 @@ impl<P: Payload> Engine<P> {
         } else {
             self.unalloc_slot(s);
         }
-        if !self.patches.is_empty() {
+        if !self.patch.sets.is_empty() {
             // A full write over a patched block: its patches go once it is installed.
             let b = self.block_of(lbn);
             self.patch_superseded(b, ok);
@@ -318,13 +319,14 @@ impl<P: Payload> Engine<P> {
         dirty: bool,
         range: (u32, u32),
     ) {
-        let old = self.blocks[b as usize].latest;
+        let old = self.map.blocks[b as usize].latest;
         let coalesce = old != NIL && {
-            let o = &self.slots[old as usize];
+            let o = &self.table.slots[old as usize];
             !(o.dirty() && self.policy.keep_superseded(self.group_of(old), group))
         };
         let (mut lo, mut hi) = range;
-        if coalesce && self.slots[old as usize].dirty() && self.policy.inherits_dirty_range() {
+        if coalesce && self.table.slots[old as usize].dirty() && self.policy.inherits_dirty_range()
+        {
             let (olo, ohi) = self.range_of(old);
             lo = lo.min(olo);
             hi = hi.max(ohi);
@@ -335,7 +337,7 @@ impl<P: Payload> Engine<P> {
         // partial right after (`Engine::partial`).
         self.partial.remove(&s);
         {
-            let slot = &mut self.slots[s as usize];
+            let slot = &mut self.table.slots[s as usize];
 
             assert_eq!(slot.state, SlotState::Writing);
             slot.state = SlotState::Valid;
@@ -344,34 +346,38 @@ impl<P: Payload> Engine<P> {
             slot.block = b;
         }
         if dirty {
-            self.dirty_slots += 1;
+            self.table.dirty += 1;
         }
         self.mark_meta(s);
         if group != NO_GROUP {
             self.policy.on_version_installed(group, s, lbn, seq);
         }
-        self.blocks[b as usize].latest = s;
+        self.map.blocks[b as usize].latest = s;
         if old != NIL {
-            let o = self.slots[old as usize];
+            let o = self.table.slots[old as usize];
             if !coalesce {
                 // Shadow version: kept until its group reaches the backing store.
-                self.blocks[b as usize].shadows += 1;
-                self.slots[old as usize].set_shadow(true);
+                self.map.blocks[b as usize].shadows += 1;
+                self.table.slots[old as usize].set_shadow(true);
             } else {
                 if o.dirty() {
                     self.stats.overwrites += 1;
                 }
                 self.retire(old);
             }
-            let rid = self.blocks[b as usize].rid;
+            let rid = self.map.blocks[b as usize].rid;
             self.repl.touch(BlockId(rid), true);
             if o.dirty() != dirty {
                 self.repl.set_dirty(BlockId(rid), dirty);
             }
         } else {
-            let rid = self.free_rids.pop().expect("more cached blocks than slots");
-            self.rid_block[rid as usize] = b;
-            self.blocks[b as usize].rid = rid;
+            let rid = self
+                .map
+                .free_rids
+                .pop()
+                .expect("more cached blocks than slots");
+            self.map.rid_block[rid as usize] = b;
+            self.map.blocks[b as usize].rid = rid;
             self.repl.insert(BlockId(rid), lbn, dirty);
         }
     }
@@ -398,22 +404,22 @@ impl<P: Payload> Engine<P> {
     }
 
     pub(super) fn release_block(&mut self, b: u32) {
-        self.blocks[b as usize].busy = false;
-        if self.bypassing {
-            self.holders.remove(&b);
+        self.map.blocks[b as usize].busy = false;
+        if self.bypass.active {
+            self.bypass.holders.remove(&b);
         }
         // Wake waiters: reads run together; a write takes the block.
-        while let Some(q) = self.waiters.get_mut(&b) {
+        while let Some(q) = self.map.waiters.get_mut(&b) {
             let Some(p) = q.pop_front() else {
-                self.waiters.remove(&b);
+                self.map.waiters.remove(&b);
                 break;
             };
             if q.is_empty() {
-                self.waiters.remove(&b);
+                self.map.waiters.remove(&b);
             }
             let is_write = self.pieces.get(p).data.is_some();
             self.run_piece(p, b);
-            if is_write || self.blocks[b as usize].busy {
+            if is_write || self.map.blocks[b as usize].busy {
                 break;
             }
         }
@@ -444,7 +450,7 @@ impl<P: Payload> Engine<P> {
                     // large caches found it: ordered seed 497).
                     let extra = self.policy.aux_changed_on_completion(r.group).to_vec();
                     for s in r.installed.iter().copied().chain(extra) {
-                        let slot = &self.slots[s as usize];
+                        let slot = &self.table.slots[s as usize];
                         if slot.state == SlotState::Valid && self.group_of(s) == r.group {
                             self.mark_meta(s);
                         }
@@ -454,7 +460,7 @@ impl<P: Payload> Engine<P> {
                     return self.reply(id, Err(e), r.seq);
                 }
                 if r.fua && r.cached && !self.policy.synchronous_backing() {
-                    self.commit_waiters.push(Waiter {
+                    self.commits.waiters.push(Waiter {
                         id,
                         group: r.group,
                         write: true,
