@@ -356,9 +356,15 @@ impl<P: Payload> Engine<P> {
                 if len == 0 {
                     return self.reply_data(req.id, P::zeroes(0));
                 }
-                self.start_rw(
-                    req.id, offset, len as u64, None, false, req.tag, false, true,
-                );
+                let rw = Rw {
+                    id: req.id,
+                    offset,
+                    len: len as u64,
+                    data: None,
+                    fua: false,
+                    tag: req.tag,
+                };
+                self.start_rw(rw, Route::Cache);
             }
             ReqOp::Write { offset, data, fua } => {
                 self.stats.writes += 1;

@@ -437,7 +437,7 @@ impl<P: Payload> Engine<P> {
             (ps.last_seq, ps.group, (fs, ls + ld.len() as u32))
         };
         let waiters = self.remove_patch_set(b, false);
-        self.install(b, s, lbn, seq, group, true, range);
+        self.install(b, s, lbn, seq, NewVersion::Dirty { group, range });
         if partial {
             self.partial.insert(s, range);
         }

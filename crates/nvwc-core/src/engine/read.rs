@@ -100,7 +100,7 @@ impl<P: Payload> Engine<P> {
             let lbn = self.map.blocks[b as usize].lbn();
             let seq = self.next_seq;
             self.next_seq += 1;
-            self.install(b, s, lbn, seq, NO_GROUP, false, (0, 0));
+            self.install(b, s, lbn, seq, NewVersion::Clean);
         } else {
             self.unalloc_slot(s);
         }

@@ -71,20 +71,7 @@ impl<P: Payload> Engine<P> {
         cfg.validate()?;
         let sb = layout::Superblock::decode(&image.superblock)?;
         layout::check_superblock(&sb, &cfg)?;
-        let ra = CommitRecord::decode(&image.commit_a);
-        let rb = CommitRecord::decode(&image.commit_b);
-        let (rec, cr_cur) = match (ra, rb) {
-            (Some(a), Some(b)) => {
-                if a.commit >= b.commit {
-                    (a, 0)
-                } else {
-                    (b, 1)
-                }
-            }
-            (Some(a), None) => (a, 0),
-            (None, Some(b)) => (b, 1),
-            (None, None) => return Err(FormatError::NoCommit.into()),
-        };
+        let (ckpt, cr_cur) = latest_commit_record(image)?;
         let mut e = Self::build(cfg);
         e.partial_ok = sb.version >= 2;
         let l = e.layout;
@@ -92,99 +79,31 @@ impl<P: Payload> Engine<P> {
             return Err(FormatError::Short.into());
         }
         let mut report = RecoveryReport {
-            commit: rec.commit,
-            clean_shutdown: rec.clean_shutdown,
+            commit: ckpt.commit,
+            clean_shutdown: ckpt.clean_shutdown,
             ..Default::default()
         };
-        let mut versions: Vec<RecoveredVersion> = Vec::new();
-        let mut max_tag = rec.commit;
-        let mut max_seq = 0u64;
-        let mut stale: Vec<u32> = Vec::new();
-        let mut rewrite_pages: Vec<u64> = Vec::new();
-        let mut chosen: Vec<Option<usize>> = vec![None; l.pages() as usize];
-        for pg in 0..l.pages() {
-            let mut best: Option<(u64, u8)> = None;
-            for c in 0..2u8 {
-                let at = (2 * pg + c as u64) as usize * layout::PAGE_BYTES as usize;
-                let Some(tag) =
-                    layout::page_tag(pg, &image.table[at..at + layout::PAGE_BYTES as usize])
-                else {
-                    continue;
-                };
-                max_tag = max_tag.max(tag);
-                if tag > rec.commit {
-                    // Written by a commit that never completed: ignored, and
-                    // rewritten before any later commit could make its tag valid.
-                    report.ignored_uncommitted += 1;
-                    rewrite_pages.push(pg);
-                    continue;
-                }
-                if best.is_none_or(|b| tag > b.0) {
-                    best = Some((tag, c));
-                }
-            }
-            if let Some((_, c)) = best {
-                e.commits.page_cur[pg as usize] = c;
-                chosen[pg as usize] =
-                    Some((2 * pg + c as u64) as usize * layout::PAGE_BYTES as usize);
-            }
-        }
-        let mut table: Vec<Option<Entry>> = (0..l.capacity as u32)
-            .map(|s| {
-                let pg = s as u64 / layout::ENTRIES_PER_PAGE;
-                let base = chosen[pg as usize]?;
-                let at = base + 64 + (s as u64 % layout::ENTRIES_PER_PAGE) as usize * 64;
-                Entry::decode(s, &image.table[at..at + 64])
-            })
-            .collect();
-        let replay = replay_log(&l, &image.log, &rec, data_crc)?;
-        e.commits.log = LogState::recovered(rec.commit, cr_cur);
-        let mut rec = rec;
+        let mut found = e.read_checkpoint(image, &ckpt, &mut report);
+        let replay = replay_log(&l, &image.log, &ckpt, data_crc)?;
+        e.commits.log = LogState::recovered(ckpt.commit, cr_cur);
+        let mut rec = ckpt;
         for r in &replay.accepted {
             for &(s, ent) in &r.entries {
-                table[s as usize] = Some(ent);
+                found.table[s as usize] = Some(ent);
                 e.commits
                     .log
                     .page_changed(s as u64 / layout::ENTRIES_PER_PAGE);
             }
             rec = r.record;
         }
-        max_tag = max_tag.max(replay.max_n);
+        let max_tag = found.max_tag.max(replay.max_n);
         report.log_records = replay.accepted.len() as u64;
         report.log_dropped = replay.dropped.len() as u64;
         if !replay.accepted.is_empty() {
             report.commit = rec.commit;
             report.clean_shutdown = false;
         }
-        for (s, ent) in table.iter().enumerate() {
-            let s = s as u32;
-            let Some(ent) = *ent else {
-                continue;
-            };
-            if ent.flags & F_VALID == 0 {
-                continue;
-            }
-            if ent.lbn >= e.cfg.backing_blocks() {
-                stale.push(s);
-                continue;
-            }
-            max_seq = max_seq.max(ent.seq);
-            versions.push(RecoveredVersion {
-                slot: s,
-                lbn: ent.lbn,
-                seq: ent.seq,
-                aux0: ent.aux0,
-                aux1: ent.aux1,
-                lo: ent.lo,
-                hi: ent.hi,
-                dirty: ent.flags & F_DIRTY != 0,
-                partial: ent.flags & F_PARTIAL != 0,
-                latest: false,
-                group: NO_GROUP,
-                discard: false,
-                clean: false,
-            });
-        }
+        let (mut versions, stale, mut max_seq) = e.collect_versions(&found.table);
         // Versions named only by dropped records: sequence numbers stay above them.
         for r in &replay.dropped {
             for (_, ent) in &r.entries {
@@ -200,95 +119,11 @@ impl<P: Payload> Engine<P> {
             }
             .into());
         }
-        // Latest version per block: the highest sequence number.
-        let mut newest: HashMap<u64, (u64, usize)> = HashMap::new();
-        for (i, v) in versions.iter().enumerate() {
-            let n = newest.entry(v.lbn).or_insert((v.seq, i));
-            if v.seq > n.0 {
-                *n = (v.seq, i);
-            }
-        }
-        for &(_, i) in newest.values() {
+        for i in newest_of(&versions, |_| true) {
             versions[i].latest = true;
         }
         e.policy.recover(&rec, &mut versions);
-        // A discarded latest version hands "latest" to the newest survivor.
-        let mut survivor: HashMap<u64, (u64, usize)> = HashMap::new();
-        for (i, v) in versions.iter().enumerate() {
-            if !v.discard {
-                let n = survivor.entry(v.lbn).or_insert((v.seq, i));
-                if v.seq > n.0 {
-                    *n = (v.seq, i);
-                }
-            }
-        }
-        e.table.free.clear();
-        let mut used = vec![false; l.capacity as usize];
-        for (i, v) in versions.iter().enumerate() {
-            let s = v.slot;
-            used[s as usize] = true;
-            let is_latest = survivor.get(&v.lbn).map(|&(_, j)| j == i).unwrap_or(false);
-            let dirty = v.dirty && !v.clean;
-            let keep = !v.discard && (is_latest || dirty);
-            e.set_range(s, (v.lo, v.hi));
-            let slot = &mut e.table.slots[s as usize];
-            slot.seq = v.seq;
-            slot.set_disk_valid(true);
-            if !keep {
-                slot.state = SlotState::Retired;
-                e.table.retired_pending += 1;
-                report.discarded += 1;
-                e.mark_meta(s);
-                continue;
-            }
-            slot.state = SlotState::Valid;
-            slot.set_dirty(dirty);
-            if v.partial {
-                assert!(
-                    v.lo < v.hi && v.hi as u64 <= e.bs,
-                    "partial entry with a bad range"
-                );
-                e.partial.insert(s, (v.lo, v.hi));
-            }
-            e.set_group(s, if dirty { v.group } else { NO_GROUP });
-            if dirty {
-                e.table.dirty += 1;
-                report.dirty_versions += 1;
-                // The policy registered the version with its group in `recover`.
-                // A version whose entry no longer says what the policy made
-                // of it (journaled: an uncommitted transaction merged into
-                // the open one) gets its entry rewritten at the next commit:
-                // a stale transaction id left on a page no other change
-                // rewrote would later read as a committed, even checkpointed,
-                // transaction (the VOPR's second crash on a large cache found
-                // it: journaled-hints seed 224).
-                if e.policy.entry_aux(v.group) != (v.aux0, v.aux1) {
-                    e.mark_meta(s);
-                }
-            } else {
-                report.clean_versions += 1;
-                if v.dirty {
-                    e.mark_meta(s);
-                }
-            }
-            let b = e.block_for(v.lbn);
-            e.table.slots[s as usize].block = b;
-            if !is_latest {
-                e.table.slots[s as usize].set_shadow(true);
-                e.map.blocks[b as usize].shadows += 1;
-            }
-            if is_latest {
-                e.map.blocks[b as usize].latest = s;
-                let rid = e
-                    .map
-                    .free_rids
-                    .pop()
-                    .expect("more cached blocks than slots");
-                e.map.rid_block[rid as usize] = b;
-                e.map.blocks[b as usize].rid = rid;
-                e.repl.insert(BlockId(rid), v.lbn, dirty);
-            }
-        }
+        let mut used = e.install_recovered(&versions, &mut report);
         // Slots whose entries recovery drops stay unused until a commit has
         // written them free: stale entries, and the slots a dropped log
         // record names (new data there could make that record's checksums
@@ -314,27 +149,250 @@ impl<P: Payload> Engine<P> {
                 e.table.free.push(s);
             }
         }
-        for pg in rewrite_pages {
+        for pg in found.rewrite_pages {
             let s = (pg * layout::ENTRIES_PER_PAGE) as u32;
             e.mark_meta(s);
         }
         e.commits.next = max_tag + 1;
         e.commits.durable = rec.commit;
         e.next_seq = rec.next_seq.max(max_seq + 1);
-        // The first commit is a checkpoint; until it is durable the recovered
-        // versions count as unsealed (an unsealed record among them is
-        // checked again if the device crashes before it).
-        for s in 0..l.capacity as u32 {
-            let slot = &mut e.table.slots[s as usize];
-            if slot.state == SlotState::Valid {
-                slot.set_unsealed(true);
-                let seq = slot.seq;
-                e.commits.log.note_unsealed(e.commits.next, s, seq);
-            }
-        }
+        e.unseal_recovered();
         e.commits.asap = !e.commits.meta_dirty.is_empty() || !replay.accepted.is_empty();
         Ok((e, report))
     }
+
+    /// Read the checkpoint's slot table: for each page the copy with the
+    /// highest tag not above the checkpoint (recorded in `page_cur`).
+    fn read_checkpoint(
+        &mut self,
+        image: &CacheImage,
+        ckpt: &CommitRecord,
+        report: &mut RecoveryReport,
+    ) -> CheckpointTable {
+        let l = self.layout;
+        let page = layout::PAGE_BYTES as usize;
+        let mut max_tag = ckpt.commit;
+        let mut rewrite_pages: Vec<u64> = Vec::new();
+        let mut chosen: Vec<Option<usize>> = vec![None; l.pages() as usize];
+        for pg in 0..l.pages() {
+            let mut best: Option<(u64, u8)> = None;
+            for c in 0..2u8 {
+                let at = (2 * pg + c as u64) as usize * page;
+                let Some(tag) = layout::page_tag(pg, &image.table[at..at + page]) else {
+                    continue;
+                };
+                max_tag = max_tag.max(tag);
+                if tag > ckpt.commit {
+                    // Written by a commit that never completed: ignored, and
+                    // rewritten before any later commit could make its tag valid.
+                    report.ignored_uncommitted += 1;
+                    rewrite_pages.push(pg);
+                    continue;
+                }
+                if best.is_none_or(|b| tag > b.0) {
+                    best = Some((tag, c));
+                }
+            }
+            if let Some((_, c)) = best {
+                self.commits.page_cur[pg as usize] = c;
+                chosen[pg as usize] = Some((2 * pg + c as u64) as usize * page);
+            }
+        }
+        let table = (0..l.capacity as u32)
+            .map(|s| {
+                let pg = s as u64 / layout::ENTRIES_PER_PAGE;
+                let base = chosen[pg as usize]?;
+                let at = base + 64 + (s as u64 % layout::ENTRIES_PER_PAGE) as usize * 64;
+                Entry::decode(s, &image.table[at..at + 64])
+            })
+            .collect();
+        CheckpointTable {
+            table,
+            max_tag,
+            rewrite_pages,
+        }
+    }
+
+    /// The valid entries of `table` as versions for the write policy, the
+    /// slots of entries past the backing store's end (stale), and the
+    /// highest sequence number.
+    fn collect_versions(&self, table: &[Option<Entry>]) -> (Vec<RecoveredVersion>, Vec<u32>, u64) {
+        let mut versions = Vec::new();
+        let mut stale = Vec::new();
+        let mut max_seq = 0u64;
+        for (s, ent) in table.iter().enumerate() {
+            let s = s as u32;
+            let Some(ent) = *ent else {
+                continue;
+            };
+            if ent.flags & F_VALID == 0 {
+                continue;
+            }
+            if ent.lbn >= self.cfg.backing_blocks() {
+                stale.push(s);
+                continue;
+            }
+            max_seq = max_seq.max(ent.seq);
+            versions.push(RecoveredVersion {
+                slot: s,
+                lbn: ent.lbn,
+                seq: ent.seq,
+                aux0: ent.aux0,
+                aux1: ent.aux1,
+                lo: ent.lo,
+                hi: ent.hi,
+                dirty: ent.flags & F_DIRTY != 0,
+                partial: ent.flags & F_PARTIAL != 0,
+                latest: false,
+                group: NO_GROUP,
+                discard: false,
+                clean: false,
+            });
+        }
+        (versions, stale, max_seq)
+    }
+
+    /// Install the versions the write policy kept: slots, blocks, the
+    /// replacement policy and the dirty count. Returns which slots hold a
+    /// version (kept, or retired until a commit frees its entry).
+    fn install_recovered(
+        &mut self,
+        versions: &[RecoveredVersion],
+        report: &mut RecoveryReport,
+    ) -> Vec<bool> {
+        // A discarded latest version hands "latest" to the newest survivor.
+        let mut survivor = vec![false; versions.len()];
+        for i in newest_of(versions, |v| !v.discard) {
+            survivor[i] = true;
+        }
+        self.table.free.clear();
+        let mut used = vec![false; self.layout.capacity as usize];
+        for (i, v) in versions.iter().enumerate() {
+            let s = v.slot;
+            used[s as usize] = true;
+            let is_latest = survivor[i];
+            let dirty = v.dirty && !v.clean;
+            let keep = !v.discard && (is_latest || dirty);
+            self.set_range(s, (v.lo, v.hi));
+            let slot = &mut self.table.slots[s as usize];
+            slot.seq = v.seq;
+            slot.set_disk_valid(true);
+            if !keep {
+                slot.state = SlotState::Retired;
+                self.table.retired_pending += 1;
+                report.discarded += 1;
+                self.mark_meta(s);
+                continue;
+            }
+            slot.state = SlotState::Valid;
+            slot.set_dirty(dirty);
+            if v.partial {
+                assert!(
+                    v.lo < v.hi && v.hi as u64 <= self.bs,
+                    "partial entry with a bad range"
+                );
+                self.partial.insert(s, (v.lo, v.hi));
+            }
+            self.set_group(s, if dirty { v.group } else { NO_GROUP });
+            if dirty {
+                self.table.dirty += 1;
+                report.dirty_versions += 1;
+                // The policy registered the version with its group in `recover`.
+                // A version whose entry no longer says what the policy made
+                // of it (journaled: an uncommitted transaction merged into
+                // the open one) gets its entry rewritten at the next commit:
+                // a stale transaction id left on a page no other change
+                // rewrote would later read as a committed, even checkpointed,
+                // transaction (the VOPR's second crash on a large cache found
+                // it: journaled-hints seed 224).
+                if self.policy.entry_aux(v.group) != (v.aux0, v.aux1) {
+                    self.mark_meta(s);
+                }
+            } else {
+                report.clean_versions += 1;
+                if v.dirty {
+                    self.mark_meta(s);
+                }
+            }
+            self.attach_recovered(s, v.lbn, is_latest, dirty);
+        }
+        used
+    }
+
+    /// Put recovered slot `s` on its block: as the latest version (which
+    /// the replacement policy tracks) or as a shadow.
+    fn attach_recovered(&mut self, s: u32, lbn: u64, latest: bool, dirty: bool) {
+        let b = self.block_for(lbn);
+        self.table.slots[s as usize].block = b;
+        if !latest {
+            self.table.slots[s as usize].set_shadow(true);
+            self.map.blocks[b as usize].shadows += 1;
+            return;
+        }
+        self.map.blocks[b as usize].latest = s;
+        let rid = self
+            .map
+            .free_rids
+            .pop()
+            .expect("more cached blocks than slots");
+        self.map.rid_block[rid as usize] = b;
+        self.map.blocks[b as usize].rid = rid;
+        self.repl.insert(BlockId(rid), lbn, dirty);
+    }
+
+    /// The first commit after recovery is a checkpoint; until it is durable
+    /// the recovered versions count as unsealed (an unsealed record among
+    /// them is checked again if the device crashes before it).
+    fn unseal_recovered(&mut self) {
+        for s in 0..self.layout.capacity as u32 {
+            let slot = &mut self.table.slots[s as usize];
+            if slot.state == SlotState::Valid {
+                slot.set_unsealed(true);
+                let seq = slot.seq;
+                self.commits.log.note_unsealed(self.commits.next, s, seq);
+            }
+        }
+    }
+}
+
+/// The newer of the two commit records (the checkpoint), and its copy.
+fn latest_commit_record(image: &CacheImage) -> Result<(CommitRecord, u8), RecoverError> {
+    let ra = CommitRecord::decode(&image.commit_a);
+    let rb = CommitRecord::decode(&image.commit_b);
+    match (ra, rb) {
+        (Some(a), Some(b)) if a.commit >= b.commit => Ok((a, 0)),
+        (Some(_), Some(b)) => Ok((b, 1)),
+        (Some(a), None) => Ok((a, 0)),
+        (None, Some(b)) => Ok((b, 1)),
+        (None, None) => Err(FormatError::NoCommit.into()),
+    }
+}
+
+/// The index of the newest (highest sequence number, first on a tie)
+/// version of each block among those `eligible` picks, in no order.
+fn newest_of(
+    versions: &[RecoveredVersion],
+    eligible: impl Fn(&RecoveredVersion) -> bool,
+) -> Vec<usize> {
+    let mut newest: HashMap<u64, (u64, usize)> = HashMap::new();
+    for (i, v) in versions.iter().enumerate() {
+        if eligible(v) {
+            let n = newest.entry(v.lbn).or_insert((v.seq, i));
+            if v.seq > n.0 {
+                *n = (v.seq, i);
+            }
+        }
+    }
+    newest.values().map(|&(_, i)| i).collect()
+}
+
+/// The slot table a checkpoint holds (`Engine::read_checkpoint`).
+struct CheckpointTable {
+    table: Vec<Option<Entry>>,
+    /// Highest page tag seen (a commit number), valid or not.
+    max_tag: u64,
+    /// Pages with a copy newer than the checkpoint: rewritten at the next commit.
+    rewrite_pages: Vec<u64>,
 }
 
 /// The log records recovery found after the checkpoint.

@@ -21,6 +21,14 @@ impl<P: Payload> Engine<P> {
     ) {
         let first = offset / self.bs;
         let last = (offset + len - 1) / self.bs;
+        let rw = |data: P| Rw {
+            id,
+            offset,
+            len,
+            data: Some(data),
+            fua,
+            tag,
+        };
         let bypass = self.bypass.active
             && !self.bypass.admission.admit(&WriteInfo {
                 offset,
@@ -37,13 +45,13 @@ impl<P: Payload> Engine<P> {
             // No group to join and no slot to reserve: a piece that is cached
             // after all (its block is cached) takes a spare slot or waits for
             // one like any stalled writer, which write-back can always free.
-            self.start_rw(id, offset, len, Some(data), fua, tag, true, true);
+            self.start_rw(rw(data), Route::Bypass);
             return;
         }
         if bypass && self.journal_bypass_ok(first, last) {
             // Journaled: the write takes no transaction and runs now, ahead
             // of anything queued after it (see `journal_bypass_ok`).
-            let pieces = self.start_rw(id, offset, len, Some(data), fua, tag, true, false);
+            let pieces = self.start_rw(rw(data), Route::BypassUngrouped);
             assert_eq!(self.piece_queue.len(), pieces.len());
             self.piece_queue.clear();
             for p in pieces {
@@ -65,13 +73,8 @@ impl<P: Payload> Engine<P> {
             self.stats.admission_stalls += 1;
         }
         self.admit_queue.push_back(Admit {
-            id,
-            tag,
-            bypass,
-            offset,
-            len,
-            data,
-            fua,
+            rw: rw(data),
+            route: if bypass { Route::Bypass } else { Route::Cache },
             need,
             pieces: last - first + 1,
             stalled_since: waits.then_some(self.now),
@@ -91,16 +94,7 @@ impl<P: Payload> Engine<P> {
                 self.stats.stalled_writes += a.pieces;
                 self.stats.stall_ns += (self.now - since) * a.pieces;
             }
-            let pieces = self.start_rw(
-                a.id,
-                a.offset,
-                a.len,
-                Some(a.data),
-                a.fua,
-                a.tag,
-                a.bypass,
-                true,
-            );
+            let pieces = self.start_rw(a.rw, a.route);
             // The first `need` pieces each hold one reservation.
             for &k in pieces.iter().take(a.need as usize) {
                 self.pieces.get_mut(k).reserved = true;
@@ -119,23 +113,21 @@ impl<P: Payload> Engine<P> {
     }
 
     /// Split a request into block pieces and queue them; returns the pieces.
-    /// A write joins its write-policy group unless `grouped` is false (a
-    /// journaled bypass, `journal_bypass_ok`).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn start_rw(
-        &mut self,
-        id: ReqId,
-        offset: u64,
-        len: u64,
-        data: Option<P>,
-        fua: bool,
-        tag: Tag,
-        bypass: bool,
-        grouped: bool,
-    ) -> Vec<u32> {
+    /// A write joins its write-policy group unless routed
+    /// [`Route::BypassUngrouped`] (a journaled bypass, `journal_bypass_ok`).
+    pub(super) fn start_rw(&mut self, rw: Rw<P>, route: Route) -> Vec<u32> {
+        let Rw {
+            id,
+            offset,
+            len,
+            data,
+            fua,
+            tag,
+        } = rw;
+        let bypass = route != Route::Cache;
         let write = data.is_some();
-        let (seq, group) = if write && !grouped {
-            assert!(bypass && self.policy.kind().journaled());
+        let (seq, group) = if write && route == Route::BypassUngrouped {
+            assert!(self.policy.kind().journaled());
             // Decided by `admit_write` with `journal_bypass_ok`: the write
             // belongs to no transaction (and so has no sequence number: the
             // transactions' sequence ranges never cover it).

@@ -327,13 +327,8 @@ pub(super) struct PlanExec {
 /// A write waiting for admission.
 #[derive(Debug)]
 pub(super) struct Admit<P> {
-    pub(super) id: ReqId,
-    pub(super) tag: Tag,
-    pub(super) bypass: bool,
-    pub(super) offset: u64,
-    pub(super) len: u64,
-    pub(super) data: P,
-    pub(super) fua: bool,
+    pub(super) rw: Rw<P>,
+    pub(super) route: Route,
     /// Slots it reserves when admitted.
     pub(super) need: u64,
     /// Block pieces it covers.
@@ -425,4 +420,37 @@ impl BlockMap {
             waiters: IdMap::default(),
         }
     }
+}
+
+/// A client read (`data` None) or write on its way into block pieces.
+#[derive(Debug)]
+pub(super) struct Rw<P> {
+    pub(super) id: ReqId,
+    pub(super) offset: u64,
+    pub(super) len: u64,
+    pub(super) data: Option<P>,
+    pub(super) fua: bool,
+    pub(super) tag: Tag,
+}
+
+/// Where a request's pieces go, as admission decided.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(super) enum Route {
+    /// Cached, each write in its write-policy group (and every read).
+    Cache,
+    /// Admission rejected the write: each piece bypasses the cache where it
+    /// can (`can_bypass`), in its write-policy group.
+    Bypass,
+    /// A journaled bypass that belongs to no transaction (`journal_bypass_ok`).
+    BypassUngrouped,
+}
+
+/// What a version being installed holds (`install`).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(super) enum NewVersion {
+    /// The backing store's bytes (a fill): clean, in no group.
+    Clean,
+    /// A write not yet on the backing store: its write-policy group, and
+    /// the byte range it changed.
+    Dirty { group: Group, range: (u32, u32) },
 }

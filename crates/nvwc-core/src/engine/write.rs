@@ -261,7 +261,16 @@ impl<P: Payload> Engine<P> {
         if ok {
             let b = self.block_of(lbn);
             let (a, e) = (self.pieces.get(p).start, self.pieces.get(p).end);
-            self.install(b, s, lbn, seq, group, true, (a, e));
+            self.install(
+                b,
+                s,
+                lbn,
+                seq,
+                NewVersion::Dirty {
+                    group,
+                    range: (a, e),
+                },
+            );
             if let Some(v) = self.pieces.get(p).valid {
                 self.partial.insert(s, v);
             }
@@ -301,24 +310,18 @@ impl<P: Payload> Engine<P> {
                 self.unalloc_slot(s);
             } else {
                 let b = self.block_of(lbn);
-                self.install(b, s, lbn, seq, NO_GROUP, false, (0, 0));
+                self.install(b, s, lbn, seq, NewVersion::Clean);
             }
         }
         self.finish_write_piece(p);
     }
 
     /// Make slot `s` the latest version of block `b`.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn install(
-        &mut self,
-        b: u32,
-        s: u32,
-        lbn: u64,
-        seq: u64,
-        group: Group,
-        dirty: bool,
-        range: (u32, u32),
-    ) {
+    pub(super) fn install(&mut self, b: u32, s: u32, lbn: u64, seq: u64, version: NewVersion) {
+        let (dirty, group, range) = match version {
+            NewVersion::Clean => (false, NO_GROUP, (0, 0)),
+            NewVersion::Dirty { group, range } => (true, group, range),
+        };
         let old = self.map.blocks[b as usize].latest;
         let coalesce = old != NIL && {
             let o = &self.table.slots[old as usize];
