@@ -376,6 +376,15 @@ fn sighup_reloads_what_it_can_and_names_what_needs_a_restart() {
         v["exports"][0]["critical"].as_bool().unwrap()
     };
     assert!(!critical());
+    // A client: `nvwc loadtest` for a moment (one connection, verified).
+    let client = || {
+        let (ok, out, err) = run(nvwc()
+            .args(["loadtest", "--clients", "1", "--duration", "1s", "--uri"])
+            .arg(format!("nbd+unix:///a?socket={d}/s.sock")));
+        assert!(ok, "loadtest: {out}{err}");
+    };
+    client();
+    let before = log_of(&dir);
     write_cfg(
         "debug",
         true,
@@ -405,8 +414,14 @@ fn sighup_reloads_what_it_can_and_names_what_needs_a_restart() {
         "{restart}"
     );
     assert!(critical(), "critical = true not applied");
-    // Debug events are logged now (a control connection's are not, so
-    // the second reload's below, which the first level would not show).
+    // Debug events are logged now: an NBD client's `ready` (its handshake).
+    assert!(
+        !before.contains("\"event\":\"ready\""),
+        "debug event at info level"
+    );
+    client();
+    let ready = wait_log(&dir, "\"event\":\"ready\"");
+    assert!(ready.contains("\"level\":\"debug\""), "{ready}");
     // A broken file: refused, logged, nothing changes.
     std::fs::write(dir.join("c.toml"), "[log]\nlevel = \"loud\"\n").unwrap();
     s.signal("HUP");
