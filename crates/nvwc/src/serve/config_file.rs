@@ -606,8 +606,6 @@ pub(super) fn apply(path: &Path, a: &mut Args, given: BTreeSet<String>) -> Resul
                 .collect()
         })
     );
-    // TLS: once `nvwc serve` has its TLS flags, set them here like the
-    // others, e.g. `set!("tls", a.tls.tls, tls.mode.clone())`.
     let tls = TlsSettings {
         mode: string(&f.tls.mode),
         certificates: string(&f.tls.certificates).map(PathBuf::from),
@@ -615,6 +613,15 @@ pub(super) fn apply(path: &Path, a: &mut Args, given: BTreeSet<String>) -> Resul
         psk: string(&f.tls.psk).map(PathBuf::from),
         allow_insecure_tcp: f.server.allow_insecure_tcp.as_ref().map(|v| *v.get_ref()),
     };
+    // TLS: once `nvwc serve` has its TLS flags (`a.tls: crate::tls::TlsArgs`,
+    // branch `tls`), set them here like the others:
+    //   set!("tls", a.tls.tls, tls.mode.as_deref().map(|m| {
+    //       <crate::tls::TlsSetting as clap::ValueEnum>::from_str(m, false).expect("validated")
+    //   }));
+    //   set!("tls_certificates", a.tls.tls_certificates, tls.certificates.clone().map(Some));
+    //   set!("tls_verify_peer", a.tls.tls_verify_peer, tls.verify_peer);
+    //   set!("tls_psk", a.tls.tls_psk, tls.psk.clone().map(Some));
+    //   set!("allow_insecure_tcp", a.tls.allow_insecure_tcp, tls.allow_insecure_tcp);
     if !f.export.is_empty() && (g("backing") || g("cache")) {
         anyhow::bail!(
             "{}: the file lists exports, so --backing and --cache are not used: describe the \
@@ -824,6 +831,54 @@ mod tests {
         );
         let e = errs("[cache]\nblock-size = 1000\n");
         assert!(e.starts_with("t.toml:2:14: block-size 1000"), "{e}");
+    }
+
+    /// Flags given on the command line win over the file; the file wins
+    /// over the flags' defaults; exports inherit the result.
+    #[test]
+    fn flags_override_the_file() {
+        use clap::{Args as _, FromArgMatches};
+        let dir = std::env::temp_dir().join(format!("nvwc-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("c.toml");
+        std::fs::write(
+            &p,
+            "[log]\nlevel = \"debug\"\n[defaults]\nwrite-policy = \"journaled\"\ncache-size = \"2M\"\n\
+             [policy]\nwal-range = [\"0:1M\"]\n\
+             [[export]]\nname = \"a\"\nbacking = \"a.img\"\ncache = \"a.c\"\n\
+             [[export]]\nname = \"b\"\nbacking = \"b.img\"\ncache = \"b.c\"\nwrite-policy = \"write-through\"\n",
+        )
+        .unwrap();
+        let cmd = Args::augment_args(clap::Command::new("serve"));
+        let m = cmd
+            .try_get_matches_from([
+                "serve",
+                "--config",
+                p.to_str().unwrap(),
+                "--write-policy",
+                "ordered",
+            ])
+            .unwrap();
+        let mut a = Args::from_arg_matches(&m).unwrap();
+        let given = m
+            .ids()
+            .filter(|id| {
+                m.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine)
+            })
+            .map(|id| id.as_str().to_string())
+            .collect();
+        apply(&p, &mut a, given).unwrap();
+        assert_eq!(a.write_policy, "ordered");
+        assert_eq!(a.log_level.as_deref(), Some("debug"));
+        assert_eq!(a.cache_size, 2 << 20);
+        assert_eq!(a.wal_range, [(0, 1 << 20)]);
+        let ex = &a.loaded.as_ref().unwrap().exports;
+        assert_eq!(
+            (ex[0].write_policy.as_str(), ex[0].cache_size),
+            ("ordered", 2 << 20)
+        );
+        assert_eq!(ex[1].write_policy, "write-through");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
