@@ -410,7 +410,9 @@ fn sighup_reloads_what_it_can_and_names_what_needs_a_restart() {
     );
     let restart = wait_log(&dir, "reload_needs_restart");
     assert!(
-        restart.contains("export[\\\"b\\\"] (new)") && restart.contains("defaults.write-policy"),
+        restart.contains("export[\\\"b\\\"] (new)")
+            && !restart.contains("export[\\\"b\\\"].backing")
+            && restart.contains("defaults.write-policy"),
         "{restart}"
     );
     assert!(critical(), "critical = true not applied");

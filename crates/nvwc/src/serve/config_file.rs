@@ -714,33 +714,35 @@ pub(super) fn reload(l: &Loaded, exports: &[Arc<NvwcExport>]) {
     let mut running = l.running.lock().unwrap();
     let keys: BTreeSet<String> = running.keys().chain(new.keys()).cloned().collect();
     let (mut applied, mut restart) = (Vec::new(), Vec::new());
+    // `export[NAME].key` -> `export[NAME]`, the key an export's presence has.
+    let export_of = |k: &str| k.find("].").map(|i| k[..=i].to_string());
     for k in keys {
         if running.get(&k) == new.get(&k) {
             continue;
         }
+        let export = export_of(&k);
+        // An export added or removed is reported once, not key by key.
+        let whole = |e: &String| !running.contains_key(e) || !new.contains_key(e);
+        if export.as_ref().is_some_and(whole) {
+            continue;
+        }
         let live = k == "log.level"
             || k == "log.format"
-            || (k.starts_with("export[")
-                && k.ends_with("].critical")
-                && running.contains_key(&k[..k.len() - ".critical".len()])
-                && new.contains_key(&k[..k.len() - ".critical".len()]));
+            || (export.is_some() && k.ends_with("].critical"));
         if live {
             match new.get(&k) {
                 Some(v) => running.insert(k.clone(), v.clone()),
                 None => running.remove(&k),
             };
             applied.push(k);
-        } else if k.starts_with("export[") && !k.contains("].") {
-            restart.push(if new.contains_key(&k) {
-                format!("{} (new)", &k)
+        } else if k.starts_with("export[") && export.is_none() {
+            let how = if new.contains_key(&k) {
+                "new"
             } else {
-                format!("{} (removed)", &k)
-            });
-        } else if !(k.starts_with("export[")
-            && (!running.contains_key(&k[..k.find("].").map_or(k.len(), |i| i + 1)])
-                || !new.contains_key(&k[..k.find("].").map_or(k.len(), |i| i + 1)])))
-        {
-            // (Keys of an export added or removed are reported with it.)
+                "removed"
+            };
+            restart.push(format!("{k} ({how})"));
+        } else {
             restart.push(k);
         }
     }
