@@ -4,8 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# 1. Debian packages used by the integration tests (real NBD clients, fio, ext4 tools).
-pkgs="qemu-utils nbdkit libnbd-bin nbdfuse fio e2fsprogs fonts-dejavu-core"
+# 1. Debian packages used by the integration tests (real NBD clients, fio, ext4
+# tools, systemd-analyze for the unit file).
+pkgs="qemu-utils nbdkit libnbd-bin nbdfuse fio e2fsprogs fonts-dejavu-core systemd"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

@@ -26,15 +26,17 @@ pub use driver::{
 };
 pub use metrics::{IntervalRecord, LatencySummary, RunHistogram, RunResult};
 
-/// Errors of the simulator.
+/// Errors of the simulator. Each message includes the inner error's, so
+/// the inner error is not also given as a `source` (a chain printed whole
+/// would repeat it).
 #[derive(Debug, thiserror::Error)]
 pub enum SimError {
     /// The trace could not be read.
     #[error("trace: {0}")]
-    Trace(#[from] nvwc_trace::TraceError),
+    Trace(nvwc_trace::TraceError),
     /// A device model could not be built.
     #[error("device: {0}")]
-    Device(#[from] device::DeviceError),
+    Device(device::DeviceError),
     /// The configuration is invalid.
     #[error("configuration: {0}")]
     Config(String),
@@ -46,7 +48,25 @@ pub enum SimError {
     Plot(String),
     /// I/O outside the trace (output files).
     #[error("{0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
+}
+
+impl From<nvwc_trace::TraceError> for SimError {
+    fn from(e: nvwc_trace::TraceError) -> Self {
+        SimError::Trace(e)
+    }
+}
+
+impl From<device::DeviceError> for SimError {
+    fn from(e: device::DeviceError) -> Self {
+        SimError::Device(e)
+    }
+}
+
+impl From<std::io::Error> for SimError {
+    fn from(e: std::io::Error) -> Self {
+        SimError::Io(e)
+    }
 }
 
 /// Parses a size: a number with an optional binary suffix `k`, `m`, `g`, `t`

@@ -220,7 +220,7 @@ impl<'a> Batched<'a> {
                 Err(FrameError::Truncated { have }) => {
                     return Some(Err(TraceError::Io {
                         file: name.to_owned(),
-                        source: io::Error::new(
+                        error: io::Error::new(
                             io::ErrorKind::UnexpectedEof,
                             format!(
                                 "record {} (byte offset {}) is truncated: {have} of {} bytes",

@@ -64,14 +64,15 @@ pub enum TraceError {
         /// Comma-separated accepted names.
         expected: String,
     },
-    /// Reading, decompressing or writing failed. Fatal.
-    #[error("{file}: I/O error: {source}")]
+    /// Reading, decompressing or writing failed. Fatal. The message
+    /// includes the I/O error's, so it is not also given as a `source` (a
+    /// chain printed whole would repeat it).
+    #[error("{file}: I/O error: {error}")]
     Io {
         /// Input (or output) name.
         file: String,
         /// The underlying error.
-        #[source]
-        source: io::Error,
+        error: io::Error,
     },
     /// A record that the compact format cannot represent.
     #[error("cannot write record {record} to the compact format: {reason}")]
@@ -113,7 +114,7 @@ impl TraceError {
     pub(crate) fn io(file: &str, source: io::Error) -> Self {
         TraceError::Io {
             file: file.to_owned(),
-            source,
+            error: source,
         }
     }
 

@@ -2,19 +2,23 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod crashtest;
+mod docs;
+mod errors;
 mod ext4;
 mod fault;
 mod grid;
 mod loadtest;
 mod mrc;
+mod notify;
 mod repro;
 mod repro_adm;
 mod repro_nbw;
 mod serve;
 mod sim;
+mod status;
 mod trace;
 mod vopr;
 
@@ -35,8 +39,8 @@ struct Cli {
 enum Cmd {
     /// Serve a backing store through a persistent write cache over NBD.
     Serve(serve::Args),
-    /// Print a running server's state as JSON.
-    Status(serve::CtlArgs),
+    /// Print a running server's state: a table on a terminal, else JSON (`--json`).
+    Status(status::StatusArgs),
     /// Mark a connection's requests critical (or not) for `--admission`.
     Hint(serve::HintArgs),
     /// Write back everything dirty on a running server (it keeps serving).
@@ -64,15 +68,26 @@ enum Cmd {
     Grid(grid::Args),
     /// Reproduce a paper's experiments (writes reports/<name>.md).
     Repro(repro::Args),
+    /// Check a configuration file for `nvwc serve --config` (errors name the line).
+    CheckConfig(serve::config_file::CheckArgs),
+    /// Print a shell completion script (bash, zsh, fish, ...) on stdout.
+    Completions(docs::CompletionArgs),
+    /// Write the man pages (docs/man/).
+    #[command(hide = true)]
+    Man(docs::ManArgs),
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let r = match cli.cmd {
-        Cmd::Serve(a) => serve::run(a),
+        Cmd::Serve(a) => {
+            let m = matches.subcommand_matches("serve").expect("serve");
+            serve::config_file::serve(a, m)
+        }
         Cmd::Recover(a) => serve::recover(a),
         Cmd::Format(a) => serve::format::run(a),
-        Cmd::Status(a) => serve::control("status", a),
+        Cmd::Status(a) => status::run(a),
         Cmd::Hint(a) => serve::hint(a),
         Cmd::Flush(a) => serve::control("flush", a),
         Cmd::Detach(a) => serve::control("detach", a),
@@ -84,11 +99,14 @@ fn main() -> ExitCode {
         Cmd::Loadtest(a) => loadtest::run(a),
         Cmd::Crashtest(a) => crashtest::run(a),
         Cmd::Grid(a) => grid::run(a),
+        Cmd::CheckConfig(a) => serve::config_file::check_config(a),
+        Cmd::Completions(a) => docs::completions(Cli::command(), a),
+        Cmd::Man(a) => docs::write_man(Cli::command(), a),
     };
     match r {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("nvwc: error: {e:#}");
+            eprintln!("nvwc: error: {}", errors::chain(&e));
             ExitCode::from(2)
         }
     }

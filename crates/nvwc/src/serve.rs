@@ -44,6 +44,7 @@ use nvwc_nbd::export::{BoxFuture, Export, ExportInfo, NbdResult, RequestCtx, Wri
 use nvwc_nbd::NbdError;
 
 mod bind;
+pub(crate) mod config_file;
 pub(crate) mod format;
 mod host;
 mod label;
@@ -54,6 +55,13 @@ use log::log;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
+    /// A configuration file (TOML; `contrib/nvwc.example.toml`): its
+    /// settings and exports, under the flags given here. `SIGHUP` reloads it.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// The configuration file as loaded (`config_file::apply`).
+    #[arg(skip)]
+    loaded: Option<config_file::Loaded>,
     /// Backing store: a file (created sparse with --size if missing) or an
     /// upstream NBD server, `nbd://host:port/name` or `nbd+unix:///name?socket=PATH`.
     #[arg(long, default_value = "nvwc-data/backing.img")]
@@ -539,7 +547,11 @@ impl Device {
                         rt.block_on(c.commit_and_apply(&writes))
                             .map(|_| None)
                             .map_err(|err| {
-                                log!(error, "redo_commit_failed", error = format!("{err:#}"));
+                                log!(
+                                    error,
+                                    "redo_commit_failed",
+                                    error = crate::errors::chain(&err)
+                                );
                                 IoError::Eio
                             })
                     }
@@ -632,8 +644,9 @@ struct NvwcExport {
     split_blocks: u64,
     /// Request latency per class: `[normal, critical]` (admission hints).
     lat: [Latency; 2],
-    /// Every request of this export is critical (`--export NAME:critical`).
-    critical: bool,
+    /// Every request of this export is critical (`--export NAME:critical`;
+    /// a configuration file's `critical`, which `SIGHUP` reloads).
+    critical: std::sync::atomic::AtomicBool,
     /// Connections marked critical by `nvwc hint` (looked up only while
     /// `hinted` is non-zero, so unhinted serving takes no lock).
     hints: Mutex<std::collections::HashSet<u64>>,
@@ -682,7 +695,7 @@ fn nbd_err(e: ReqError) -> NbdError {
 impl NvwcExport {
     /// The admission tag of a request on connection `conn`.
     fn tag(&self, conn: u64) -> Tag {
-        let critical = self.critical
+        let critical = self.critical.load(Ordering::Relaxed)
             || self.hinted.load(Ordering::Relaxed) > 0
                 && self.hints.lock().unwrap().contains(&conn);
         Tag {
@@ -815,7 +828,7 @@ fn status_json(exports: &[Arc<NvwcExport>], conns: &Conns) -> String {
                 json_string(&e.info.name),
                 e.info.size,
                 json_string(&e.info.description),
-                e.critical,
+                e.critical.load(Ordering::Relaxed),
                 kv(&stats_pairs(&st)),
                 kv(&pc)
             )
@@ -828,7 +841,9 @@ fn status_json(exports: &[Arc<NvwcExport>], conns: &Conns) -> String {
         .map(|(id, (peer, export))| {
             let critical = export.as_ref().is_some_and(|x| {
                 exports.iter().any(|e| {
-                    &e.info.name == x && (e.critical || e.hints.lock().unwrap().contains(id))
+                    &e.info.name == x
+                        && (e.critical.load(Ordering::Relaxed)
+                            || e.hints.lock().unwrap().contains(id))
                 })
             });
             format!(
@@ -1036,6 +1051,17 @@ pub struct CtlArgs {
 }
 
 pub fn control(cmd: &str, a: CtlArgs) -> Result<std::process::ExitCode> {
+    let line = ask(cmd, &a)?;
+    print!("{line}");
+    Ok(if line.contains("\"error\"") {
+        std::process::ExitCode::from(1)
+    } else {
+        std::process::ExitCode::SUCCESS
+    })
+}
+
+/// Send `cmd` to a running server's control socket: its one-line answer.
+pub fn ask(cmd: &str, a: &CtlArgs) -> Result<String> {
     use std::io::BufRead;
     let mut s = std::os::unix::net::UnixStream::connect(&a.control).with_context(|| {
         format!(
@@ -1046,12 +1072,7 @@ pub fn control(cmd: &str, a: CtlArgs) -> Result<std::process::ExitCode> {
     s.write_all(format!("{cmd}\n").as_bytes())?;
     let mut line = String::new();
     std::io::BufReader::new(s).read_line(&mut line)?;
-    print!("{line}");
-    Ok(if line.contains("\"error\"") {
-        std::process::ExitCode::from(1)
-    } else {
-        std::process::ExitCode::SUCCESS
-    })
+    Ok(line)
 }
 
 impl Export for NvwcExport {
@@ -1885,7 +1906,7 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
         block: bs,
         split_blocks,
         lat: Default::default(),
-        critical: e.critical,
+        critical: e.critical.into(),
         hints: Mutex::default(),
         hinted: AtomicU64::new(0),
         cache_path: e.cache.clone(),
@@ -1901,7 +1922,8 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
         bail!("--block-size must be a power of two between 512 and 1M");
     }
     let mut specs = Vec::new();
-    if a.default_export.is_none() {
+    let from_file = a.loaded.as_ref().map_or(&[][..], |l| &l.exports[..]);
+    if a.default_export.is_none() && from_file.is_empty() {
         specs.push(ExportSpec {
             name: String::new(),
             backing: a.backing.to_string_lossy().to_string(),
@@ -1914,6 +1936,7 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
             critical: false,
         });
     }
+    specs.extend(from_file.iter().cloned());
     // `NAME:critical` marks an export (given here or by another --export).
     let mut critical_names = Vec::new();
     for s in &a.export {
@@ -2019,11 +2042,27 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
         println!("  (a named export: nbd+unix:///NAME?socket={})", sock.display());
         println!("stop with Ctrl-C or SIGTERM (in-flight requests finish, metadata is committed)");
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        let detached = tokio::select! {
-            _ = tokio::signal::ctrl_c() => { log!(info, "signal", signal = "SIGINT"); false }
-            _ = term.recv() => { log!(info, "signal", signal = "SIGTERM"); false }
-            _ = stop.notified() => { log!(info, "detached", dirty_blocks = 0u64); true }
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+        sd_notify(&format!("READY=1\nSTATUS=serving {} export(s)", ex.len()));
+        let detached = loop {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => { log!(info, "signal", signal = "SIGINT"); break false }
+                _ = term.recv() => { log!(info, "signal", signal = "SIGTERM"); break false }
+                _ = stop.notified() => { log!(info, "detached", dirty_blocks = 0u64); break true }
+                _ = hup.recv() => {
+                    log!(info, "signal", signal = "SIGHUP");
+                    match &a.loaded {
+                        Some(l) => {
+                            sd_notify("RELOADING=1");
+                            config_file::reload(l, &ex);
+                            sd_notify("READY=1");
+                        }
+                        None => log!(warn, "reload_skipped", reason = "no --config file to reload"),
+                    }
+                }
+            }
         };
+        sd_notify("STOPPING=1\nSTATUS=stopping: finishing requests, committing metadata");
         log!(info, "stopping");
         ctl.abort();
         server.shutdown().await;
@@ -2053,6 +2092,13 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
         }
     }
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Tell systemd (`Type=notify`) about the server's state; see `notify.rs`.
+fn sd_notify(state: &str) {
+    if let Err(e) = crate::notify::notify(state) {
+        log!(warn, "sd_notify_failed", error = e.to_string());
+    }
 }
 
 /// After `nvwc detach` wrote everything back: mark the cache emptied, so
