@@ -367,40 +367,18 @@ impl<P: Payload> Engine<P> {
                 self.start_rw(rw, Route::Cache);
             }
             ReqOp::Write { offset, data, fua } => {
-                self.stats.writes += 1;
-                self.stats.write_bytes += data.len() as u64;
-                if !self.in_range(offset, data.len() as u64) {
-                    return self.reply(req.id, Err(ReqError::InvalidRange), 0);
-                }
                 let len = data.len() as u64;
-                if len == 0 {
-                    return self.reply(req.id, Ok(None), 0);
-                }
-                if self.spans(offset, len) > self.max_write_bytes() / self.bs {
-                    return self.reply(req.id, Err(ReqError::TooLarge), 0);
+                if self.refuse_write(req.id, offset, len) {
+                    return;
                 }
                 self.admit_write(req.id, offset, len, data, fua, req.tag);
             }
             ReqOp::WriteZeroes { offset, len, fua } => {
-                self.stats.writes += 1;
-                self.stats.write_bytes += len as u64;
-                if !self.in_range(offset, len as u64) {
-                    return self.reply(req.id, Err(ReqError::InvalidRange), 0);
+                if self.refuse_write(req.id, offset, len as u64) {
+                    return;
                 }
-                if len == 0 {
-                    return self.reply(req.id, Ok(None), 0);
-                }
-                if self.spans(offset, len as u64) > self.max_write_bytes() / self.bs {
-                    return self.reply(req.id, Err(ReqError::TooLarge), 0);
-                }
-                self.admit_write(
-                    req.id,
-                    offset,
-                    len as u64,
-                    P::zeroes(len as usize),
-                    fua,
-                    req.tag,
-                );
+                let zeroes = P::zeroes(len as usize);
+                self.admit_write(req.id, offset, len as u64, zeroes, fua, req.tag);
             }
             ReqOp::Flush => {
                 self.stats.flushes += 1;
@@ -419,6 +397,24 @@ impl<P: Payload> Engine<P> {
             }
         }
         self.progress();
+    }
+
+    /// Count a write of `len` bytes at `offset` and answer it at once if it
+    /// is out of range, empty or too large (returns true then).
+    fn refuse_write(&mut self, id: ReqId, offset: u64, len: u64) -> bool {
+        self.stats.writes += 1;
+        self.stats.write_bytes += len;
+        let refusal = if !self.in_range(offset, len) {
+            Err(ReqError::InvalidRange)
+        } else if len == 0 {
+            Ok(None)
+        } else if self.spans(offset, len) > self.max_write_bytes() / self.bs {
+            Err(ReqError::TooLarge)
+        } else {
+            return false;
+        };
+        self.reply(id, refusal, 0);
+        true
     }
 
     /// A device command completed.

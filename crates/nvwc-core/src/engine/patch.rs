@@ -145,35 +145,8 @@ impl<P: Payload> Engine<P> {
             (pc.start, pc.end, pc.group, pc.fua, pc.seq, pc.reserved)
         };
         let full = start == 0 && end as u64 == self.bs;
-        if let Some(ps) = self.patch.sets.get(&b) {
-            let frozen = ps.frozen;
-            if full
-                && !frozen
-                && !ps.io
-                && ps.waiters.is_empty()
-                && !self.policy.keep_superseded(ps.group, group)
-            {
-                // The whole block is rewritten: once the new version is
-                // installed the patches are moot (`patch_superseded`); if its
-                // write fails they stay. No materialisation starts meanwhile.
-                self.patch.sets.get_mut(&b).unwrap().superseding = true;
-                return false;
-            }
-            if !full && !fua && !frozen && ps.group == group {
-                let data = self.pieces.get_mut(p).data.clone().expect("write data");
-                let ps = self.patch.sets.get_mut(&b).unwrap();
-                let delta = merge_part(&mut ps.parts, start, data);
-                ps.bytes = (ps.bytes as i64 + delta) as u32;
-                ps.last_seq = ps.last_seq.max(seq);
-                self.patch.bytes = (self.patch.bytes as i64 + delta) as u64;
-                self.stats.patch_merges += 1;
-                self.finish_write_piece(p);
-                return true;
-            }
-            self.stats.patch_waits += 1;
-            self.patch.sets.get_mut(&b).unwrap().waiters.push(p);
-            self.materialize(b, true);
-            return true;
+        if self.patch.sets.contains_key(&b) {
+            return self.patch_onto_set(p, b, full);
         }
         let blk = &self.map.blocks[b as usize];
         if full
@@ -233,6 +206,46 @@ impl<P: Payload> Engine<P> {
             FetchMode::Lazy | FetchMode::Blocking => {}
         }
         self.finish_write_piece(p);
+        true
+    }
+
+    /// Write piece `p` to block `b`, which already has a patch set: merge
+    /// it into the set, let a full-block write supersede the set, or wait
+    /// for the set to be materialised. Returns false if the piece should
+    /// take the normal write path (superseding).
+    fn patch_onto_set(&mut self, p: u32, b: u32, full: bool) -> bool {
+        let (start, group, fua, seq) = {
+            let pc = self.pieces.get(p);
+            (pc.start, pc.group, pc.fua, pc.seq)
+        };
+        let ps = &self.patch.sets[&b];
+        let frozen = ps.frozen;
+        if full
+            && !frozen
+            && !ps.io
+            && ps.waiters.is_empty()
+            && !self.policy.keep_superseded(ps.group, group)
+        {
+            // The whole block is rewritten: once the new version is
+            // installed the patches are moot (`patch_superseded`); if its
+            // write fails they stay. No materialisation starts meanwhile.
+            self.patch.sets.get_mut(&b).unwrap().superseding = true;
+            return false;
+        }
+        if !full && !fua && !frozen && ps.group == group {
+            let data = self.pieces.get_mut(p).data.clone().expect("write data");
+            let ps = self.patch.sets.get_mut(&b).unwrap();
+            let delta = merge_part(&mut ps.parts, start, data);
+            ps.bytes = (ps.bytes as i64 + delta) as u32;
+            ps.last_seq = ps.last_seq.max(seq);
+            self.patch.bytes = (self.patch.bytes as i64 + delta) as u64;
+            self.stats.patch_merges += 1;
+            self.finish_write_piece(p);
+            return true;
+        }
+        self.stats.patch_waits += 1;
+        self.patch.sets.get_mut(&b).unwrap().waiters.push(p);
+        self.materialize(b, true);
         true
     }
 

@@ -20,9 +20,9 @@ impl<P: Payload> Engine<P> {
 
     pub(super) fn write_piece(&mut self, p: u32, b: u32) {
         let latest = self.map.blocks[b as usize].latest;
-        let (start, end, lbn, group, fua) = {
+        let (start, end, group) = {
             let pc = self.pieces.get(p);
-            (pc.start, pc.end, pc.lbn, pc.group, pc.fua)
+            (pc.start, pc.end, pc.group)
         };
         let full = start == 0 && end as u64 == self.bs;
         if latest != NIL {
@@ -30,74 +30,19 @@ impl<P: Payload> Engine<P> {
         } else {
             self.stats.write_misses += 1;
         }
-        let bypass = self.pieces.get(p).bypass;
-        if self.bypass.active && !self.policy.synchronous_backing() {
-            if bypass && self.can_bypass(p, b) {
-                return self.bypass_piece(p, b);
-            }
-            if bypass {
-                self.stats.bypass_refused += 1;
-                self.pieces.get_mut(p).bypass = false;
-                let req = self.pieces.get(p).req;
-                self.reqs
-                    .get_mut(&req)
-                    .expect("piece of unknown request")
-                    .cached = true;
-            } else {
-                self.count_admitted(p);
-            }
+        if self.bypass.active && !self.policy.synchronous_backing() && self.admission_bypasses(p, b)
+        {
+            return;
         }
         if self.policy.synchronous_backing() {
-            let data = self.pieces.get(p).data.clone().unwrap();
-            self.pieces.get_mut(p).ios += 1;
-            // Emitted at the end of this round, merged with the adjacent
-            // pieces of the same request (`flush_through_batch`).
-            self.bypass.through_batch.push((p, fua));
-            // The backing store is authoritative: drop the old copy now (a read in
-            // flight on it finishes first; the slot is reused after), and install a
-            // new one only if its cache write succeeds.
-            if latest != NIL {
-                self.evict_block(b);
-            }
-            // A rejected write under write-through keeps the cache out of it:
-            // the old copy (if any) is gone above, and no new one is made.
-            if bypass {
-                self.count_bypassed(p);
-            } else if self.bypass.active {
-                self.count_admitted(p);
-            }
-            if full
-                && !bypass
-                && self.table.free.len() as u64
-                    > self.table.reserved + self.cfg.free_reserve as u64 / 2
-            {
-                let s = self.alloc_slot(lbn).unwrap();
-                self.write_new_version(p, s, data);
-            }
-            return;
+            return self.write_through_piece(p, b, latest, full);
         }
         if latest == NIL && self.patch_write(p, b) {
             return;
         }
         if latest != NIL && self.inplace_ok(latest, group) && self.within_valid(latest, start, end)
         {
-            let data = self.pieces.get(p).data.clone().unwrap();
-            self.stats.overwrites += 1;
-            let pc = self.pieces.get_mut(p);
-            pc.slot = latest;
-            pc.ios = 1;
-            self.table.slots[latest as usize].state = SlotState::Writing;
-            self.commits.inplace_inflight += 1;
-            let off = self.layout.slot_offset(latest) + start as u64;
-            self.cache_write(
-                off,
-                data,
-                IoCtx::PieceCacheWrite {
-                    piece: p,
-                    inplace: true,
-                },
-            );
-            return;
+            return self.overwrite_in_place(p, latest);
         }
         if full {
             let d = self.pieces.get(p).data.clone();
@@ -111,6 +56,7 @@ impl<P: Payload> Engine<P> {
         } else {
             self.stats.fetches += 1;
             self.pieces.get_mut(p).ios = 1;
+            let lbn = self.pieces.get(p).lbn;
             self.backing_read(
                 lbn * self.bs,
                 self.bs as u32,
@@ -120,6 +66,86 @@ impl<P: Payload> Engine<P> {
                 },
             );
         }
+    }
+
+    /// Under an admission policy that can reject writes (write-back,
+    /// ordered, journaled): bypass piece `p` if admission rejected it and
+    /// it can bypass (returns true); a rejected piece that cannot is cached,
+    /// and so is its request.
+    fn admission_bypasses(&mut self, p: u32, b: u32) -> bool {
+        let bypass = self.pieces.get(p).bypass;
+        if bypass && self.can_bypass(p, b) {
+            self.bypass_piece(p, b);
+            return true;
+        }
+        if bypass {
+            self.stats.bypass_refused += 1;
+            self.pieces.get_mut(p).bypass = false;
+            let req = self.pieces.get(p).req;
+            self.reqs
+                .get_mut(&req)
+                .expect("piece of unknown request")
+                .cached = true;
+        } else {
+            self.count_admitted(p);
+        }
+        false
+    }
+
+    /// Write-through: the piece goes to the backing store; a full block
+    /// admitted to the cache also gets a new cached copy if a slot is spare.
+    fn write_through_piece(&mut self, p: u32, b: u32, latest: u32, full: bool) {
+        let (data, fua, lbn, bypass) = {
+            let pc = self.pieces.get(p);
+            (pc.data.clone().unwrap(), pc.fua, pc.lbn, pc.bypass)
+        };
+        self.pieces.get_mut(p).ios += 1;
+        // Emitted at the end of this round, merged with the adjacent
+        // pieces of the same request (`flush_through_batch`).
+        self.bypass.through_batch.push((p, fua));
+        // The backing store is authoritative: drop the old copy now (a read in
+        // flight on it finishes first; the slot is reused after), and install a
+        // new one only if its cache write succeeds.
+        if latest != NIL {
+            self.evict_block(b);
+        }
+        // A rejected write under write-through keeps the cache out of it:
+        // the old copy (if any) is gone above, and no new one is made.
+        if bypass {
+            self.count_bypassed(p);
+        } else if self.bypass.active {
+            self.count_admitted(p);
+        }
+        if full
+            && !bypass
+            && self.table.free.len() as u64 > self.table.reserved + self.cfg.free_reserve as u64 / 2
+        {
+            let s = self.alloc_slot(lbn).unwrap();
+            self.write_new_version(p, s, data);
+        }
+    }
+
+    /// Overwrite the latest version `latest` in place (`inplace_ok`).
+    fn overwrite_in_place(&mut self, p: u32, latest: u32) {
+        let (data, start) = {
+            let pc = self.pieces.get(p);
+            (pc.data.clone().unwrap(), pc.start)
+        };
+        self.stats.overwrites += 1;
+        let pc = self.pieces.get_mut(p);
+        pc.slot = latest;
+        pc.ios = 1;
+        self.table.slots[latest as usize].state = SlotState::Writing;
+        self.commits.inplace_inflight += 1;
+        let off = self.layout.slot_offset(latest) + start as u64;
+        self.cache_write(
+            off,
+            data,
+            IoCtx::PieceCacheWrite {
+                piece: p,
+                inplace: true,
+            },
+        );
     }
 
     /// Admission counters: every class, and the critical class alone (the
