@@ -21,6 +21,7 @@ pub mod stats;
 #[doc(hidden)]
 pub mod testkit;
 pub mod types;
+pub mod units;
 pub mod write_policy;
 
 pub use config::{

@@ -10,18 +10,7 @@ use std::sync::Arc;
 
 use nvwc_nbd::{ExportInfo, MemoryExport, Server};
 
-fn parse_size(s: &str) -> Result<u64, String> {
-    let (num, mult) = match s.chars().last() {
-        Some('K' | 'k') => (&s[..s.len() - 1], 1u64 << 10),
-        Some('M' | 'm') => (&s[..s.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(mult))
-        .ok_or_else(|| format!("bad size {s:?}"))
-}
+use nvwc_core::units::parse_size;
 
 const USAGE: &str = "usage: memserver [--unix PATH] [--tcp ADDR] [--name NAME] [--size N[K|M|G]] \
                      [--read-only] [--min-block N] [--max-block N]";

@@ -204,31 +204,7 @@ pub fn parse_range(s: &str) -> Result<(u64, u64), String> {
     Ok((start, len))
 }
 
-/// Parse sizes like `4096`, `4K`, `64M`, `8G`, `1T`.
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, mult) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
-        Some((i, _)) => {
-            let unit = t[i..].to_ascii_lowercase();
-            let m = match unit.trim_end_matches("ib").trim_end_matches('b') {
-                "" => 1,
-                "k" => 1 << 10,
-                "m" => 1 << 20,
-                "g" => 1 << 30,
-                "t" => 1u64 << 40,
-                _ => return Err(format!("unknown size unit in {s:?} (use K, M, G or T)")),
-            };
-            (&t[..i], m)
-        }
-        None => (t, 1),
-    };
-    let n: u64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("not a size: {s:?}"))?;
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("size too large: {s:?}"))
-}
+pub use nvwc_core::units::parse_size;
 
 // ------------------------------------------------------------------ devices
 
