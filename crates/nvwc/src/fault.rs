@@ -47,6 +47,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use nvwc_core::{IoError, IoOp, IoResult};
 
+use crate::rng::Rng;
 use crate::serve::log::log;
 
 pub mod volatile;
@@ -147,7 +148,7 @@ struct Rule {
     ms: u64,
     seen: AtomicU64,
     fired: AtomicU64,
-    rng: Mutex<u64>,
+    rng: Mutex<Rng>,
 }
 
 /// A bad fault or failpoint spec.
@@ -212,7 +213,7 @@ fn parse_rules(spec: &str) -> Result<(Vec<Rule>, Option<VolatileSpec>), SpecErro
             ms: 100,
             seen: AtomicU64::new(0),
             fired: AtomicU64::new(0),
-            rng: Mutex::new(0x9e37_79b9_7f4a_7c15),
+            rng: Mutex::new(Rng::new(0)),
         };
         for kv in parts {
             let (k, v) = kv
@@ -235,7 +236,7 @@ fn parse_rules(spec: &str) -> Result<(Vec<Rule>, Option<VolatileSpec>), SpecErro
                 "after" => rule.after = num(v)?,
                 "count" => rule.count = num(v)?,
                 "ms" => rule.ms = num(v)?,
-                "seed" => *rule.rng.get_mut().unwrap() = num(v)? | 1,
+                "seed" => *rule.rng.get_mut().unwrap() = Rng::new(num(v)?),
                 "prob" => {
                     rule.prob = v
                         .parse::<f64>()
@@ -258,13 +259,6 @@ fn parse_rules(spec: &str) -> Result<(Vec<Rule>, Option<VolatileSpec>), SpecErro
     Ok((rules, volatile))
 }
 
-fn xorshift(s: &mut u64) -> u64 {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    *s
-}
-
 impl Rule {
     fn matches(&self, op: &IoOp<Bytes>) -> bool {
         let class = match op {
@@ -281,7 +275,7 @@ impl Rule {
         if n <= self.after || self.fired.load(Ordering::Relaxed) >= self.count {
             return None;
         }
-        let r = xorshift(&mut self.rng.lock().unwrap());
+        let r = self.rng.lock().unwrap().next();
         if self.prob < 1.0 && (r >> 11) as f64 / (1u64 << 53) as f64 >= self.prob {
             return None;
         }

@@ -114,21 +114,7 @@ impl Op {
     }
 }
 
-/// splitmix64: small, fast, good enough for a workload mix.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use crate::rng::Rng;
 
 /// Sector contents for (client, sector, version): a 16-byte tag then a
 /// byte pattern derived from it, so a misplaced or stale sector is caught.
@@ -196,7 +182,7 @@ struct ClientCfg {
 
 async fn run_client(c: Client, cfg: ClientCfg, stop: Arc<AtomicBool>) -> ClientResult {
     let mut res = ClientResult::default();
-    let mut rng = Rng(cfg.seed);
+    let mut rng = Rng::new(cfg.seed);
     let sectors = (cfg.region / SECTOR) as usize;
     let mut versions = vec![UNKNOWN; sectors];
     let mut next_version: u32 = 1;
@@ -595,7 +581,7 @@ mod tests {
 
     #[test]
     fn sizes_span_512b_to_1mib() {
-        let mut rng = Rng(7);
+        let mut rng = Rng::new(7);
         let (mut lo, mut hi) = (u64::MAX, 0);
         for _ in 0..100_000 {
             let l = pick_len(&mut rng, MAX_IO);

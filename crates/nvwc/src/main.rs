@@ -16,6 +16,7 @@ mod notify;
 mod repro;
 mod repro_adm;
 mod repro_nbw;
+mod rng;
 mod serve;
 mod sim;
 mod status;

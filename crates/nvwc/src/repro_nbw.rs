@@ -30,20 +30,16 @@ const MODES: [(&str, FetchMode, bool); 5] = [
 /// A random-write workload in nvwc's compact trace format: `n` writes of
 /// `size` bytes at `size`-aligned offsets in `span` bytes, then one FLUSH, so
 /// a run ends only when every write is durable (patches included). A
-/// fixed-seed splitmix64 makes it the same every run.
+/// fixed seed makes it the same every run.
 fn synthetic(dir: &Path, size: u64, n: u64, span: u64, flush: bool) -> Result<PathBuf> {
     let path = dir.join(format!("nbw-randwrite-{size}-{flush}.nvwct"));
     let file =
         std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
     let mut w = CompactWriter::new(std::io::BufWriter::new(file), None)?;
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ size;
+    let mut rng = crate::rng::Rng::new(0x9E37_79B9_7F4A_7C15 ^ size);
     let slots = span / size;
     for i in 0..n {
-        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = x;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
+        let z = rng.next();
         let off = (z % slots) * size;
         w.write(&TraceRecord {
             ts_ns: i * 10_000,
