@@ -5,7 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # 1. Debian packages used by the integration tests (real NBD clients, fio, ext4 tools).
-pkgs="qemu-utils nbdkit libnbd-bin nbdfuse fio e2fsprogs fonts-dejavu-core"
+# libssl-dev and pkg-config: the `tls` feature links the system OpenSSL; openssl:
+# the TLS tests make their CA and certificates with its CLI.
+pkgs="qemu-utils nbdkit libnbd-bin nbdfuse fio e2fsprogs fonts-dejavu-core libssl-dev pkg-config openssl"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

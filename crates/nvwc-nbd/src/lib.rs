@@ -26,4 +26,7 @@ pub use export::{
 };
 pub use memory::{MemoryExport, MemoryStats};
 pub use proto::Extent;
-pub use server::{EventHook, Server, ServerBuilder, ServerConfig, ServerError, ServerEvent};
+pub use server::{
+    BoxStream, EventHook, Server, ServerBuilder, ServerConfig, ServerError, ServerEvent,
+    TlsAcceptor, TlsMode, TlsSession,
+};

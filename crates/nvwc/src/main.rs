@@ -15,6 +15,7 @@ mod repro_adm;
 mod repro_nbw;
 mod serve;
 mod sim;
+mod tls;
 mod trace;
 mod vopr;
 
