@@ -34,7 +34,7 @@ cargo build --release --workspace --all-targets
 "${CARGO_TARGET_DIR:-target}/release/nvwc" vopr --write-policy all --seeds "${NVWC_VOPR_SEEDS:-3000}"
 
 # 4b. Short fuzz (cargo-fuzz installed if missing; NVWC_FUZZ_SECS=0 skips): the
-# NBD handshake and request parsers, and trace auto-detection (which reaches
+# NBD handshake (with STARTTLS) and request parsers, and trace auto-detection (which reaches
 # every reader). Every target's seeds and saved crashes are also replayed by
 # `cargo test` (fuzz_regressions tests). Full runs: scripts/fuzz.sh 600.
 if [ "${NVWC_FUZZ_SECS:-15}" != 0 ]; then

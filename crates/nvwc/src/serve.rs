@@ -2029,6 +2029,9 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
             println!("  tcp:         nbd://{addr}/");
         }
         println!("connect with:");
+        if let Some(h) = crate::tls::connect_hint(&a.tls, &sock) {
+            println!("{h}");
+        }
         println!("  nbdinfo '{uri}'            # nbdinfo --list '{uri}' lists every export");
         println!("  qemu-io -f raw -c 'write -P 0xab 0 64k' -c 'read -P 0xab 0 64k' '{uri}'");
         println!("  mkdir -p /tmp/nvwc-fuse && nbdfuse /tmp/nvwc-fuse/disk '{uri}' &   # then: losetup -f --show /tmp/nvwc-fuse/disk");

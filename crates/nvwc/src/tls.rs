@@ -130,6 +130,26 @@ pub fn check_listener(listen: &str, t: &TlsArgs) -> Result<bool> {
     )
 }
 
+/// What `nvwc serve` prints under "connect with:" when TLS is on: the
+/// `nbds+unix://` URI form for the credentials given.
+pub fn connect_hint(t: &TlsArgs, sock: &std::path::Path) -> Option<String> {
+    let sock = sock.display();
+    let uri = match (&t.tls_psk, &t.tls_certificates) {
+        (Some(f), _) => format!(
+            "nbds+unix://USER@/?socket={sock}&tls-psk-file={}",
+            f.display()
+        ),
+        (None, Some(_)) => format!("nbds+unix:///?socket={sock}&tls-certificates=CLIENT_DIR"),
+        (None, None) => return None,
+    };
+    let how = match t.tls {
+        TlsSetting::Off => return None,
+        TlsSetting::On => "TLS (optional)",
+        TlsSetting::Require => "TLS (required)",
+    };
+    Some(format!("  {how}: nbdinfo '{uri}'"))
+}
+
 /// Parse a PSK file: `username:hexkey` lines (psktool's format); blank
 /// lines and `#` comments are skipped. Errors name the line.
 #[cfg_attr(not(feature = "tls"), allow(dead_code))]

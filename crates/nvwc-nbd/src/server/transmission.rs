@@ -180,21 +180,26 @@ pub(crate) async fn run_connection<S>(
         }
         Some(Ok(Outcome::StartTls)) => {}
     }
-    // STARTTLS acknowledged: the client waits for that reply before its TLS
-    // ClientHello, so nothing may be buffered yet.
-    if !rd.buffer().is_empty() {
-        return gone(
-            "handshake-error: data after NBD_OPT_STARTTLS before its reply".into(),
-            false,
-        );
-    }
     let Some(acceptor) = inner.tls.acceptor.clone() else {
         return gone(
             "handshake-error: STARTTLS without a TLS acceptor".into(),
             false,
         );
     };
-    let plain: BoxStream = Box::new(rd.into_inner().unsplit(wr.into_inner()));
+    // STARTTLS acknowledged. A client waits for that reply before its TLS
+    // ClientHello, but whatever it sent early is in the read buffer: the
+    // TLS handshake reads that first.
+    let early = rd.buffer().to_vec();
+    let stream = rd.into_inner().unsplit(wr.into_inner());
+    let plain: BoxStream = if early.is_empty() {
+        Box::new(stream)
+    } else {
+        Box::new(Prefixed {
+            early,
+            pos: 0,
+            inner: stream,
+        })
+    };
     let tls = match until(deadline, acceptor.accept(plain)).await {
         None => return gone("handshake-timeout (in the TLS handshake)".into(), false),
         Some(Err(e)) => return gone(format!("tls-handshake-failed: {e}"), false),
@@ -215,6 +220,48 @@ pub(crate) async fn run_connection<S>(
             let _ = wr.shutdown().await;
             gone("handshake-abort".into(), false)
         }
+    }
+}
+
+/// A stream whose first bytes are `early` (read before the stream changed hands).
+struct Prefixed<S> {
+    early: Vec<u8>,
+    pos: usize,
+    inner: S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.pos < self.early.len() {
+            let n = (self.early.len() - self.pos).min(buf.remaining());
+            let pos = self.pos;
+            buf.put_slice(&self.early[pos..pos + n]);
+            self.pos += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
