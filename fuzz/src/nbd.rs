@@ -34,10 +34,6 @@ pub const SESSION_BOUND: Duration = Duration::from_secs(20);
 /// 512-byte minimum block.
 pub const EXPORTS: [&str; 3] = ["rw", "ro", "plain"];
 
-fn server() -> Server {
-    server_with(None)
-}
-
 /// A stand-in for a TLS library: hands the stream back unchanged, so the
 /// option haggling after `NBD_OPT_STARTTLS` is driven by the same plain
 /// bytes; or fails every handshake.

@@ -344,7 +344,8 @@ mod imp {
                         None => "x509".into(),
                     },
                 };
-                let peer = format!("{what} {}", ssl.version_str());
+                let cipher = ssl.current_cipher().map_or("", |c| c.name());
+                let peer = format!("{what} {} {cipher}", ssl.version_str());
                 Ok(TlsSession {
                     stream: Box::new(s),
                     peer,

@@ -162,6 +162,14 @@ fn log_has(s: &Server, needle: &str) {
     }
 }
 
+/// A GnuTLS system priority file that disables TLS 1.3 (for
+/// `GNUTLS_SYSTEM_PRIORITY_FILE`), so a libnbd client speaks TLS 1.2.
+fn no_tls13(dir: &Path) -> PathBuf {
+    let p = dir.join("no-tls13.conf");
+    std::fs::write(&p, "[overrides]\ndisabled-version = tls1.3\n").unwrap();
+    p
+}
+
 const KEY: &str = "8a4d2c1e0f9b7a6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c";
 const WRONG_KEY: &str = "0a4d2c1e0f9b7a6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c";
 
@@ -195,6 +203,7 @@ fn psk_nbdinfo_nbdcopy_qemu_and_refusals_while_serving() {
     std::fs::write(qdir.join("keys.psk"), format!("alice:{KEY}\n")).unwrap();
     std::fs::write(dir.join("wrong.psk"), format!("alice:{WRONG_KEY}\n")).unwrap();
     std::fs::write(dir.join("bob.psk"), format!("bob:{KEY}\n")).unwrap();
+    let no13 = no_tls13(&dir);
     let s = Server::start(&dir, &["--tls", "require", "--tls-psk", "keys.psk"]);
     let psk = dir.join("keys.psk");
     let tcp = format!(
@@ -212,7 +221,15 @@ fn psk_nbdinfo_nbdcopy_qemu_and_refusals_while_serving() {
     assert!(t.contains("with TLS"), "{t}");
     let t = client(true, "nbdinfo over TLS-PSK (unix)", &mut nbdinfo(&unix));
     assert!(t.contains("with TLS"), "{t}");
-    log_has(&s, "tls=\"psk:alice TLSv1.3\"");
+    log_has(&s, "tls=\"psk:alice TLSv1.3 TLS_");
+    // TLS 1.2 (the spec's MUST) with a PSK suite: GnuTLS told to not offer 1.3.
+    let t = client(
+        true,
+        "nbdinfo over TLS 1.2 PSK",
+        nbdinfo(&tcp).env("GNUTLS_SYSTEM_PRIORITY_FILE", &no13),
+    );
+    assert!(t.contains("with TLS"), "{t}");
+    log_has(&s, "tls=\"psk:alice TLSv1.2 ECDHE-PSK-");
 
     // nbdcopy in and out through TLS, checked byte for byte.
     let data: Vec<u8> = (0..16u64 << 20)
@@ -401,7 +418,13 @@ fn x509_nbdinfo_qemu_io_verify_peer_and_bad_certificates() {
     };
     let t = client(true, "nbdinfo with x509", &mut nbdinfo(&uri(&good)));
     assert!(t.contains("with TLS"), "{t}");
-    log_has(&s, "tls=\"x509:CN=nvwc-test-client TLSv1.3\"");
+    log_has(&s, "tls=\"x509:CN=nvwc-test-client TLSv1.3 TLS_");
+    client(
+        true,
+        "nbdinfo with x509 over TLS 1.2",
+        nbdinfo(&uri(&good)).env("GNUTLS_SYSTEM_PRIORITY_FILE", no_tls13(&dir)),
+    );
+    log_has(&s, "tls=\"x509:CN=nvwc-test-client TLSv1.2 ECDHE-");
 
     let qemu = |d: &Path, cmds: &[&str]| {
         let mut c = Command::new("qemu-io");
