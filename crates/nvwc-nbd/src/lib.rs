@@ -5,7 +5,8 @@
 //!   (`doc/proto.md` of NetworkBlockDevice/nbd).
 //! - [`server`]: async server framework over the [`Export`] trait: several
 //!   named exports, TCP and unix listeners, concurrent request processing,
-//!   graceful shutdown.
+//!   graceful shutdown, TLS through `NBD_OPT_STARTTLS` (the TLS library is
+//!   the embedding program's: [`TlsAcceptor`]).
 //! - [`client`]: async pipelining client, nvwc's upstream backing-store client.
 //! - [`memory`]: a sparse in-memory export.
 #![forbid(unsafe_code)]

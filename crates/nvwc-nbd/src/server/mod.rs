@@ -7,6 +7,9 @@
 //! bounded by [`ServerConfig::max_in_flight`]) and replies are written by a
 //! single writer task in completion order.
 //!
+//! TLS (`NBD_OPT_STARTTLS`) is offered through [`ServerBuilder::tls`] with a
+//! [`TlsAcceptor`] the embedding program supplies (see `tls.rs`).
+//!
 //! Failure isolation: anything a client does (bad magic, truncated request,
 //! bogus lengths, disconnects) affects only that client's connection.
 
