@@ -314,6 +314,14 @@ mod imp {
                 }
             });
             ciphers.push(PSK_CIPHERS);
+            // OpenSSL's PSK callback gives TLS 1.3 a SHA-256 key: pick the
+            // suites ourselves (SHA-256 first), or a client preferring
+            // AES-256 (GnuTLS) gets a SHA-384 suite, its PSK is ignored and
+            // the server answers with a certificate, or fails.
+            b.set_options(openssl::ssl::SslOptions::CIPHER_SERVER_PREFERENCE);
+            b.set_ciphersuites(
+                "TLS_AES_128_GCM_SHA256:TLS_CHACHA20_POLY1305_SHA256:TLS_AES_256_GCM_SHA384",
+            )?;
         }
         b.set_cipher_list(&ciphers.join(":"))?;
         // NBD connections are long-lived: no session resumption to secure.

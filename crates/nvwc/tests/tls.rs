@@ -414,10 +414,11 @@ fn x509_nbdinfo_qemu_io_verify_peer_and_bad_certificates() {
             "--tls-verify-peer",
         ],
     );
+    let port = s.port;
     let uri = |d: &Path| {
         format!(
             "nbds://localhost:{}/?tls-certificates={}",
-            s.port,
+            port,
             d.display()
         )
     };
@@ -439,7 +440,7 @@ fn x509_nbdinfo_qemu_io_verify_peer_and_bad_certificates() {
         ));
         c.arg("--image-opts").arg(format!(
             "driver=nbd,server.type=inet,server.host=localhost,server.port={},tls-creds=tls0",
-            s.port
+            port
         ));
         for x in cmds {
             c.arg("-c").arg(x);
@@ -510,6 +511,39 @@ fn x509_nbdinfo_qemu_io_verify_peer_and_bad_certificates() {
     log_has(&s, "reason=\"tls-handshake-failed: ");
     // GnuTLS sends no certificate that the server's CA list does not name.
     log_has(&s, "peer did not return a certificate (--tls-verify-peer: ");
+    drop(s);
+
+    // Certificates and PSKs together: each client uses what it has.
+    std::fs::write(dir.join("keys.psk"), format!("alice:{KEY}\n")).unwrap();
+    let s = Server::start(
+        &dir,
+        &[
+            "--tls",
+            "require",
+            "--tls-certificates",
+            "server-certs",
+            "--tls-psk",
+            "keys.psk",
+        ],
+    );
+    let psk = format!(
+        "nbds://alice@127.0.0.1:{}/?tls-psk-file={}",
+        s.port,
+        dir.join("keys.psk").display()
+    );
+    client(true, "PSK client of a server with both", &mut nbdinfo(&psk));
+    let x509 = format!(
+        "nbds://localhost:{}/?tls-certificates={}",
+        s.port,
+        nocert.display()
+    );
+    client(
+        true,
+        "x509 client of a server with both",
+        &mut nbdinfo(&x509),
+    );
+    log_has(&s, "tls=\"psk:alice TLSv1.3");
+    log_has(&s, "tls=\"x509 TLSv1.3");
 }
 
 #[test]
