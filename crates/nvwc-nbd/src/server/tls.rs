@@ -40,18 +40,6 @@ pub enum TlsMode {
     Require,
 }
 
-impl TlsMode {
-    /// Parse `off`, `on` or `require`.
-    pub fn parse(s: &str) -> Option<TlsMode> {
-        match s {
-            "off" => Some(TlsMode::Off),
-            "on" => Some(TlsMode::On),
-            "require" => Some(TlsMode::Require),
-            _ => None,
-        }
-    }
-}
-
 /// An established TLS session.
 pub struct TlsSession {
     /// The encrypted stream; the rest of the connection runs over it.
