@@ -72,7 +72,18 @@ impl Drop for Server {
 }
 
 impl Server {
+    /// Start on a free loopback port; another process taking the port
+    /// between our probe and the server's bind gets a retry.
     fn start(dir: &Path, extra: &[&str]) -> Server {
+        for _ in 0..3 {
+            if let Some(s) = Server::try_start(dir, extra) {
+                return s;
+            }
+        }
+        panic!("nvwc serve could not bind a free port three times");
+    }
+
+    fn try_start(dir: &Path, extra: &[&str]) -> Option<Server> {
         let port = free_port();
         let sock = dir.join("nvwc-data/nvwc.sock");
         let _ = std::fs::remove_file(&sock);
@@ -94,7 +105,11 @@ impl Server {
         let t = Instant::now();
         while !sock.exists() || std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             if let Some(st) = s.child.try_wait().unwrap() {
-                panic!("nvwc serve exited ({st}): {}", s.log());
+                let log = s.log();
+                if log.contains("Address already in use") {
+                    return None;
+                }
+                panic!("nvwc serve exited ({st}): {log}");
             }
             assert!(
                 t.elapsed() < Duration::from_secs(30),
@@ -102,7 +117,7 @@ impl Server {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        s
+        Some(s)
     }
 
     fn log(&self) -> String {
