@@ -41,7 +41,8 @@ pub struct TlsArgs {
     #[arg(long)]
     pub tls_verify_peer: bool,
     /// Pre-shared keys: a file of `username:hexkey` lines (`psktool -u NAME
-    /// -p FILE` writes them). Clients: `nbds://HOST/?tls-psk-file=F&tls-username=NAME`.
+    /// -p FILE` writes them). Clients: `nbds://NAME@HOST/?tls-psk-file=F`
+    /// (libnbd takes the PSK username from the URI's user part).
     #[arg(long, value_name = "FILE")]
     pub tls_psk: Option<PathBuf>,
     /// Serve NBD on a non-loopback TCP address without `--tls require`.
