@@ -4,8 +4,9 @@
 Trace seeds: the reader test fixtures (good and bad) and small vSCSI v1/v2
 and compact traces, each prefixed with the option-selector byte that
 fuzz/src/trace.rs reads first. NBD seeds: valid handshakes (nbd_handshake)
-and request sequences after a selector byte (nbd_requests), laid out as in
-the NBD spec. Run from anywhere: python3 fuzz/make_seeds.py
+request sequences after a selector byte (nbd_requests), and STARTTLS
+sessions after a server selector byte (nbd_starttls), laid out as in the NBD
+spec. Run from anywhere: python3 fuzz/make_seeds.py
 """
 import gzip
 import os
@@ -114,6 +115,29 @@ def nbd_seeds():
             put("nbd_requests", f"{k}-{sel}", bytes([sel]) + v)
 
 
+def starttls_seeds():
+    """nbd_starttls: a selector byte (bit 0 require, else on; bit 1 the TLS
+    handshake fails), then the client side as for nbd_handshake."""
+    flags = struct.pack(">I", 3)
+    tls = opt(5)
+    seqs = {
+        "starttls_go": flags + tls + opt(8) + go("rw", infos=(0, 1, 2, 3)),
+        "options_first": flags + opt(3) + go("ro", 6) + opt(8) + opt(99, b"x") + go("")
+        + tls + opt(8) + opt(3) + tls + go("plain"),
+        "export_name_before_tls": flags + opt(1, b"rw"),
+        "export_name_after_tls": flags + tls + opt(1, b"rw"),
+        "starttls_with_data": flags + opt(5, b"junk") + opt(2),
+        "structured_then_tls": flags + opt(8) + meta(10, "rw", ["base:allocation"]) + tls
+        + meta(10, "rw", ["base:allocation"]) + go("rw"),
+        "abort_before_tls": flags + opt(2),
+        "old_client_flags": struct.pack(">I", 2) + tls + go(""),
+    }
+    for k, v in seqs.items():
+        for sel in (0, 1, 3):
+            put("nbd_starttls", f"{k}-{sel}", bytes([sel]) + v)
+
+
 if __name__ == "__main__":
     trace_seeds()
     nbd_seeds()
+    starttls_seeds()

@@ -5,8 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # 1. Debian packages used by the integration tests (real NBD clients, fio, ext4
-# tools, systemd-analyze for the unit file).
-pkgs="qemu-utils nbdkit libnbd-bin nbdfuse fio e2fsprogs fonts-dejavu-core systemd"
+# tools, systemd-analyze for the unit file). libssl-dev and pkg-config: the
+# `tls` feature links the system OpenSSL; openssl: the TLS tests make their CA
+# and certificates with its CLI.
+pkgs="qemu-utils nbdkit libnbd-bin nbdfuse fio e2fsprogs fonts-dejavu-core systemd libssl-dev pkg-config openssl"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
@@ -27,18 +29,18 @@ export NVWC_REQUIRE_TOOLS=1
 export CARGO_TERM_COLOR=never
 
 # 3. Build once in release; tests reuse the same artifacts.
-cargo build --release --workspace --all-targets
+cargo build --release --workspace --all-targets --features nvwc/tls
 
 # 4. Deterministic simulation testing (reduced; the acceptance run uses 20000 seeds).
 "${CARGO_TARGET_DIR:-target}/release/nvwc" vopr --write-policy all --seeds "${NVWC_VOPR_SEEDS:-3000}"
 
 # 4b. Short fuzz (cargo-fuzz installed if missing; NVWC_FUZZ_SECS=0 skips): the
-# NBD handshake and request parsers, and trace auto-detection (which reaches
+# NBD handshake (with STARTTLS) and request parsers, and trace auto-detection (which reaches
 # every reader). Every target's seeds and saved crashes are also replayed by
 # `cargo test` (fuzz_regressions tests). Full runs: scripts/fuzz.sh 600.
 if [ "${NVWC_FUZZ_SECS:-15}" != 0 ]; then
-  scripts/fuzz.sh "${NVWC_FUZZ_SECS:-15}" nbd_handshake nbd_requests trace_detect
+  scripts/fuzz.sh "${NVWC_FUZZ_SECS:-15}" nbd_handshake nbd_starttls nbd_requests trace_detect
 fi
 
 # 5. Every test (last, so its summary closes the output).
-cargo test --release --workspace
+cargo test --release --workspace --features nvwc/tls

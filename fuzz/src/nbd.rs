@@ -19,7 +19,11 @@ use nvwc_nbd::proto::{
     client_flags, ClientOption, InfoRequest, MetaContextRequest, OptionHeader, RequestHeader,
     BASE_ALLOCATION,
 };
-use nvwc_nbd::{ExportInfo, MemoryExport, Server, ServerConfig};
+use nvwc_nbd::proto::{opt, rep, GREETING_LEN, OPTION_REPLY_MAGIC};
+use nvwc_nbd::{
+    BoxFuture, BoxStream, ExportInfo, MemoryExport, Server, ServerConfig, TlsAcceptor, TlsMode,
+    TlsSession,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// A session must end this long after the client's EOF (generous: the
@@ -30,7 +34,31 @@ pub const SESSION_BOUND: Duration = Duration::from_secs(20);
 /// 512-byte minimum block.
 pub const EXPORTS: [&str; 3] = ["rw", "ro", "plain"];
 
-fn server() -> Server {
+/// A stand-in for a TLS library: hands the stream back unchanged, so the
+/// option haggling after `NBD_OPT_STARTTLS` is driven by the same plain
+/// bytes; or fails every handshake.
+pub struct FakeTls {
+    /// Fail the handshake.
+    pub fail: bool,
+}
+
+impl TlsAcceptor for FakeTls {
+    fn accept(&self, stream: BoxStream) -> BoxFuture<'static, std::io::Result<TlsSession>> {
+        let fail = self.fail;
+        Box::pin(async move {
+            if fail {
+                Err(std::io::Error::other("fake TLS handshake failure"))
+            } else {
+                Ok(TlsSession {
+                    stream,
+                    peer: "fake".into(),
+                })
+            }
+        })
+    }
+}
+
+fn server_with(tls: Option<(TlsMode, bool)>) -> Server {
     let mut rw = ExportInfo::new("rw", 256 << 10).with_all_features();
     rw.max_block = 64 << 10;
     let mut ro = rw.clone();
@@ -49,18 +77,27 @@ fn server() -> Server {
     for info in [rw, ro, plain] {
         b = b.export(Arc::new(MemoryExport::new(info)));
     }
+    if let Some((mode, fail)) = tls {
+        b = b.tls(mode, Arc::new(FakeTls { fail }));
+    }
     b.build().expect("valid fuzz server")
 }
 
 /// Runs one connection: `client` is everything the client sends after
 /// reading the greeting. Returns the server's bytes (greeting included).
 pub fn session(client: &[u8]) -> Vec<u8> {
+    session_on(None, client)
+}
+
+/// [`session`] on a server with TLS `mode` and a [`FakeTls`] (`fail`: every
+/// handshake fails); `None`: no TLS (NOTLS).
+pub fn session_on(tls: Option<(TlsMode, bool)>, client: &[u8]) -> Vec<u8> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let server = server();
+        let server = server_with(tls);
         let (ours, theirs) = tokio::io::duplex(64 << 10);
         server.serve_connection(theirs).expect("not shutting down");
         let (mut rd, mut wr) = tokio::io::split(ours);
@@ -156,4 +193,63 @@ pub fn check_requests(data: &[u8]) {
         out.len() >= nvwc_nbd::proto::GREETING_LEN,
         "no greeting after a {hs_len}-byte valid handshake"
     );
+}
+
+/// The option replies in a server's output (after the greeting), as
+/// (option, reply type), up to the first bytes that are not one (an
+/// `NBD_OPT_EXPORT_NAME` reply, the transmission phase, or the end).
+pub fn option_replies(out: &[u8]) -> Vec<(u32, u32)> {
+    let mut v = Vec::new();
+    let mut p = GREETING_LEN.min(out.len());
+    while out.len() >= p + 20 {
+        let be32 = |o: usize| u32::from_be_bytes(out[o..o + 4].try_into().unwrap());
+        if u64::from_be_bytes(out[p..p + 8].try_into().unwrap()) != OPTION_REPLY_MAGIC {
+            break;
+        }
+        let (option, kind, len) = (be32(p + 8), be32(p + 12), be32(p + 16) as usize);
+        v.push((option, kind));
+        p += 20 + len;
+        if option == opt::GO && kind == rep::ACK {
+            break; // transmission
+        }
+    }
+    v
+}
+
+/// STARTTLS target: byte 0 picks the server (bit 0: `--tls require`, else
+/// `on`; bit 1: the TLS handshake fails), the rest is the client side after
+/// the greeting, as for [`check_handshake`]; after an acknowledged STARTTLS
+/// the [`FakeTls`] hands the same stream back. Checks the spec's TLS rules
+/// on the replies: `NBD_REP_ERR_TLS_REQD` only under require and only before
+/// STARTTLS succeeded; under require, before that, nothing but
+/// `ERR_TLS_REQD` or a reply to STARTTLS or ABORT (no export is listed,
+/// described or entered); a second STARTTLS is never acknowledged.
+pub fn check_starttls(data: &[u8]) {
+    let Some((&sel, client)) = data.split_first() else {
+        return;
+    };
+    let require = sel & 1 != 0;
+    let mode = if require {
+        TlsMode::Require
+    } else {
+        TlsMode::On
+    };
+    let out = session_on(Some((mode, sel & 2 != 0)), client);
+    assert!(out.len() >= GREETING_LEN, "no greeting");
+    let mut tls = false;
+    for (option, kind) in option_replies(&out) {
+        if kind == rep::ERR_TLS_REQD {
+            assert!(require, "ERR_TLS_REQD under --tls on");
+            assert!(!tls, "ERR_TLS_REQD after STARTTLS succeeded");
+        } else if require && !tls {
+            assert!(
+                option == opt::STARTTLS || option == opt::ABORT,
+                "reply {kind:#x} to option {option} before TLS under require"
+            );
+        }
+        if option == opt::STARTTLS && kind == rep::ACK {
+            assert!(!tls, "a second STARTTLS was acknowledged");
+            tls = true;
+        }
+    }
 }

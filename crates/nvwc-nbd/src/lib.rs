@@ -5,7 +5,8 @@
 //!   (`doc/proto.md` of NetworkBlockDevice/nbd).
 //! - [`server`]: async server framework over the [`Export`] trait: several
 //!   named exports, TCP and unix listeners, concurrent request processing,
-//!   graceful shutdown.
+//!   graceful shutdown, TLS through `NBD_OPT_STARTTLS` (the TLS library is
+//!   the embedding program's: [`TlsAcceptor`]).
 //! - [`client`]: async pipelining client, nvwc's upstream backing-store client.
 //! - [`memory`]: a sparse in-memory export.
 #![forbid(unsafe_code)]
@@ -26,4 +27,7 @@ pub use export::{
 };
 pub use memory::{MemoryExport, MemoryStats};
 pub use proto::Extent;
-pub use server::{EventHook, Server, ServerBuilder, ServerConfig, ServerError, ServerEvent};
+pub use server::{
+    BoxStream, EventHook, Server, ServerBuilder, ServerConfig, ServerError, ServerEvent,
+    TlsAcceptor, TlsMode, TlsSession,
+};

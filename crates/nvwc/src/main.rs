@@ -20,6 +20,7 @@ mod rng;
 mod serve;
 mod sim;
 mod status;
+mod tls;
 mod trace;
 mod vopr;
 

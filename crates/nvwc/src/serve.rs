@@ -187,6 +187,8 @@ pub struct Args {
     /// each block go to a fresh slot, so frequent commits cost throughput.
     #[arg(long)]
     commit_changes: Option<u32>,
+    #[command(flatten)]
+    tls: crate::tls::TlsArgs,
 }
 
 /// Parse a byte range `START:LEN` (sizes as in [`parse_size`]).
@@ -1893,6 +1895,17 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
 
 pub fn run(a: Args) -> Result<std::process::ExitCode> {
     log::init(a.log_format.as_deref(), a.log_level.as_deref()).map_err(anyhow::Error::msg)?;
+    // Before anything is created or opened: the public-listener guard, and
+    // every TLS file loaded.
+    if crate::tls::check_listener(&a.listen, &a.tls)? {
+        log!(
+            warn,
+            "insecure_tcp",
+            listen = &a.listen,
+            tls = format!("{:?}", a.tls.tls).to_lowercase()
+        );
+    }
+    let tls = crate::tls::setup(&a.tls)?;
     let bs = a.block_size;
     if !(512..=1 << 20).contains(&bs) || !bs.is_power_of_two() {
         bail!("--block-size must be a power of two between 512 and 1M");
@@ -1983,6 +1996,9 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
         if let Some(d) = &a.default_export {
             b = b.default_export(d.clone());
         }
+        if let Some((mode, acceptor)) = tls {
+            b = b.tls(mode, acceptor);
+        }
         let server = b.build()?;
         let stop = Arc::new(tokio::sync::Notify::new());
         let ctl = tokio::spawn(control_loop(ctl_path, ex.clone(), stop.clone(), conns));
@@ -2012,6 +2028,9 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
             println!("  tcp:         nbd://{addr}/");
         }
         println!("connect with:");
+        if let Some(h) = crate::tls::connect_hint(&a.tls, &sock) {
+            println!("{h}");
+        }
         println!("  nbdinfo '{uri}'            # nbdinfo --list '{uri}' lists every export");
         println!("  qemu-io -f raw -c 'write -P 0xab 0 64k' -c 'read -P 0xab 0 64k' '{uri}'");
         println!("  mkdir -p /tmp/nvwc-fuse && nbdfuse /tmp/nvwc-fuse/disk '{uri}' &   # then: losetup -f --show /tmp/nvwc-fuse/disk");
@@ -2190,12 +2209,27 @@ fn log_server_event(ev: nvwc_nbd::ServerEvent) {
             conn_id,
             export,
             structured,
+            tls: None,
         } => log!(
             debug,
             "ready",
             conn = conn_id,
             export = &*export,
             structured = structured
+        ),
+        // Who came in over TLS is worth an info line.
+        E::Ready {
+            conn_id,
+            export,
+            structured,
+            tls: Some(tls),
+        } => log!(
+            info,
+            "ready",
+            conn = conn_id,
+            export = &*export,
+            structured = structured,
+            tls = tls
         ),
         E::Disconnected {
             conn_id,

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use super::tls::{TlsMode, TlsState};
 use super::Inner;
 use crate::export::{Export, ExportInfo};
 use crate::proto::{
@@ -22,6 +23,30 @@ pub(crate) struct Negotiated {
     pub info: ExportInfo,
     pub structured: bool,
     pub base_allocation: bool,
+}
+
+/// How the option haggling ended.
+pub(crate) enum Outcome {
+    /// Transmission phase entered.
+    Transmit(Negotiated),
+    /// The session ended cleanly (abort, shutdown).
+    Closed,
+    /// `NBD_OPT_STARTTLS` was acknowledged (and flushed): the caller runs the
+    /// TLS handshake on the stream, then [`options`] again over TLS.
+    StartTls,
+}
+
+/// What the greeting settled, and what the option haggling tells the
+/// connection's log; lives for the whole connection (across STARTTLS).
+pub(crate) struct Session {
+    /// The client set `NBD_FLAG_C_NO_ZEROES`.
+    pub no_zeroes: bool,
+    /// The client set `NBD_FLAG_C_FIXED_NEWSTYLE` (TLS needs it).
+    pub fixed: bool,
+    /// Plain, or TLS active.
+    pub tls: TlsState,
+    /// An option was refused with `NBD_REP_ERR_TLS_REQD`.
+    pub refused_tls: bool,
 }
 
 struct State {
@@ -72,19 +97,14 @@ async fn error_reply<W: AsyncWrite + Unpin>(
     .await
 }
 
-/// Run the handshake. `Ok(Some)` = transmission phase entered; `Ok(None)` =
-/// the session ended cleanly (abort, shutdown); `Err` = I/O error or a
-/// protocol violation that requires a hard disconnect.
-pub(crate) async fn handshake<R, W>(
-    inner: &Inner,
-    rd: &mut R,
-    wr: &mut W,
-) -> io::Result<Option<Negotiated>>
+/// Send the greeting and read the client flags. Under `--tls require` a
+/// client without `NBD_FLAG_C_FIXED_NEWSTYLE` cannot be offered TLS (the
+/// spec: such a session is NOTLS), so it is dropped.
+pub(crate) async fn greeting<R, W>(inner: &Inner, rd: &mut R, wr: &mut W) -> io::Result<Session>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut shutdown = inner.shutdown.subscribe();
     wr.write_all(&proto::encode_server_greeting(
         handshake_flags::FIXED_NEWSTYLE | handshake_flags::NO_ZEROES,
     ))
@@ -98,11 +118,46 @@ where
     if cflags & !client_flags::KNOWN != 0 {
         return Err(violation(format!("unknown client flags {cflags:#x}")));
     }
-    let mut st = State {
+    let fixed = cflags & client_flags::FIXED_NEWSTYLE != 0;
+    if !fixed && inner.tls.mode == TlsMode::Require {
+        return Err(violation(
+            "TLS is required and the client did not set NBD_FLAG_C_FIXED_NEWSTYLE",
+        ));
+    }
+    Ok(Session {
         no_zeroes: cflags & client_flags::NO_ZEROES != 0,
+        fixed,
+        tls: TlsState::Plain,
+        refused_tls: false,
+    })
+}
+
+/// The message of `NBD_REP_ERR_TLS_REQD`.
+pub(crate) const TLS_REQUIRED_MSG: &str =
+    "TLS is required: this server runs with --tls require; send NBD_OPT_STARTTLS first";
+
+/// Run the option haggling (after [`greeting`], and again after STARTTLS).
+/// `Err` = I/O error or a protocol violation that requires a hard
+/// disconnect.
+pub(crate) async fn options<R, W>(
+    inner: &Inner,
+    rd: &mut R,
+    wr: &mut W,
+    sess: &mut Session,
+) -> io::Result<Outcome>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut shutdown = inner.shutdown.subscribe();
+    // Nothing negotiated before STARTTLS survives it (spec, NBD_OPT_STARTTLS).
+    let mut st = State {
+        no_zeroes: sess.no_zeroes,
         structured: false,
         meta_export: None,
     };
+    // FORCEDTLS before the upgrade.
+    let forced = inner.tls.mode == TlsMode::Require && sess.tls == TlsState::Plain;
 
     loop {
         let mut hb = [0u8; OptionHeader::LEN];
@@ -110,7 +165,7 @@ where
             biased;
             r = rd.read_exact(&mut hb) => { r?; }
             // Shutting down while the client is idle in the handshake: close.
-            _ = async { let _ = shutdown.wait_for(|s| *s).await; } => return Ok(None),
+            _ = async { let _ = shutdown.wait_for(|s| *s).await; } => return Ok(Outcome::Closed),
         }
         let hdr = OptionHeader::decode(&hb).map_err(|e| violation(e.to_string()))?;
 
@@ -125,7 +180,10 @@ where
             if skipped != want {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
-            let t = if ClientOption::is_known(hdr.option) {
+            let t = if forced && hdr.option != opt::STARTTLS && hdr.option != opt::ABORT {
+                sess.refused_tls = true;
+                rep::ERR_TLS_REQD
+            } else if ClientOption::is_known(hdr.option) {
                 rep::ERR_TOO_BIG
             } else {
                 rep::ERR_UNSUP
@@ -140,13 +198,31 @@ where
         if inner.is_shutting_down() {
             if hdr.option == opt::ABORT {
                 let _ = final_reply(wr, hdr.option, rep::ACK, &[]).await;
-                return Ok(None);
+                return Ok(Outcome::Closed);
             }
             if hdr.option != opt::EXPORT_NAME {
                 let _ =
                     error_reply(wr, hdr.option, rep::ERR_SHUTDOWN, "server shutting down").await;
             }
-            return Ok(None);
+            return Ok(Outcome::Closed);
+        }
+
+        if forced {
+            match hdr.option {
+                opt::STARTTLS | opt::ABORT => {}
+                // It cannot be answered with an error: the spec says terminate.
+                opt::EXPORT_NAME => {
+                    sess.refused_tls = true;
+                    return Err(violation(
+                        "NBD_OPT_EXPORT_NAME before TLS, and TLS is required",
+                    ));
+                }
+                _ => {
+                    sess.refused_tls = true;
+                    error_reply(wr, hdr.option, rep::ERR_TLS_REQD, TLS_REQUIRED_MSG).await?;
+                    continue;
+                }
+            }
         }
 
         let parsed = match ClientOption::parse(hdr.option, &data) {
@@ -179,12 +255,12 @@ where
                 ))
                 .await?;
                 wr.flush().await?;
-                return Ok(Some(finish(&st, canon, export, info)));
+                return Ok(Outcome::Transmit(finish(&st, canon, export, info)));
             }
             ClientOption::Abort => {
                 // The client may already have closed; ignore errors.
                 let _ = final_reply(wr, opt::ABORT, rep::ACK, &[]).await;
-                return Ok(None);
+                return Ok(Outcome::Closed);
             }
             ClientOption::List => {
                 for (name, e) in inner.exports() {
@@ -203,7 +279,7 @@ where
                 if let Some((canon, export, info)) =
                     info_or_go(inner, wr, &st, opt::GO, &req).await?
                 {
-                    return Ok(Some(finish(&st, canon, export, info)));
+                    return Ok(Outcome::Transmit(finish(&st, canon, export, info)));
                 }
             }
             ClientOption::StructuredReply => {
@@ -226,8 +302,28 @@ where
             ClientOption::SetMetaContext(req) => {
                 meta_context(inner, wr, &mut st, true, &req).await?;
             }
-            ClientOption::StartTls | ClientOption::Unknown(_) => {
-                // NOTLS mode; unknown options: ERR_UNSUP and keep parsing.
+            ClientOption::StartTls => {
+                if sess.tls == TlsState::Active {
+                    error_reply(wr, hdr.option, rep::ERR_INVALID, "TLS is already active").await?;
+                } else if inner.tls.mode == TlsMode::Off
+                    || inner.tls.acceptor.is_none()
+                    || !sess.fixed
+                {
+                    // NOTLS (a client without fixed newstyle is NOTLS too).
+                    error_reply(
+                        wr,
+                        hdr.option,
+                        rep::ERR_UNSUP,
+                        "TLS is not enabled on this server (nvwc serve --tls on|require)",
+                    )
+                    .await?;
+                } else {
+                    final_reply(wr, hdr.option, rep::ACK, &[]).await?;
+                    return Ok(Outcome::StartTls);
+                }
+            }
+            ClientOption::Unknown(_) => {
+                // Unknown options: ERR_UNSUP and keep parsing.
                 error_reply(wr, hdr.option, rep::ERR_UNSUP, "option not supported").await?;
             }
         }

@@ -7,11 +7,17 @@
 //! bounded by [`ServerConfig::max_in_flight`]) and replies are written by a
 //! single writer task in completion order.
 //!
+//! TLS (`NBD_OPT_STARTTLS`) is offered through [`ServerBuilder::tls`] with a
+//! [`TlsAcceptor`] the embedding program supplies (see `tls.rs`).
+//!
 //! Failure isolation: anything a client does (bad magic, truncated request,
 //! bogus lengths, disconnects) affects only that client's connection.
 
 mod handshake;
+mod tls;
 mod transmission;
+
+pub use tls::{BoxStream, Stream, TlsAcceptor, TlsMode, TlsSession};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -46,13 +52,18 @@ pub enum ServerEvent {
         export: Arc<str>,
         /// Whether structured replies were negotiated.
         structured: bool,
+        /// The TLS peer ([`TlsSession::peer`]) if the connection is
+        /// encrypted.
+        tls: Option<String>,
     },
     /// The connection ended.
     Disconnected {
         /// Connection id.
         conn_id: u64,
         /// Why: `eof`, `disc`, `shutdown`, `handshake-abort`, `handshake-error: ...`,
-        /// `handshake-timeout`, `protocol-error`, `client-gone`.
+        /// `handshake-timeout`, `protocol-error`, `client-gone`,
+        /// `tls-handshake-failed: ...`, or `tls-required: ...` (a plain
+        /// client that was refused with `NBD_REP_ERR_TLS_REQD`).
         reason: String,
         /// Requests dispatched to the export during transmission.
         requests: u64,
@@ -133,6 +144,7 @@ pub struct ServerBuilder {
     exports: Vec<Arc<dyn Export>>,
     default_name: Option<String>,
     hook: Option<EventHook>,
+    tls: tls::TlsConfig,
 }
 
 impl Default for ServerBuilder {
@@ -149,7 +161,20 @@ impl ServerBuilder {
             exports: Vec::new(),
             default_name: None,
             hook: None,
+            tls: tls::TlsConfig::off(),
         }
+    }
+
+    /// Offer TLS (`NBD_OPT_STARTTLS`) with `acceptor`: [`TlsMode::On`]
+    /// lets a client upgrade, [`TlsMode::Require`] refuses every option
+    /// before it does. Applies to every listener and stream of the server.
+    /// Without this call (or with [`TlsMode::Off`]) the server is NOTLS.
+    pub fn tls(mut self, mode: TlsMode, acceptor: Arc<dyn TlsAcceptor>) -> Self {
+        self.tls = tls::TlsConfig {
+            mode,
+            acceptor: (mode != TlsMode::Off).then_some(acceptor),
+        };
+        self
     }
 
     /// Call `hook` for every connection event (connect, ready, disconnect,
@@ -230,6 +255,7 @@ impl ServerBuilder {
                 active: active_tx,
                 unix_paths: Mutex::new(Vec::new()),
                 hook: self.hook,
+                tls: self.tls,
             }),
         })
     }
@@ -245,6 +271,7 @@ pub(crate) struct Inner {
     active: watch::Sender<usize>,
     unix_paths: Mutex<Vec<PathBuf>>,
     hook: Option<EventHook>,
+    pub(crate) tls: tls::TlsConfig,
 }
 
 impl Inner {

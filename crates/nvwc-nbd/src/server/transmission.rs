@@ -1,4 +1,5 @@
-//! Per-connection driver: handshake, then the concurrent transmission phase.
+//! Per-connection driver: handshake (with STARTTLS), then the concurrent
+//! transmission phase.
 
 use std::any::Any;
 use std::future::Future;
@@ -16,7 +17,8 @@ use tokio::io::{
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 
-use super::handshake::{handshake, Negotiated, BASE_ALLOCATION_ID};
+use super::handshake::{greeting, options, Negotiated, Outcome, BASE_ALLOCATION_ID};
+use super::tls::{BoxStream, TlsState};
 use super::{EventHook, Inner, ServerEvent};
 use crate::error::{ErrorCode, NbdError};
 use crate::export::{
@@ -118,6 +120,17 @@ enum End {
     Hard(&'static str),
 }
 
+/// Run `fut` until `deadline` (if any); `None` when it passed.
+async fn until<T>(
+    deadline: Option<tokio::time::Instant>,
+    fut: impl Future<Output = std::io::Result<T>>,
+) -> Option<std::io::Result<T>> {
+    match deadline {
+        Some(d) => tokio::time::timeout_at(d, fut).await.ok(),
+        None => Some(fut.await),
+    }
+}
+
 pub(crate) async fn run_connection<S>(
     inner: Arc<Inner>,
     stream: S,
@@ -130,30 +143,140 @@ pub(crate) async fn run_connection<S>(
     let mut rd = BufReader::with_capacity(IO_BUF, rd);
     let mut wr = BufWriter::with_capacity(IO_BUF, wr);
 
-    let gone = |reason: String| {
+    let gone = |reason: String, refused_tls: bool| {
+        // A plain client turned away by `--tls require` says so in the log.
+        let reason = if refused_tls {
+            format!("tls-required: {reason}")
+        } else {
+            reason
+        };
         inner.emit(|| ServerEvent::Disconnected {
             conn_id,
             reason,
             requests: 0,
         })
     };
-    let hs = handshake(&inner, &mut rd, &mut wr);
-    let nego = match inner.config.handshake_timeout {
-        Some(t) => match tokio::time::timeout(t, hs).await {
-            Ok(r) => r,
-            Err(_) => return gone("handshake-timeout".into()),
-        },
-        None => hs.await,
+    // The whole handshake, TLS included, has one time limit.
+    let deadline = inner
+        .config
+        .handshake_timeout
+        .map(|t| tokio::time::Instant::now() + t);
+    let mut sess = match until(deadline, greeting(&inner, &mut rd, &mut wr)).await {
+        None => return gone("handshake-timeout".into(), false),
+        Some(Err(e)) => return gone(format!("handshake-error: {e}"), false),
+        Some(Ok(s)) => s,
     };
-    let nego = match nego {
-        Ok(Some(n)) => n,
-        Ok(None) => {
-            let _ = wr.shutdown().await;
-            return gone("handshake-abort".into());
-        }
+    let out = until(deadline, options(&inner, &mut rd, &mut wr, &mut sess)).await;
+    match out {
+        None => return gone("handshake-timeout".into(), sess.refused_tls),
         // Hard disconnect: drop both halves.
-        Err(e) => return gone(format!("handshake-error: {e}")),
+        Some(Err(e)) => return gone(format!("handshake-error: {e}"), sess.refused_tls),
+        Some(Ok(Outcome::Closed)) => {
+            let _ = wr.shutdown().await;
+            return gone("handshake-abort".into(), sess.refused_tls);
+        }
+        Some(Ok(Outcome::Transmit(nego))) => {
+            return serve(&inner, rd, wr, conn_id, direct, nego, None).await;
+        }
+        Some(Ok(Outcome::StartTls)) => {}
+    }
+    let Some(acceptor) = inner.tls.acceptor.clone() else {
+        return gone(
+            "handshake-error: STARTTLS without a TLS acceptor".into(),
+            false,
+        );
     };
+    // STARTTLS acknowledged. A client waits for that reply before its TLS
+    // ClientHello, but whatever it sent early is in the read buffer: the
+    // TLS handshake reads that first.
+    let early = rd.buffer().to_vec();
+    let stream = rd.into_inner().unsplit(wr.into_inner());
+    let plain: BoxStream = if early.is_empty() {
+        Box::new(stream)
+    } else {
+        Box::new(Prefixed {
+            early,
+            pos: 0,
+            inner: stream,
+        })
+    };
+    let tls = match until(deadline, acceptor.accept(plain)).await {
+        None => return gone("handshake-timeout (in the TLS handshake)".into(), false),
+        Some(Err(e)) => return gone(format!("tls-handshake-failed: {e}"), false),
+        Some(Ok(t)) => t,
+    };
+    sess.tls = TlsState::Active;
+    let (rd, wr) = tokio::io::split(tls.stream);
+    let mut rd = BufReader::with_capacity(IO_BUF, rd);
+    let mut wr = BufWriter::with_capacity(IO_BUF, wr);
+    match until(deadline, options(&inner, &mut rd, &mut wr, &mut sess)).await {
+        None => gone("handshake-timeout".into(), false),
+        Some(Err(e)) => gone(format!("handshake-error: {e}"), false),
+        Some(Ok(Outcome::Transmit(nego))) => {
+            // The socket carries ciphertext: no direct writes.
+            serve(&inner, rd, wr, conn_id, None, nego, Some(tls.peer)).await
+        }
+        Some(Ok(Outcome::Closed | Outcome::StartTls)) => {
+            let _ = wr.shutdown().await;
+            gone("handshake-abort".into(), false)
+        }
+    }
+}
+
+/// A stream whose first bytes are `early` (read before the stream changed hands).
+struct Prefixed<S> {
+    early: Vec<u8>,
+    pos: usize,
+    inner: S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.pos < self.early.len() {
+            let n = (self.early.len() - self.pos).min(buf.remaining());
+            let pos = self.pos;
+            buf.put_slice(&self.early[pos..pos + n]);
+            self.pos += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// The transmission phase of a negotiated connection.
+async fn serve<S>(
+    inner: &Inner,
+    rd: BufReader<ReadHalf<S>>,
+    wr: BufWriter<WriteHalf<S>>,
+    conn_id: u64,
+    direct: Option<OwnedFd>,
+    nego: Negotiated,
+    tls: Option<String>,
+) where
+    S: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
     let Negotiated {
         name,
         export,
@@ -166,6 +289,7 @@ pub(crate) async fn run_connection<S>(
         conn_id,
         export: name.clone(),
         structured,
+        tls,
     });
     let conn = Arc::new(Conn {
         conn_id,
@@ -176,7 +300,7 @@ pub(crate) async fn run_connection<S>(
         base_allocation,
         hook: inner.hook.clone(),
     });
-    let (reason, requests) = transmission(&inner, conn, rd, wr, direct).await;
+    let (reason, requests) = transmission(inner, conn, rd, wr, direct).await;
     export.on_disconnect(conn_id);
     inner.emit(|| ServerEvent::Disconnected {
         conn_id,
