@@ -2,11 +2,12 @@
 # Simulator benchmarks: replay requests/s of `nvwc sim` (engine + device
 # models), of the engine alone (instant devices), and of `nvwc mrc --shards`.
 # Usage: scripts/bench-sim.sh [--trace FILE] [--limit N] [--libcachesim PATH]
+#   (traces default to $NVWC_TRACES, else ../shared/traces)
 #   --libcachesim PATH  also time libCacheSim's `cachesim` binary at PATH on the
 #                       same trace (LRU, 64 MiB, vscsi reader) for comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TRACE=../shared/traces/cloudPhysicsIO.vscsi
+TRACE=${NVWC_TRACES:-../shared/traces}/cloudPhysicsIO.vscsi
 LIMIT=""
 LCS=""
 while [ $# -gt 0 ]; do
@@ -27,6 +28,28 @@ INSTANT='{"type":"solid-state","name":"instant","capacity_bytes":1099511627776,"
 rate() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(' '.join('%s/%s %.0f req/s (%d requests, %.2f s)' % (r['write_policy'], r['replacement'], r['replay_rate'], r['requests'], r['wall_seconds']) for r in d))" "$1"; }
 
 echo "== trace: $TRACE"
+echo "== driver vs hit-ratio model, same run: write-back + LRU, 64 MiB, net backing, nvdram cache, one thread (median of 3; rates from CPU time, not wall, when the machine is shared)"
+for m in des hit-ratio; do
+  for i in 1 2 3; do
+    /usr/bin/time -f "%U %S" -o "$TMP/cpu.$m.$i" "$NVWC" sim --model $m --trace "$TRACE" $LIMIT --threads 1 --quiet --write-policy wb --replacement lru --cache-size 64M --json "$TMP/$m.$i.json"
+  done
+done
+python3 - "$TMP" <<'PY'
+import json, statistics, sys
+t = sys.argv[1]
+def med(m):
+    wall, cpu = [], []
+    for i in (1, 2, 3):
+        r = json.load(open(f"{t}/{m}.{i}.json"))[0]
+        u, s = map(float, open(f"{t}/cpu.{m}.{i}").read().split())
+        wall.append(r["replay_rate"]); cpu.append(r["requests"] / max(u + s, 1e-3))
+    return r["requests"], statistics.median(wall), statistics.median(cpu)
+n, dw, dc = med("des")
+_, hw, hc = med("hit-ratio")
+print("driver (des):      %d requests, %.0f req/s (wall, run loop), %.0f req/s (process CPU time)" % (n, dw, dc))
+print("hit-ratio model:   %d requests, %.0f req/s (wall, run loop), %.0f req/s (process CPU time)" % (n, hw, hc))
+print("driver / hit-ratio: %.3f (wall), %.3f (CPU)" % (dw / hw, dc / hc))
+PY
 echo "== nvwc sim, one run per policy, one thread (nvdram cache, net backing, 64 MiB, closed loop qd 1)"
 "$NVWC" sim --trace "$TRACE" $LIMIT --threads 1 --quiet --write-policy wt,wb,ordered,journaled --replacement lru --cache-size 64M --json "$TMP/sim.json"
 rate "$TMP/sim.json"
