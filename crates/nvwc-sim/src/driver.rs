@@ -158,6 +158,9 @@ pub struct EngineTuning {
     pub patch_mem_bytes: Option<u64>,
     /// Write-back: write patched blocks back without a fetch.
     pub patch_direct: Option<bool>,
+    /// Admission policy (trace records carry no hints: every request is
+    /// untagged, FUA writes are synchronous).
+    pub admission: Option<nvwc_core::AdmissionKind>,
 }
 
 /// One run's configuration.
@@ -287,6 +290,9 @@ impl SimConfig {
         }
         if let Some(v) = t.patch_direct {
             c.patch_direct = v;
+        }
+        if let Some(v) = t.admission {
+            c.admission = v;
         }
         c
     }

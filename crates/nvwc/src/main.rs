@@ -15,6 +15,7 @@ mod repro_adm;
 mod repro_nbw;
 mod serve;
 mod sim;
+mod sweep;
 mod trace;
 mod vopr;
 
@@ -51,6 +52,8 @@ enum Cmd {
     Vopr(vopr::Args),
     /// Trace-driven simulation: sweep write policies, replacement policies and cache sizes.
     Sim(sim::Args),
+    /// Resumable sweep (traces x policies x sizes x devices x fetch x admission), one result file per cell.
+    Sweep(sweep::Args),
     /// Miss-ratio curve of a trace, with its knees.
     Mrc(mrc::Args),
     /// Trace conversion and statistics.
@@ -78,6 +81,7 @@ fn main() -> ExitCode {
         Cmd::Detach(a) => serve::control("detach", a),
         Cmd::Vopr(a) => vopr::run(a),
         Cmd::Sim(a) => sim::run(a),
+        Cmd::Sweep(a) => sweep::run(a),
         Cmd::Mrc(a) => mrc::run(a),
         Cmd::Trace(c) => trace::run(c),
         Cmd::Repro(a) => repro::run(a),
