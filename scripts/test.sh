@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # 1. Debian packages used by the integration tests (real NBD clients, fio, ext4 tools).
-pkgs="qemu-utils nbdkit libnbd-bin nbdfuse fio e2fsprogs fonts-dejavu-core"
+pkgs="qemu-utils nbdkit libnbd-bin nbdfuse fio e2fsprogs fonts-dejavu-core python3-venv"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
@@ -38,6 +38,11 @@ cargo build --release --workspace --all-targets
 if [ "${NVWC_FUZZ_SECS:-15}" != 0 ]; then
   scripts/fuzz.sh "${NVWC_FUZZ_SECS:-15}" nbd_handshake nbd_requests trace_detect
 fi
+
+# 4c. The Ray sweep driver against a local `nvwc sweep` (Ray from PyPI into
+# target/ray-venv: ~285 MB and under a minute to install once, ~10 s to run;
+# NVWC_RAY=0 skips).
+scripts/test-ray.sh
 
 # 5. Every test (last, so its summary closes the output).
 cargo test --release --workspace
