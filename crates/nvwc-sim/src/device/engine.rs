@@ -86,6 +86,11 @@ pub(crate) trait Mechanism: Send {
     fn chunk_bytes(&self) -> u64 {
         0
     }
+    /// Whether [`Mechanism::pick`] always takes the first candidate (then
+    /// the engine finds it without building the candidate list).
+    fn fifo(&self) -> bool {
+        false
+    }
 }
 
 /// Split `[offset, offset + len)` at multiples of `chunk` (0 = no split):
@@ -197,6 +202,8 @@ pub(crate) struct Engine<M: Mechanism> {
     buffer_used: u64,
     queue: VecDeque<Job>,
     busy: Vec<bool>,
+    /// Servers busy (the `true`s in `busy`).
+    busy_count: usize,
     heap: BinaryHeap<Reverse<Event>>,
     completed: VecDeque<(Nanos, u64)>,
     outstanding: HashSet<u64, MixBuildHasher>,
@@ -224,6 +231,7 @@ impl<M: Mechanism> Engine<M> {
             buffer_used: 0,
             queue: VecDeque::new(),
             busy: vec![false; n],
+            busy_count: 0,
             heap: BinaryHeap::new(),
             completed: VecDeque::new(),
             outstanding: HashSet::default(),
@@ -394,6 +402,7 @@ impl<M: Mechanism> Engine<M> {
                     started,
                 } => {
                     self.busy[server] = false;
+                    self.busy_count -= 1;
                     self.stats.on_server(t, false);
                     match job.class {
                         JobClass::Host => match self.parts.get_mut(&job.op.id) {
@@ -449,30 +458,40 @@ impl<M: Mechanism> Engine<M> {
     /// Give free servers work, at time `t`.
     fn dispatch(&mut self, t: Nanos) {
         let mut candidates = std::mem::take(&mut self.candidates);
-        while let Some(server) = self.busy.iter().position(|b| !b) {
+        while self.busy_count < self.busy.len() {
             if self.queue.is_empty() {
                 break;
             }
-            candidates.clear();
+            let server = self.busy.iter().position(|b| !b).expect("a server is free");
             let host_only = self.mech.destage_idle_only()
                 && self.waiters.is_empty()
                 && self.queue.iter().any(|j| j.class == JobClass::Host);
-            candidates.extend(
+            let idx = if self.mech.fifo() {
                 self.queue
                     .iter()
-                    .enumerate()
-                    .filter(|(_, j)| !host_only || j.class == JobClass::Host)
-                    .map(|(i, _)| i),
-            );
-            let idx = self.mech.pick(t, &self.queue, &candidates);
-            assert!(
-                candidates.contains(&idx),
-                "mechanism picked a non-candidate"
-            );
+                    .position(|j| !host_only || j.class == JobClass::Host)
+                    .expect("a candidate")
+            } else {
+                candidates.clear();
+                candidates.extend(
+                    self.queue
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, j)| !host_only || j.class == JobClass::Host)
+                        .map(|(i, _)| i),
+                );
+                let idx = self.mech.pick(t, &self.queue, &candidates);
+                assert!(
+                    candidates.contains(&idx),
+                    "mechanism picked a non-candidate"
+                );
+                idx
+            };
             let job = self.queue.remove(idx).expect("picked index in queue");
             let done = self.mech.start(t, &job, server);
             assert!(done >= t, "{}: job completes before it starts", self.name);
             self.busy[server] = true;
+            self.busy_count += 1;
             self.stats.on_server(t, true);
             self.push(
                 done,
