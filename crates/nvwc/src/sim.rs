@@ -112,6 +112,10 @@ pub struct Args {
     /// Write-back: write patched blocks back without a fetch.
     #[arg(long)]
     pub patch_direct: bool,
+    /// Admission policy (all, sync, wal, critical, ...; trace requests carry
+    /// no hints, FUA writes count as synchronous).
+    #[arg(long)]
+    pub admission: Option<String>,
     /// Worker threads (default: available cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -330,6 +334,12 @@ pub fn base_config(a: &Args) -> Result<SimConfig> {
         .transpose()
         .map_err(|e| anyhow::anyhow!("--patch-mem: {e}"))?;
     c.tuning.patch_direct = a.patch_direct.then_some(true);
+    c.tuning.admission = a
+        .admission
+        .as_deref()
+        .map(|s| s.parse::<nvwc_core::AdmissionKind>())
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--admission: {e}"))?;
     Ok(c)
 }
 

@@ -285,6 +285,7 @@ fn sweep_single_cells_match_the_whole_sweep() {
             "replacements": ["lru", "arc"],
             "cache_sizes": ["512k"],
             "fetch": ["blocking", "lazy"],
+            "admission": ["all", "sync"],
             "limit": 2000
         })
         .to_string(),
@@ -315,7 +316,7 @@ fn sweep_single_cells_match_the_whole_sweep() {
             v["id"].as_str().unwrap().to_string()
         })
         .collect();
-    assert_eq!(ids.len(), 8);
+    assert_eq!(ids.len(), 16);
     for id in &ids {
         let st = nvwc()
             .args(["sweep", "--quiet", "--threads", "1", "--spec"])
@@ -328,7 +329,7 @@ fn sweep_single_cells_match_the_whole_sweep() {
         assert!(st.success(), "{id}");
     }
     let (fa, fb) = (cell_files(&a), cell_files(&b));
-    assert_eq!(fa.len(), 8);
+    assert_eq!(fa.len(), 16);
     assert_eq!(fa.keys().collect::<Vec<_>>(), fb.keys().collect::<Vec<_>>());
     for (n, (x, _)) in &fa {
         assert_eq!(without_wall(x), without_wall(&fb[n].0), "{n}");
