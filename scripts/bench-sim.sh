@@ -85,11 +85,11 @@ if [ -n "$LCS" ]; then
 fi
 
 echo "== memory and throughput as the trace grows: the trace repeated 1x, 10x, ${REPEAT_MAX}x (nvwc trace convert --repeat N, compact binary format, streamed)"
-for x in 1 10 $REPEAT_MAX; do
+for x in $(printf "%s\n" 1 10 "$REPEAT_MAX" | sort -un); do
   "$NVWC" trace convert --repeat $x "$TRACE" "$TMP/x$x.nvwc" >/dev/null
 done
 for m in hit-ratio des; do
-  for x in 1 10 $REPEAT_MAX; do
+  for x in $(printf "%s\n" 1 10 "$REPEAT_MAX" | sort -un); do
     /usr/bin/time -f "%M %U %S" -o "$TMP/rss" "$NVWC" sim --model $m --trace "$TMP/x$x.nvwc" --write-policy wb --replacement lru \
       --cache-size 64M --threads 1 --quiet --json "$TMP/rss.json"
     python3 -c "import json; r=json.load(open('$TMP/rss.json'))[0]; m,u,s=open('$TMP/rss').read().split(); print('$m ${x}x: %d requests, peak RSS %s KiB, %.1f s wall, %.0f req/s (wall), %.0f req/s (CPU)' % (r['requests'], m, r['wall_seconds'], r['replay_rate'], r['requests']/max(float(u)+float(s),1e-3)))"
