@@ -335,3 +335,81 @@ fn sweep_single_cells_match_the_whole_sweep() {
         assert_eq!(without_wall(x), without_wall(&fb[n].0), "{n}");
     }
 }
+
+/// `nvwc sim --repeat N` replays exactly what `nvwc trace convert --repeat N`
+/// writes (every field but the trace name and wall-clock fields), in closed
+/// and open loop, and its peak RSS does not grow with N.
+#[test]
+fn sim_repeat_matches_converted_trace_with_flat_memory() {
+    let Some(t) = traces() else { return };
+    let out = tmpdir("repeat");
+    let trace = t.join("msr.cut.per_10k.rw_40_60.1370.trace");
+    let conv = out.join("x3.nvwc");
+    let st = nvwc()
+        .args(["trace", "convert", "--repeat", "3"])
+        .arg(&trace)
+        .arg(&conv)
+        .stdout(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let sim = |path: &Path, extra: &[&str], json: &Path| -> String {
+        let o = nvwc()
+            .args(["sim", "--quiet", "--print-peak-rss", "--threads", "1"])
+            .args(["--write-policy", "wb,journaled", "--cache-size", "1M"])
+            .arg("--trace")
+            .arg(path)
+            .args(extra)
+            .arg("--json")
+            .arg(json)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let load = |p: &Path| -> Vec<serde_json::Value> {
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                let mut r = r.clone();
+                let m = r.as_object_mut().unwrap();
+                for k in ["wall_seconds", "replay_rate", "trace"] {
+                    m.remove(k);
+                }
+                r
+            })
+            .collect()
+    };
+    for mode in [
+        &["--mode", "closed"][..],
+        &["--mode", "open", "--speedup", "5"],
+    ] {
+        let (a, b) = (out.join("conv.json"), out.join("rep.json"));
+        sim(&conv, mode, &a);
+        let mut args = mode.to_vec();
+        args.extend(["--repeat", "3"]);
+        sim(&trace, &args, &b);
+        let (ra, rb) = (load(&a), load(&b));
+        assert_eq!(ra.len(), 2);
+        assert_eq!(ra[0]["requests"], 30000);
+        assert_eq!(ra, rb, "{mode:?}");
+    }
+    let rss = |n: &str| -> u64 {
+        let err = sim(&trace, &["--repeat", n], &out.join("rss.json"));
+        err.lines()
+            .find_map(|l| l.strip_prefix("peak_rss_kib "))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let (one, many) = (rss("1"), rss("20"));
+    assert!(one > 0);
+    assert!(
+        many < one + 4096,
+        "peak RSS {one} KiB for 1 pass vs {many} KiB for 20 passes"
+    );
+}
