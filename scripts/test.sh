@@ -5,10 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # 1. Debian packages used by the integration tests (real NBD clients, fio, ext4
-# tools, systemd-analyze for the unit file). libssl-dev and pkg-config: the
-# `tls` feature links the system OpenSSL; openssl: the TLS tests make their CA
-# and certificates with its CLI.
-pkgs="qemu-utils nbdkit libnbd-bin nbdfuse fio e2fsprogs fonts-dejavu-core systemd libssl-dev pkg-config openssl"
+# tools, systemd-analyze for the unit file, python3-venv for the Ray sweep
+# test). libssl-dev and pkg-config: the `tls` feature links the system
+# OpenSSL; openssl: the TLS tests make their CA and certificates with its CLI.
+pkgs="qemu-utils nbdkit libnbd-bin nbdfuse fio e2fsprogs fonts-dejavu-core systemd libssl-dev pkg-config openssl python3-venv"
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then
@@ -41,6 +41,11 @@ cargo build --release --workspace --all-targets --features nvwc/tls
 if [ "${NVWC_FUZZ_SECS:-15}" != 0 ]; then
   scripts/fuzz.sh "${NVWC_FUZZ_SECS:-15}" nbd_handshake nbd_starttls nbd_requests trace_detect
 fi
+
+# 4c. The Ray sweep driver against a local `nvwc sweep` (Ray from PyPI into
+# target/ray-venv: ~285 MB and under a minute to install once, ~10 s to run;
+# NVWC_RAY=0 skips).
+scripts/test-ray.sh
 
 # 5. Every test (last, so its summary closes the output).
 cargo test --release --workspace --features nvwc/tls

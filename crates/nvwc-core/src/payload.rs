@@ -30,6 +30,16 @@ pub trait Payload: Clone + std::fmt::Debug + Send + 'static {
     fn from_vec(v: Vec<u8>) -> Self;
     /// The payload as bytes, if it carries any.
     fn bytes(&self) -> Option<&[u8]>;
+    /// Whether payloads of this type carry bytes (false for [`Phantom`]: then
+    /// the engine skips encoding metadata that nobody will read).
+    const CARRIES_BYTES: bool = true;
+    /// A payload of `len` bytes made by `encode` (metadata records): payloads
+    /// that carry no bytes never call `encode`.
+    fn encoded(len: usize, encode: impl FnOnce() -> Vec<u8>) -> Self {
+        let v = encode();
+        debug_assert_eq!(v.len(), len, "encoded length");
+        Self::from_vec(v)
+    }
 }
 
 impl Payload for bytes::Bytes {
@@ -101,5 +111,9 @@ impl Payload for Phantom {
     }
     fn bytes(&self) -> Option<&[u8]> {
         None
+    }
+    const CARRIES_BYTES: bool = false;
+    fn encoded(len: usize, _encode: impl FnOnce() -> Vec<u8>) -> Self {
+        Phantom(len)
     }
 }

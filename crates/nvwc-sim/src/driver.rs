@@ -158,6 +158,9 @@ pub struct EngineTuning {
     pub patch_mem_bytes: Option<u64>,
     /// Write-back: write patched blocks back without a fetch.
     pub patch_direct: Option<bool>,
+    /// Admission policy (trace records carry no hints: every request is
+    /// untagged, FUA writes are synchronous).
+    pub admission: Option<nvwc_core::AdmissionKind>,
 }
 
 /// One run's configuration.
@@ -287,6 +290,9 @@ impl SimConfig {
         }
         if let Some(v) = t.patch_direct {
             c.patch_direct = v;
+        }
+        if let Some(v) = t.admission {
+            c.admission = v;
         }
         c
     }
@@ -817,35 +823,20 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
         let bs = self.cfg.block_size as u64;
         let chunk = (self.engine.max_write_bytes() / bs).max(1) * bs;
         let chunk = chunk.min(1 << 30);
-        let mut parts: Vec<ReqOp<Phantom>> = Vec::new();
-        match r.op {
-            Op::Flush => parts.push(ReqOp::Flush),
-            _ => {
-                let end = r.offset + r.len;
-                let mut o = r.offset;
-                while o < end {
-                    let e = ((o / chunk + 1) * chunk).min(end);
-                    let len = (e - o) as u32;
-                    parts.push(match r.op {
-                        Op::Read => ReqOp::Read { offset: o, len },
-                        Op::Write => ReqOp::Write {
-                            offset: o,
-                            data: Phantom(len as usize),
-                            fua: r.fua,
-                        },
-                        _ => ReqOp::Trim { offset: o, len },
-                    });
-                    o = e;
-                }
-            }
-        }
+        // Parts split at multiples of `chunk` (records of zero length never
+        // get here, except flushes).
+        let end = r.offset + r.len;
+        let n_parts = match r.op {
+            Op::Flush => 1,
+            _ => (end - 1) / chunk - r.offset / chunk + 1,
+        };
         self.pending.insert(
             parent,
             Pending {
                 client,
                 op: r.op,
                 arrived,
-                parts_left: parts.len() as u32,
+                parts_left: n_parts as u32,
                 bytes: r.len,
                 failed: false,
             },
@@ -856,7 +847,26 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
         } else {
             0
         };
-        for op in parts {
+        let mut o = r.offset;
+        for _ in 0..n_parts {
+            let op = match r.op {
+                Op::Flush => ReqOp::Flush,
+                _ => {
+                    let e = ((o / chunk + 1) * chunk).min(end);
+                    let len = (e - o) as u32;
+                    let op = match r.op {
+                        Op::Read => ReqOp::Read { offset: o, len },
+                        Op::Write => ReqOp::Write {
+                            offset: o,
+                            data: Phantom(len as usize),
+                            fua: r.fua,
+                        },
+                        _ => ReqOp::Trim { offset: o, len },
+                    };
+                    o = e;
+                    op
+                }
+            };
             let id = self.next_req;
             self.next_req += 1;
             self.part_of.insert(id, parent);

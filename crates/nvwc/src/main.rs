@@ -20,6 +20,7 @@ mod rng;
 mod serve;
 mod sim;
 mod status;
+mod sweep;
 mod tls;
 mod trace;
 mod vopr;
@@ -57,6 +58,8 @@ enum Cmd {
     Vopr(vopr::Args),
     /// Trace-driven simulation: sweep write policies, replacement policies and cache sizes.
     Sim(sim::Args),
+    /// Resumable sweep (traces x policies x sizes x devices x fetch x admission), one result file per cell.
+    Sweep(sweep::Args),
     /// Miss-ratio curve of a trace, with its knees.
     Mrc(mrc::Args),
     /// Trace conversion and statistics.
@@ -95,6 +98,7 @@ fn main() -> ExitCode {
         Cmd::Detach(a) => serve::control("detach", a),
         Cmd::Vopr(a) => vopr::run(a),
         Cmd::Sim(a) => sim::run(a),
+        Cmd::Sweep(a) => sweep::run(a),
         Cmd::Mrc(a) => mrc::run(a),
         Cmd::Trace(c) => trace::run(c),
         Cmd::Repro(a) => repro::run(a),

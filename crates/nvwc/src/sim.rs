@@ -63,6 +63,11 @@ pub struct Args {
     /// Replay at most this many requests.
     #[arg(long)]
     pub limit: Option<u64>,
+    /// Replay the trace N times in a row (streamed again each pass; each
+    /// pass's timestamps start 1 ms after the previous one's last, as with
+    /// `nvwc trace convert --repeat N`). `--limit` counts all passes.
+    #[arg(long, default_value_t = 1)]
+    pub repeat: u32,
     /// Replay only this trace device (default: every device in its own region).
     #[arg(long)]
     pub dev: Option<u32>,
@@ -112,6 +117,10 @@ pub struct Args {
     /// Write-back: write patched blocks back without a fetch.
     #[arg(long)]
     pub patch_direct: bool,
+    /// Admission policy (all, sync, wal, critical, ...; trace requests carry
+    /// no hints, FUA writes count as synchronous).
+    #[arg(long)]
+    pub admission: Option<String>,
     /// Worker threads (default: available cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -330,6 +339,12 @@ pub fn base_config(a: &Args) -> Result<SimConfig> {
         .transpose()
         .map_err(|e| anyhow::anyhow!("--patch-mem: {e}"))?;
     c.tuning.patch_direct = a.patch_direct.then_some(true);
+    c.tuning.admission = a
+        .admission
+        .as_deref()
+        .map(|s| s.parse::<nvwc_core::AdmissionKind>())
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--admission: {e}"))?;
     Ok(c)
 }
 
@@ -637,6 +652,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
     }
     match a.model.as_str() {
         "des" => {}
+        "hit-ratio" if a.repeat != 1 => {
+            bail!("--repeat applies to --model des; for hit-ratio, nvwc trace convert --repeat N first")
+        }
         "hit-ratio" => return run_hit_ratio(&a, &base, format, &repls, &sizes),
         m => bail!("unknown model {m:?} (des, hit-ratio)"),
     }
@@ -650,7 +668,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .map(parse_size)
         .transpose()
         .map_err(|e| anyhow::anyhow!(e))?;
-    let plan = Arc::new(scan(
+    if a.repeat == 0 {
+        bail!("--repeat must be at least 1");
+    }
+    let mut plan = scan(
         &a.trace,
         format,
         &base.backing,
@@ -659,7 +680,13 @@ pub fn run(a: Args) -> Result<ExitCode> {
         mode,
         backing_size,
         a.limit,
-    )?);
+    )?;
+    plan.repeat = a.repeat;
+    plan.records = plan.records.saturating_mul(a.repeat as u64);
+    if let Some(l) = a.limit {
+        plan.records = plan.records.min(l);
+    }
+    let plan = Arc::new(plan);
     if !a.quiet {
         eprintln!(
             "trace {}: {} requests, {}; backing store {}, {} unique blocks written",

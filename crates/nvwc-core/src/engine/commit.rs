@@ -368,16 +368,20 @@ impl<P: Payload> Engine<P> {
         job.pages = pages
             .iter()
             .map(|&pg| {
-                let first = pg * layout::ENTRIES_PER_PAGE;
-                let last = (first + layout::ENTRIES_PER_PAGE).min(self.layout.capacity);
-                let entries: Vec<(u32, Entry)> = (first..last)
-                    .map(|s| (s as u32, self.entry_now(s as u32, n)))
-                    .collect();
                 let copy = if self.commits.page_cur[pg as usize] == 0 {
                     1
                 } else {
                     0
                 };
+                if !P::CARRIES_BYTES {
+                    // The simulator's payload: only the page's length matters.
+                    return (pg, copy, Vec::new());
+                }
+                let first = pg * layout::ENTRIES_PER_PAGE;
+                let last = (first + layout::ENTRIES_PER_PAGE).min(self.layout.capacity);
+                let entries: Vec<(u32, Entry)> = (first..last)
+                    .map(|s| (s as u32, self.entry_now(s as u32, n)))
+                    .collect();
                 (pg, copy, layout::encode_page(pg, n, &entries))
             })
             .collect();
@@ -435,7 +439,8 @@ impl<P: Payload> Engine<P> {
                 job.left = pages.len() as u32;
                 for (pg, copy, buf) in pages {
                     let off = self.layout.page_offset(pg, copy);
-                    self.cache_write(off, P::from_vec(buf), IoCtx::Commit);
+                    let data = P::encoded(layout::PAGE_BYTES as usize, || buf);
+                    self.cache_write(off, data, IoCtx::Commit);
                 }
             }
             CommitStage::Pages => {
@@ -447,7 +452,7 @@ impl<P: Payload> Engine<P> {
                 job.stage = CommitStage::Record;
                 job.left = 1;
                 let off = self.layout.commit_offset(job.copy as u64);
-                let data = P::from_vec(job.record.encode());
+                let data = P::encoded(512, || job.record.encode());
                 self.emit(
                     Dev::Cache,
                     IoOp::Write {
@@ -463,10 +468,12 @@ impl<P: Payload> Engine<P> {
             CommitStage::Checksums => {
                 job.stage = CommitStage::LogWrite;
                 job.left = 1;
-                let bytes = job.log.as_ref().expect("log commit").encode();
+                let log = job.log.as_ref().expect("log commit");
+                let len = LogRecord::bytes_for(log.entries.len());
                 let off = self.layout.log_offset + self.commits.log.pos;
-                debug_assert!(self.commits.log.pos + bytes.len() as u64 <= self.layout.log_bytes);
-                self.cache_write(off, P::from_vec(bytes), IoCtx::Commit);
+                debug_assert!(self.commits.log.pos + len <= self.layout.log_bytes);
+                let data = P::encoded(len as usize, || log.encode());
+                self.cache_write(off, data, IoCtx::Commit);
             }
             CommitStage::LogWrite => {
                 job.stage = CommitStage::LogFlush;

@@ -76,9 +76,9 @@ pub struct ArrayModel {
     /// Outstanding member commands per member.
     member_load: Vec<usize>,
     capacity: u64,
-    parents: HashMap<u64, Parent>,
+    parents: HashMap<u64, Parent, nvwc_mrc::MixBuildHasher>,
     /// Member command id -> (parent id, member index).
-    children: HashMap<u64, (u64, usize)>,
+    children: HashMap<u64, (u64, usize), nvwc_mrc::MixBuildHasher>,
     next_child: u64,
     completed: VecDeque<(Nanos, u64)>,
     scratch: Vec<u64>,
@@ -143,8 +143,8 @@ impl ArrayModel {
             members,
             capacity,
             p: params,
-            parents: HashMap::new(),
-            children: HashMap::new(),
+            parents: HashMap::default(),
+            children: HashMap::default(),
             next_child: 0,
             completed: VecDeque::new(),
             scratch: Vec::new(),

@@ -16,6 +16,8 @@
 use std::cmp::{Ordering, Reverse};
 use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
 
+use nvwc_mrc::MixBuildHasher;
+
 use super::stats::StatsRecorder;
 use super::{check_op, DevOp, DevOpKind, DeviceStats, Nanos};
 
@@ -84,22 +86,56 @@ pub(crate) trait Mechanism: Send {
     fn chunk_bytes(&self) -> u64 {
         0
     }
+    /// Whether [`Mechanism::pick`] always takes the first candidate (then
+    /// the engine finds it without building the candidate list).
+    fn fifo(&self) -> bool {
+        false
+    }
 }
 
-/// Split `[offset, offset + len)` at multiples of `chunk` (0 = no split).
-pub(crate) fn split_range(offset: u64, len: u64, chunk: u64) -> Vec<(u64, u64)> {
-    if chunk == 0 || len == 0 {
-        return vec![(offset, len)];
+/// Split `[offset, offset + len)` at multiples of `chunk` (0 = no split):
+/// the pieces in order, without allocating (an empty range is one piece).
+pub(crate) fn split_range(offset: u64, len: u64, chunk: u64) -> SplitRange {
+    SplitRange {
+        o: offset,
+        end: offset + len,
+        chunk: if len == 0 { 0 } else { chunk },
+        done: false,
     }
-    let end = offset + len;
-    let mut out = Vec::new();
-    let mut o = offset;
-    while o < end {
-        let next = ((o / chunk) + 1).saturating_mul(chunk).min(end);
-        out.push((o, next - o));
-        o = next;
+}
+
+/// The pieces of [`split_range`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SplitRange {
+    o: u64,
+    end: u64,
+    /// 0: one piece.
+    chunk: u64,
+    done: bool,
+}
+
+impl SplitRange {
+    /// More than one piece.
+    fn is_split(&self) -> bool {
+        self.chunk != 0 && (self.o / self.chunk + 1).saturating_mul(self.chunk) < self.end
     }
-    out
+}
+
+impl Iterator for SplitRange {
+    type Item = (u64, u64);
+    fn next(&mut self) -> Option<(u64, u64)> {
+        if self.done {
+            return None;
+        }
+        let next = match self.o.checked_div(self.chunk) {
+            None => self.end,
+            Some(q) => (q + 1).saturating_mul(self.chunk).min(self.end),
+        };
+        let p = (self.o, next - self.o);
+        self.o = next;
+        self.done = next == self.end;
+        Some(p)
+    }
 }
 
 /// Progress of a host command split into several jobs.
@@ -166,13 +202,17 @@ pub(crate) struct Engine<M: Mechanism> {
     buffer_used: u64,
     queue: VecDeque<Job>,
     busy: Vec<bool>,
+    /// Servers busy (the `true`s in `busy`).
+    busy_count: usize,
     heap: BinaryHeap<Reverse<Event>>,
     completed: VecDeque<(Nanos, u64)>,
-    outstanding: HashSet<u64>,
+    outstanding: HashSet<u64, MixBuildHasher>,
     dirty: BTreeSet<u64>,
     next_buf_seq: u64,
     waiters: VecDeque<FlushWaiter>,
-    parts: HashMap<u64, Parts>,
+    parts: HashMap<u64, Parts, MixBuildHasher>,
+    /// Scratch list of dispatch candidates.
+    candidates: Vec<usize>,
     seq: u64,
     last_now: Nanos,
     stats: StatsRecorder,
@@ -191,13 +231,15 @@ impl<M: Mechanism> Engine<M> {
             buffer_used: 0,
             queue: VecDeque::new(),
             busy: vec![false; n],
+            busy_count: 0,
             heap: BinaryHeap::new(),
             completed: VecDeque::new(),
-            outstanding: HashSet::new(),
+            outstanding: HashSet::default(),
             dirty: BTreeSet::new(),
             next_buf_seq: 0,
             waiters: VecDeque::new(),
-            parts: HashMap::new(),
+            parts: HashMap::default(),
+            candidates: Vec::new(),
             seq: 0,
             last_now: 0,
             stats: StatsRecorder::default(),
@@ -268,13 +310,13 @@ impl<M: Mechanism> Engine<M> {
                     DevOpKind::Read | DevOpKind::Write => {
                         split_range(op.offset, op.len, self.mech.chunk_bytes())
                     }
-                    _ => vec![(op.offset, op.len)],
+                    _ => split_range(op.offset, op.len, 0),
                 };
-                if pieces.len() > 1 {
+                if pieces.is_split() {
                     self.parts.insert(
                         op.id,
                         Parts {
-                            remaining: pieces.len(),
+                            remaining: pieces.count(),
                             first_start: Nanos::MAX,
                             op,
                         },
@@ -360,6 +402,7 @@ impl<M: Mechanism> Engine<M> {
                     started,
                 } => {
                     self.busy[server] = false;
+                    self.busy_count -= 1;
                     self.stats.on_server(t, false);
                     match job.class {
                         JobClass::Host => match self.parts.get_mut(&job.op.id) {
@@ -414,31 +457,41 @@ impl<M: Mechanism> Engine<M> {
 
     /// Give free servers work, at time `t`.
     fn dispatch(&mut self, t: Nanos) {
-        let mut candidates = Vec::new();
-        while let Some(server) = self.busy.iter().position(|b| !b) {
+        let mut candidates = std::mem::take(&mut self.candidates);
+        while self.busy_count < self.busy.len() {
             if self.queue.is_empty() {
-                return;
+                break;
             }
-            candidates.clear();
+            let server = self.busy.iter().position(|b| !b).expect("a server is free");
             let host_only = self.mech.destage_idle_only()
                 && self.waiters.is_empty()
                 && self.queue.iter().any(|j| j.class == JobClass::Host);
-            candidates.extend(
+            let idx = if self.mech.fifo() {
                 self.queue
                     .iter()
-                    .enumerate()
-                    .filter(|(_, j)| !host_only || j.class == JobClass::Host)
-                    .map(|(i, _)| i),
-            );
-            let idx = self.mech.pick(t, &self.queue, &candidates);
-            assert!(
-                candidates.contains(&idx),
-                "mechanism picked a non-candidate"
-            );
+                    .position(|j| !host_only || j.class == JobClass::Host)
+                    .expect("a candidate")
+            } else {
+                candidates.clear();
+                candidates.extend(
+                    self.queue
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, j)| !host_only || j.class == JobClass::Host)
+                        .map(|(i, _)| i),
+                );
+                let idx = self.mech.pick(t, &self.queue, &candidates);
+                assert!(
+                    candidates.contains(&idx),
+                    "mechanism picked a non-candidate"
+                );
+                idx
+            };
             let job = self.queue.remove(idx).expect("picked index in queue");
             let done = self.mech.start(t, &job, server);
             assert!(done >= t, "{}: job completes before it starts", self.name);
             self.busy[server] = true;
+            self.busy_count += 1;
             self.stats.on_server(t, true);
             self.push(
                 done,
@@ -449,6 +502,7 @@ impl<M: Mechanism> Engine<M> {
                 },
             );
         }
+        self.candidates = candidates;
     }
 
     pub fn next_completion(&self) -> Option<Nanos> {

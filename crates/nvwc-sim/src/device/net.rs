@@ -147,7 +147,7 @@ pub struct NetModel {
     backend: Box<dyn DeviceModel>,
     waiting: VecDeque<u64>,
     in_flight: usize,
-    info: HashMap<u64, Info>,
+    info: HashMap<u64, Info, nvwc_mrc::MixBuildHasher>,
     /// Events ordered by (time, seq).
     heap: BinaryHeap<Reverse<(Nanos, u64, NetEventKind)>>,
     to_server_free: Nanos,
@@ -168,7 +168,7 @@ impl NetModel {
             backend,
             waiting: VecDeque::new(),
             in_flight: 0,
-            info: HashMap::new(),
+            info: HashMap::default(),
             heap: BinaryHeap::new(),
             to_server_free: 0,
             to_client_free: 0,

@@ -354,6 +354,10 @@ impl Mechanism for SolidMech {
         candidates[0]
     }
 
+    fn fifo(&self) -> bool {
+        true
+    }
+
     fn start(&mut self, now: Nanos, job: &Job, _server: usize) -> Nanos {
         let op = &job.op;
         match (job.class, op.kind) {
