@@ -74,7 +74,9 @@ committed. Dirty data stays in the cache (\fBnvwc detach\fR writes it back).
 .TP
 SIGHUP
 Re\-read the \fB\-\-config\fR file: the log level and format and the
-exports' critical hints change at once; every other change is logged
+exports' critical hints change at once, and a new [[export]] is opened and
+served (export_added; refused with export_add_failed if it shares a file
+with a served export); every other change, a removed export too, is logged
 (reload_needs_restart) and takes effect at the next start.
 .SH SYSTEMD
 With $NOTIFY_SOCKET set (Type=notify), the server sends READY=1 once it serves,

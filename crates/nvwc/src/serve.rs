@@ -918,11 +918,26 @@ fn metrics_text(exports: &[Arc<NvwcExport>]) -> String {
     o
 }
 
+/// The exports being served. `SIGHUP` may add one (`config_file::reload`),
+/// so the control socket, metrics and shutdown take a snapshot each time.
+#[derive(Default)]
+struct ExportList(std::sync::RwLock<Vec<Arc<NvwcExport>>>);
+
+impl ExportList {
+    fn all(&self) -> Vec<Arc<NvwcExport>> {
+        self.0.read().unwrap().clone()
+    }
+
+    fn push(&self, e: Arc<NvwcExport>) {
+        self.0.write().unwrap().push(e);
+    }
+}
+
 /// Serve the control socket: one command per line (`status`, `flush`,
 /// `detach`), one JSON line back. `flush` and `detach` cover every export.
 async fn control_loop(
     path: PathBuf,
-    exports: Arc<Vec<Arc<NvwcExport>>>,
+    exports: Arc<ExportList>,
     stop: Arc<tokio::sync::Notify>,
     conns: Conns,
 ) -> Result<()> {
@@ -932,7 +947,7 @@ async fn control_loop(
         .with_context(|| format!("control socket {}", path.display()))?;
     loop {
         let (conn, _) = l.accept().await?;
-        let (exports, stop, conns) = (exports.clone(), stop.clone(), conns.clone());
+        let (exports, stop, conns) = (exports.all(), stop.clone(), conns.clone());
         tokio::spawn(async move {
             let (r, mut w) = conn.into_split();
             let mut line = String::new();
@@ -975,14 +990,14 @@ async fn control_loop(
 }
 
 /// Serve Prometheus text metrics over plain HTTP/1.1.
-async fn metrics_loop(addr: String, exports: Arc<Vec<Arc<NvwcExport>>>) -> Result<()> {
+async fn metrics_loop(addr: String, exports: Arc<ExportList>) -> Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let l = tokio::net::TcpListener::bind(&addr)
         .await
         .with_context(|| format!("metrics address {addr}"))?;
     loop {
         let (mut conn, _) = l.accept().await?;
-        let exports = exports.clone();
+        let exports = exports.all();
         tokio::spawn(async move {
             let mut buf = [0u8; 2048];
             let _ = conn.read(&mut buf).await;
@@ -1971,12 +1986,15 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
                 .with_context(|| format!("export {:?} ({})", e.name, e.backing))?,
         );
     }
-    let exports = Arc::new(exports);
+    let exports = Arc::new(ExportList(std::sync::RwLock::new(exports)));
     let ctl_path = a.control.clone();
     let metrics_addr = a.metrics.clone();
 
     let ex = exports.clone();
+    let rt_ref = &rt;
     let code = rt.block_on(async move {
+        let rt = rt_ref;
+        let mut specs = specs;
         let conns: Conns = Arc::default();
         let c2 = conns.clone();
         let ex2 = ex.clone();
@@ -1984,14 +2002,14 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
             track_connection(&c2, &ev);
             if let nvwc_nbd::ServerEvent::Disconnected { conn_id, .. } = &ev {
                 // A gone connection's hint goes with it (ids are never reused).
-                for e in ex2.iter().filter(|e| e.hinted.load(Ordering::Relaxed) > 0) {
+                for e in ex2.all().iter().filter(|e| e.hinted.load(Ordering::Relaxed) > 0) {
                     e.set_hint(*conn_id, false);
                 }
             }
             log_server_event(ev)
         });
-        for e in ex.iter() {
-            b = b.export(e.clone());
+        for e in ex.all() {
+            b = b.export(e);
         }
         if let Some(d) = &a.default_export {
             b = b.default_export(d.clone());
@@ -2018,11 +2036,11 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
         }
         let sock = std::fs::canonicalize(&a.unix).unwrap_or(a.unix.clone());
         let uri = format!("nbd+unix:///?socket={}", sock.display());
-        for e in ex.iter() {
+        for e in ex.all() {
             let shown = if e.info.name.is_empty() { "(default)" } else { &e.info.name };
             println!("nvwc: export {shown}: {} ({} bytes)", e.info.description, e.info.size);
         }
-        log!(info, "listening", unix = sock.display().to_string(), tcp = tcp.map(|t| t.to_string()).unwrap_or_else(|| "none".into()), exports = ex.len());
+        log!(info, "listening", unix = sock.display().to_string(), tcp = tcp.map(|t| t.to_string()).unwrap_or_else(|| "none".into()), exports = ex.all().len());
         println!("  unix socket: {}", sock.display());
         if let Some(addr) = tcp {
             println!("  tcp:         nbd://{addr}/");
@@ -2038,7 +2056,7 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
         println!("stop with Ctrl-C or SIGTERM (in-flight requests finish, metadata is committed)");
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
-        sd_notify(&format!("READY=1\nSTATUS=serving {} export(s)", ex.len()));
+        sd_notify(&format!("READY=1\nSTATUS=serving {} export(s)", ex.all().len()));
         let detached = loop {
             tokio::select! {
                 _ = tokio::signal::ctrl_c() => { log!(info, "signal", signal = "SIGINT"); break false }
@@ -2049,7 +2067,12 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
                     match &a.loaded {
                         Some(l) => {
                             sd_notify("RELOADING=1");
-                            config_file::reload(l, &ex);
+                            for spec in config_file::reload(l, &a, &ex.all()) {
+                                add_export(&spec, &a, rt, &server, &ex, &mut specs);
+                                if specs.iter().any(|x| x.name == spec.name) {
+                                    config_file::added(l, &spec.name);
+                                }
+                            }
                             sd_notify("READY=1");
                         }
                         None => log!(warn, "reload_skipped", reason = "no --config file to reload"),
@@ -2064,13 +2087,13 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
         anyhow::Ok(detached)
     });
     let detached = code?;
-    for e in exports.iter() {
+    for e in exports.all() {
         let st = e.host.shutdown(Duration::from_secs(60));
         if let Some(st) = st
             .as_ref()
             .filter(|st| detached && st.dirty_blocks == 0 && st.patched_blocks == 0)
         {
-            release_cache(e, st);
+            release_cache(&e, st);
         }
         match st {
             Some(st) => log!(
@@ -2087,6 +2110,66 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
         }
     }
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// `SIGHUP` found export `spec` new in the configuration file: open it and
+/// serve it (new connections can list and open it). Refused with a log line
+/// (`export_add_failed`) when it shares a cache or backing file with an
+/// export being served or fails to open; the others keep serving.
+fn add_export(
+    spec: &ExportSpec,
+    a: &Args,
+    rt: &tokio::runtime::Runtime,
+    server: &nvwc_nbd::Server,
+    ex: &ExportList,
+    specs: &mut Vec<ExportSpec>,
+) {
+    let fail = |error: String| {
+        log!(
+            error,
+            "export_add_failed",
+            export = &spec.name,
+            error = error
+        )
+    };
+    if let Some(x) = specs.iter().find(|x| {
+        x.cache == spec.cache || (x.backing == spec.backing && !is_upstream(&spec.backing))
+    }) {
+        return fail(format!(
+            "it shares its cache or backing file with export {:?}",
+            x.name
+        ));
+    }
+    // `open_export` blocks on the runtime for an upstream backing store,
+    // which only a thread outside the runtime may do.
+    let opened = std::thread::scope(|s| s.spawn(|| open_export(spec, a, rt)).join());
+    let e = match opened {
+        Ok(Ok(e)) => e,
+        Ok(Err(err)) => return fail(crate::errors::chain(&err)),
+        Err(_) => return fail("opening it panicked".into()),
+    };
+    if let Err(err) = server.add_export(e.clone()) {
+        e.host.shutdown(Duration::from_secs(60));
+        return fail(err.to_string());
+    }
+    ex.push(e.clone());
+    specs.push(spec.clone());
+    let shown = if e.info.name.is_empty() {
+        "(default)"
+    } else {
+        &e.info.name
+    };
+    println!(
+        "nvwc: export {shown}: {} ({} bytes)",
+        e.info.description, e.info.size
+    );
+    log!(
+        info,
+        "export_added",
+        export = &e.info.name,
+        size = e.info.size,
+        backing = &spec.backing
+    );
 }
 
 /// Tell systemd (`Type=notify`) about the server's state; see `notify.rs`.

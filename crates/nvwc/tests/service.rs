@@ -410,11 +410,44 @@ fn sighup_reloads_what_it_can_and_names_what_needs_a_restart() {
     );
     let restart = wait_log(&dir, "reload_needs_restart");
     assert!(
-        restart.contains("export[\\\"b\\\"] (new)")
-            && !restart.contains("export[\\\"b\\\"].backing")
-            && restart.contains("defaults.write-policy"),
+        !restart.contains("export[\\\"b\\\"]") && restart.contains("defaults.write-policy"),
         "{restart}"
     );
+    // The new export serves: listed, and a verified client on it.
+    let added = wait_log(&dir, "\"event\":\"export_added\"");
+    assert!(added.contains("\"export\":\"b\""), "{added}");
+    let client_on = |name: &str| {
+        let (ok, out, err) = run(nvwc()
+            .args(["loadtest", "--clients", "1", "--duration", "1s", "--uri"])
+            .arg(format!("nbd+unix:///{name}?socket={d}/s.sock")));
+        assert!(ok, "loadtest on {name}: {out}{err}");
+    };
+    client_on("b");
+    let (ok, out, err) = run(Command::new("nbdinfo")
+        .arg("--list")
+        .arg(format!("nbd+unix:///?socket={d}/s.sock")));
+    assert!(
+        ok && out.contains("export=\"a\"") && out.contains("export=\"b\""),
+        "{out}{err}"
+    );
+    // A new export that shares a served export's cache file is refused,
+    // and the others keep serving.
+    let text = std::fs::read_to_string(dir.join("c.toml")).unwrap();
+    std::fs::write(
+        dir.join("c.toml"),
+        format!("{text}[[export]]\nname = \"c\"\nbacking = \"c.img\"\ncache = \"a.cache\"\n"),
+    )
+    .unwrap();
+    s.signal("HUP");
+    assert_eq!(recv(), "RELOADING=1");
+    assert_eq!(recv(), "READY=1");
+    let refused = wait_log(&dir, "export_add_failed");
+    assert!(
+        refused.contains("\"export\":\"c\"") && refused.contains("shares its cache"),
+        "{refused}"
+    );
+    client_on("a");
+    client_on("b");
     assert!(critical(), "critical = true not applied");
     // Debug events are logged now: an NBD client's `ready` (its handshake).
     assert!(

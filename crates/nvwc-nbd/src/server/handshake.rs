@@ -265,7 +265,7 @@ where
             ClientOption::List => {
                 for (name, e) in inner.exports() {
                     let entry = ServerEntry {
-                        name: name.clone(),
+                        name,
                         description: e.info().description,
                     };
                     reply(wr, opt::LIST, rep::SERVER, &entry.encode_data()).await?;

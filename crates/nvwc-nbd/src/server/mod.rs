@@ -248,7 +248,7 @@ impl ServerBuilder {
         Ok(Server {
             inner: Arc::new(Inner {
                 config: self.config,
-                exports,
+                exports: std::sync::RwLock::new(exports),
                 default_name,
                 next_conn_id: AtomicU64::new(1),
                 shutdown: shutdown_tx,
@@ -263,7 +263,8 @@ impl ServerBuilder {
 
 pub(crate) struct Inner {
     pub(crate) config: ServerConfig,
-    exports: BTreeMap<String, Arc<dyn Export>>,
+    /// Exports by name; [`Server::add_export`] adds to it while serving.
+    exports: std::sync::RwLock<BTreeMap<String, Arc<dyn Export>>>,
     default_name: Option<String>,
     next_conn_id: AtomicU64,
     pub(crate) shutdown: watch::Sender<bool>,
@@ -289,12 +290,16 @@ impl Inner {
             name
         };
         self.exports
+            .read()
+            .unwrap()
             .get_key_value(key)
             .map(|(k, e)| (Arc::from(k.as_str()), e.clone()))
     }
 
-    pub(crate) fn exports(&self) -> impl Iterator<Item = (&String, &Arc<dyn Export>)> {
-        self.exports.iter()
+    /// A snapshot of the exports, sorted by name.
+    pub(crate) fn exports(&self) -> Vec<(String, Arc<dyn Export>)> {
+        let map = self.exports.read().unwrap();
+        map.iter().map(|(k, e)| (k.clone(), e.clone())).collect()
     }
 
     pub(crate) fn is_shutting_down(&self) -> bool {
@@ -335,7 +340,26 @@ impl Server {
 
     /// Names of all registered exports, sorted.
     pub fn export_names(&self) -> Vec<String> {
-        self.inner.exports.keys().cloned().collect()
+        self.inner.exports.read().unwrap().keys().cloned().collect()
+    }
+
+    /// Add an export while serving: new connections can list and open it
+    /// at once; connections in progress are unaffected. The same checks
+    /// as [`ServerBuilder::build`]: a valid [`ExportInfo`](crate::ExportInfo)
+    /// and a name no export has yet. The default export ("") does not change.
+    pub fn add_export(&self, export: Arc<dyn Export>) -> Result<(), ServerError> {
+        let info = export.info();
+        info.validate()
+            .map_err(|reason| ServerError::InvalidExport {
+                name: info.name.clone(),
+                reason,
+            })?;
+        let mut map = self.inner.exports.write().unwrap();
+        if map.contains_key(&info.name) {
+            return Err(ServerError::DuplicateExport(info.name));
+        }
+        map.insert(info.name, export);
+        Ok(())
     }
 
     /// Bind a TCP listener on `addr` (e.g. [`DEFAULT_TCP_ADDR`], or port 0

@@ -10,9 +10,9 @@
 //! and column.
 //!
 //! `SIGHUP` re-reads the file ([`reload`]): the log level and format and the
-//! exports' `critical` admission hints change at once; anything else (a new
-//! export too: the NBD server's export table is fixed at start) is logged
-//! as needing a restart.
+//! exports' `critical` admission hints change at once, and a new
+//! `[[export]]` is opened and served (new connections see it); anything else,
+//! a removed export too, is logged as needing a restart.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -160,8 +160,6 @@ pub(crate) struct Loaded {
     cli_log: (Option<String>, Option<String>),
     /// The file's settings in effect (flattened, `table.key` = value).
     running: Mutex<BTreeMap<String, String>>,
-    #[allow(dead_code)] // Read once the TLS flags exist (see `apply`).
-    pub tls: TlsSettings,
 }
 
 /// One error at a place in the file.
@@ -613,15 +611,25 @@ pub(super) fn apply(path: &Path, a: &mut Args, given: BTreeSet<String>) -> Resul
         psk: string(&f.tls.psk).map(PathBuf::from),
         allow_insecure_tcp: f.server.allow_insecure_tcp.as_ref().map(|v| *v.get_ref()),
     };
-    // TLS: once `nvwc serve` has its TLS flags (`a.tls: crate::tls::TlsArgs`,
-    // branch `tls`), set them here like the others:
-    //   set!("tls", a.tls.tls, tls.mode.as_deref().map(|m| {
-    //       <crate::tls::TlsSetting as clap::ValueEnum>::from_str(m, false).expect("validated")
-    //   }));
-    //   set!("tls_certificates", a.tls.tls_certificates, tls.certificates.clone().map(Some));
-    //   set!("tls_verify_peer", a.tls.tls_verify_peer, tls.verify_peer);
-    //   set!("tls_psk", a.tls.tls_psk, tls.psk.clone().map(Some));
-    //   set!("allow_insecure_tcp", a.tls.allow_insecure_tcp, tls.allow_insecure_tcp);
+    set!(
+        "tls",
+        a.tls.tls,
+        tls.mode.as_deref().map(|m| {
+            <crate::tls::TlsSetting as clap::ValueEnum>::from_str(m, false).expect("validated")
+        })
+    );
+    set!(
+        "tls_certificates",
+        a.tls.tls_certificates,
+        tls.certificates.clone().map(Some)
+    );
+    set!("tls_verify_peer", a.tls.tls_verify_peer, tls.verify_peer);
+    set!("tls_psk", a.tls.tls_psk, tls.psk.clone().map(Some));
+    set!(
+        "allow_insecure_tcp",
+        a.tls.allow_insecure_tcp,
+        tls.allow_insecure_tcp
+    );
     if !f.export.is_empty() && (g("backing") || g("cache")) {
         anyhow::bail!(
             "{}: the file lists exports, so --backing and --cache are not used: describe the \
@@ -633,20 +641,7 @@ pub(super) fn apply(path: &Path, a: &mut Args, given: BTreeSet<String>) -> Resul
     let exports = f
         .export
         .iter()
-        .map(|e| {
-            let e = e.get_ref();
-            ExportSpec {
-                name: e.name.get_ref().clone(),
-                backing: e.backing.get_ref().clone(),
-                cache: PathBuf::from(e.cache.get_ref()),
-                size: sz(&e.size).unwrap_or(a.size),
-                cache_size: sz(&e.cache_size).unwrap_or(a.cache_size),
-                write_policy: string(&e.write_policy).unwrap_or_else(|| a.write_policy.clone()),
-                replacement: string(&e.replacement).unwrap_or_else(|| a.replacement.clone()),
-                read_only: e.read_only.as_ref().map_or(a.read_only, |v| *v.get_ref()),
-                critical: e.critical.as_ref().is_some_and(|v| *v.get_ref()),
-            }
-        })
+        .map(|e| export_spec(e.get_ref(), a))
         .collect();
     let cli_critical = a
         .export
@@ -671,9 +666,29 @@ pub(super) fn apply(path: &Path, a: &mut Args, given: BTreeSet<String>) -> Resul
         exports,
         cli_critical,
         running,
-        tls,
     });
     Ok(())
+}
+
+/// An `[[export]]` table as an export, inheriting what `a` settled (the
+/// flags and `[defaults]`).
+fn export_spec(e: &ExportT, a: &Args) -> ExportSpec {
+    let string = |v: &S<String>| v.as_ref().map(|v| v.get_ref().clone());
+    let sz = |v: &S<Value>| {
+        v.as_ref()
+            .map(|v| size(v).map_err(|d| d.msg).expect("validated"))
+    };
+    ExportSpec {
+        name: e.name.get_ref().clone(),
+        backing: e.backing.get_ref().clone(),
+        cache: PathBuf::from(e.cache.get_ref()),
+        size: sz(&e.size).unwrap_or(a.size),
+        cache_size: sz(&e.cache_size).unwrap_or(a.cache_size),
+        write_policy: string(&e.write_policy).unwrap_or_else(|| a.write_policy.clone()),
+        replacement: string(&e.replacement).unwrap_or_else(|| a.replacement.clone()),
+        read_only: e.read_only.as_ref().map_or(a.read_only, |v| *v.get_ref()),
+        critical: e.critical.as_ref().is_some_and(|v| *v.get_ref()),
+    }
 }
 
 /// `nvwc serve`: apply `--config` (if given) under the flags the command
@@ -693,8 +708,10 @@ pub fn serve(mut a: Args, m: &clap::ArgMatches) -> Result<std::process::ExitCode
 }
 
 /// `SIGHUP`: re-read the file; apply the log settings and the exports'
-/// `critical` hints, and log every other change as needing a restart.
-pub(super) fn reload(l: &Loaded, exports: &[Arc<NvwcExport>]) {
+/// `critical` hints, return the exports the file adds (the caller opens
+/// them and reports each with [`added`]), and log every other change,
+/// a removed export too, as needing a restart.
+pub(super) fn reload(l: &Loaded, a: &Args, exports: &[Arc<NvwcExport>]) -> Vec<ExportSpec> {
     let path = l.path.display().to_string();
     log!(info, "reload", config = &path);
     let (f, src) = match load(&l.path) {
@@ -707,13 +724,13 @@ pub(super) fn reload(l: &Loaded, exports: &[Arc<NvwcExport>]) {
                 error = e,
                 note = "the running settings stay"
             );
-            return;
+            return Vec::new();
         }
     };
     let new = flatten(&src, &l.given);
     let mut running = l.running.lock().unwrap();
     let keys: BTreeSet<String> = running.keys().chain(new.keys()).cloned().collect();
-    let (mut applied, mut restart) = (Vec::new(), Vec::new());
+    let (mut applied, mut restart, mut new_exports) = (Vec::new(), Vec::new(), Vec::new());
     // `export[NAME].key` -> `export[NAME]`, the key an export's presence has.
     let export_of = |k: &str| k.find("].").map(|i| k[..=i].to_string());
     for k in keys {
@@ -735,13 +752,10 @@ pub(super) fn reload(l: &Loaded, exports: &[Arc<NvwcExport>]) {
                 None => running.remove(&k),
             };
             applied.push(k);
+        } else if k.starts_with("export[") && export.is_none() && new.contains_key(&k) {
+            new_exports.push(k);
         } else if k.starts_with("export[") && export.is_none() {
-            let how = if new.contains_key(&k) {
-                "new"
-            } else {
-                "removed"
-            };
-            restart.push(format!("{k} ({how})"));
+            restart.push(format!("{k} (removed)"));
         } else {
             restart.push(k);
         }
@@ -786,6 +800,33 @@ pub(super) fn reload(l: &Loaded, exports: &[Arc<NvwcExport>]) {
             changed = restart.join(" "),
             note = "these changes take effect when nvwc serve restarts"
         );
+    }
+    // New exports: opened by the caller; their keys join the running
+    // settings in `added` once they serve.
+    f.export
+        .iter()
+        .map(|e| e.get_ref())
+        .filter(|e| new_exports.contains(&format!("export[{:?}]", e.name.get_ref())))
+        .map(|e| {
+            let mut spec = export_spec(e, a);
+            spec.critical |= l.cli_critical.contains(&spec.name);
+            spec
+        })
+        .collect()
+}
+
+/// Export `name`, which [`reload`] returned, now serves: its settings join
+/// those in effect, so a later reload compares against them.
+pub(super) fn added(l: &Loaded, name: &str) {
+    let Ok((_, src)) = load(&l.path) else {
+        return;
+    };
+    let prefix = format!("export[{name:?}]");
+    let mut running = l.running.lock().unwrap();
+    for (k, v) in flatten(&src, &l.given) {
+        if k == prefix || k.starts_with(&format!("{prefix}.")) {
+            running.insert(k, v);
+        }
     }
 }
 
