@@ -710,3 +710,39 @@ fn public_listener_guard_and_tls_flag_errors() {
     );
     assert!(err.contains("missing-dir/server-cert.pem"), "{err}");
 }
+
+/// `nvwc serve --config FILE` takes TLS from the file's `[tls]` table: a
+/// plain client is refused, a PSK client served; a flag on the command line
+/// wins over the file.
+#[test]
+fn config_file_tls_table_applies_and_flags_override_it() {
+    if !tools(&["nbdinfo"]) {
+        return;
+    }
+    let dir = tempdir("cfgtls");
+    std::fs::write(dir.join("keys.psk"), format!("alice:{KEY}\n")).unwrap();
+    std::fs::write(
+        dir.join("c.toml"),
+        "[tls]\nmode = \"require\"\npsk = \"keys.psk\"\n",
+    )
+    .unwrap();
+    let s = Server::start(&dir, &["--config", "c.toml"]);
+    let plain = format!("nbd+unix:///?socket={}", s.sock().display());
+    let tls = format!(
+        "nbds+unix://alice@/?socket={}&tls-psk-file={}",
+        s.sock().display(),
+        dir.join("keys.psk").display()
+    );
+    client(
+        false,
+        "plain nbdinfo under [tls] mode = require",
+        &mut nbdinfo(&plain),
+    );
+    let t = client(true, "nbdinfo with the file's PSK", &mut nbdinfo(&tls));
+    assert!(t.contains("with TLS"), "{t}");
+    drop(s);
+    // `--tls on` on the command line wins over the file's `require`.
+    let s = Server::start(&dir, &["--config", "c.toml", "--tls", "on"]);
+    let plain = format!("nbd+unix:///?socket={}", s.sock().display());
+    client(true, "plain nbdinfo under --tls on", &mut nbdinfo(&plain));
+}
