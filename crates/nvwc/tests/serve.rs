@@ -9,29 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// CI (`CI=true` or `NVWC_REQUIRE_TOOLS=1`) fails a test whose tools are
-/// missing instead of skipping it.
-fn strict() -> bool {
-    std::env::var("NVWC_REQUIRE_TOOLS").as_deref() == Ok("1")
-        || matches!(std::env::var("CI").as_deref(), Ok("true" | "1"))
-}
-
-fn tool(name: &str) -> bool {
-    let ok = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {name}"))
-        .stdout(Stdio::null())
-        .status()
-        .map(|s| s.success())
-        .unwrap_or(false);
-    if !ok {
-        if strict() {
-            panic!("{name} is required (NVWC_REQUIRE_TOOLS=1)");
-        }
-        eprintln!("SKIP: {name} not installed");
-    }
-    ok
-}
+mod common;
+use common::{strict, tool};
 
 struct Server(Child);
 

@@ -10,26 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn strict() -> bool {
-    std::env::var("NVWC_REQUIRE_TOOLS").as_deref() == Ok("1")
-        || matches!(std::env::var("CI").as_deref(), Ok("true" | "1"))
-}
-
-fn tool(name: &str) -> bool {
-    let ok = Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {name}"))
-        .stdout(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !ok {
-        if strict() {
-            panic!("{name} is required (NVWC_REQUIRE_TOOLS=1)");
-        }
-        eprintln!("SKIP: {name} not installed");
-    }
-    ok
-}
+mod common;
+use common::tool;
 
 fn tempdir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("nvwc-service-{tag}-{}", std::process::id()));

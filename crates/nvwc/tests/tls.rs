@@ -16,31 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// CI (`CI=true` or `NVWC_REQUIRE_TOOLS=1`) fails a test whose tools are
-/// missing instead of skipping it.
-fn strict() -> bool {
-    std::env::var("NVWC_REQUIRE_TOOLS").as_deref() == Ok("1")
-        || matches!(std::env::var("CI").as_deref(), Ok("true" | "1"))
-}
-
-fn tools(names: &[&str]) -> bool {
-    for name in names {
-        let ok = Command::new("sh")
-            .arg("-c")
-            .arg(format!("command -v {name}"))
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            if strict() {
-                panic!("{name} is required (NVWC_REQUIRE_TOOLS=1)");
-            }
-            eprintln!("SKIP: {name} not installed");
-            return false;
-        }
-    }
-    true
-}
+mod common;
+use common::tools;
 
 fn tempdir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("nvwc-tls-{tag}-{}", std::process::id()));

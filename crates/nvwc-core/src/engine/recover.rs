@@ -330,14 +330,7 @@ impl<P: Payload> Engine<P> {
             return;
         }
         self.map.blocks[b as usize].latest = s;
-        let rid = self
-            .map
-            .free_rids
-            .pop()
-            .expect("more cached blocks than slots");
-        self.map.rid_block[rid as usize] = b;
-        self.map.blocks[b as usize].rid = rid;
-        self.repl.insert(BlockId(rid), lbn, dirty);
+        self.track_block(b, lbn, dirty);
     }
 
     /// The first commit after recovery is a checkpoint; until it is durable

@@ -309,4 +309,17 @@ impl<P: Payload> Engine<P> {
         self.retire(s);
         self.maybe_drop_block(b);
     }
+
+    /// Block `b` (backing block `lbn`) gets a cached version: give it a
+    /// replacement id and let the replacement policy track it.
+    pub(super) fn track_block(&mut self, b: u32, lbn: u64, dirty: bool) {
+        let rid = self
+            .map
+            .free_rids
+            .pop()
+            .expect("more cached blocks than slots");
+        self.map.rid_block[rid as usize] = b;
+        self.map.blocks[b as usize].rid = rid;
+        self.repl.insert(BlockId(rid), lbn, dirty);
+    }
 }

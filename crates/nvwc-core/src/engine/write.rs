@@ -400,14 +400,7 @@ impl<P: Payload> Engine<P> {
                 self.repl.set_dirty(BlockId(rid), dirty);
             }
         } else {
-            let rid = self
-                .map
-                .free_rids
-                .pop()
-                .expect("more cached blocks than slots");
-            self.map.rid_block[rid as usize] = b;
-            self.map.blocks[b as usize].rid = rid;
-            self.repl.insert(BlockId(rid), lbn, dirty);
+            self.track_block(b, lbn, dirty);
         }
     }
 

@@ -220,18 +220,8 @@ impl ServerBuilder {
         let mut exports = BTreeMap::new();
         let mut first = None;
         for e in self.exports {
-            let info = e.info();
-            info.validate()
-                .map_err(|reason| ServerError::InvalidExport {
-                    name: info.name.clone(),
-                    reason,
-                })?;
-            if first.is_none() {
-                first = Some(info.name.clone());
-            }
-            if exports.insert(info.name.clone(), e).is_some() {
-                return Err(ServerError::DuplicateExport(info.name));
-            }
+            let name = register(&mut exports, e)?;
+            first.get_or_insert(name);
         }
         let default_name = match self.default_name {
             Some(n) => {
@@ -259,6 +249,25 @@ impl ServerBuilder {
             }),
         })
     }
+}
+
+/// Add `export` to `map` under its name, if its info is valid and the name
+/// is free; returns the name.
+fn register(
+    map: &mut BTreeMap<String, Arc<dyn Export>>,
+    export: Arc<dyn Export>,
+) -> Result<String, ServerError> {
+    let info = export.info();
+    info.validate()
+        .map_err(|reason| ServerError::InvalidExport {
+            name: info.name.clone(),
+            reason,
+        })?;
+    if map.contains_key(&info.name) {
+        return Err(ServerError::DuplicateExport(info.name));
+    }
+    map.insert(info.name.clone(), export);
+    Ok(info.name)
 }
 
 pub(crate) struct Inner {
@@ -348,18 +357,7 @@ impl Server {
     /// as [`ServerBuilder::build`]: a valid [`ExportInfo`](crate::ExportInfo)
     /// and a name no export has yet. The default export ("") does not change.
     pub fn add_export(&self, export: Arc<dyn Export>) -> Result<(), ServerError> {
-        let info = export.info();
-        info.validate()
-            .map_err(|reason| ServerError::InvalidExport {
-                name: info.name.clone(),
-                reason,
-            })?;
-        let mut map = self.inner.exports.write().unwrap();
-        if map.contains_key(&info.name) {
-            return Err(ServerError::DuplicateExport(info.name));
-        }
-        map.insert(info.name, export);
-        Ok(())
+        register(&mut self.inner.exports.write().unwrap(), export).map(|_| ())
     }
 
     /// Bind a TCP listener on `addr` (e.g. [`DEFAULT_TCP_ADDR`], or port 0
