@@ -12,7 +12,7 @@
 //!   the process: a crash in the middle of a write), and `volatile` (below).
 //!   A rule fires on the matching commands after the first `after`, at most
 //!   `count` times (default: always), each time with probability `prob`.
-//! - **simulate a host crash** (`volatile[,log=PATH]`; `fault/volatile.rs`):
+//! - **simulate a host crash** (`volatile[,log=PATH]`; `nvwc-dev/src/volatile.rs`):
 //!   the file holds only what is durable; a write reaches it only at a
 //!   FLUSH issued after the write completed (or as a FUA write, or before a
 //!   journaled group ends). Until then it is visible in the device's own
@@ -47,10 +47,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use nvwc_core::{IoError, IoOp, IoResult};
 
-use crate::rng::Rng;
 use crate::serve::log::log;
+use nvwc_dev::rng::Rng;
 
-pub mod volatile;
+pub use nvwc_dev::volatile;
 
 /// The device under a [`Layer`].
 pub trait Media {
@@ -275,7 +275,7 @@ impl Rule {
         if n <= self.after || self.fired.load(Ordering::Relaxed) >= self.count {
             return None;
         }
-        let r = self.rng.lock().unwrap().next();
+        let r = self.rng.lock().unwrap().next_u64();
         if self.prob < 1.0 && (r >> 11) as f64 / (1u64 << 53) as f64 >= self.prob {
             return None;
         }
@@ -329,7 +329,7 @@ fn failpoints_armed() -> bool {
 pub struct Layer {
     role: Role,
     rules: Vec<Rule>,
-    /// Host-crash mode: what is not durable yet (`fault/volatile.rs`).
+    /// Host-crash mode: what is not durable yet (`nvwc-dev/src/volatile.rs`).
     volatile: Option<volatile::Volatile>,
     failed: AtomicBool,
     errors: AtomicU64,
@@ -629,7 +629,7 @@ impl Layer {
     }
 
     /// Execute on `dev`, through the host-crash model if it is on
-    /// (`fault/volatile.rs`); `issued`: a FLUSH's issue stamp.
+    /// (`nvwc-dev/src/volatile.rs`); `issued`: a FLUSH's issue stamp.
     fn exec(
         &self,
         op: &IoOp<Bytes>,

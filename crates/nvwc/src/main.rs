@@ -4,19 +4,14 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
-mod crashtest;
 mod docs;
 mod errors;
-mod ext4;
 mod fault;
-mod grid;
-mod loadtest;
 mod mrc;
 mod notify;
 mod repro;
 mod repro_adm;
 mod repro_nbw;
-mod rng;
 mod serve;
 mod sim;
 mod status;
@@ -24,6 +19,8 @@ mod sweep;
 mod tls;
 mod trace;
 mod vopr;
+
+use nvwc_harness::{crashtest, grid, loadtest};
 
 #[derive(Parser)]
 #[command(

@@ -36,10 +36,10 @@ fn synthetic(dir: &Path, size: u64, n: u64, span: u64, flush: bool) -> Result<Pa
     let file =
         std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
     let mut w = CompactWriter::new(std::io::BufWriter::new(file), None)?;
-    let mut rng = crate::rng::Rng::new(0x9E37_79B9_7F4A_7C15 ^ size);
+    let mut rng = nvwc_dev::rng::Rng::new(0x9E37_79B9_7F4A_7C15 ^ size);
     let slots = span / size;
     for i in 0..n {
-        let z = rng.next();
+        let z = rng.next_u64();
         let off = (z % slots) * size;
         w.write(&TraceRecord {
             ts_ns: i * 10_000,

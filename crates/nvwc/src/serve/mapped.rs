@@ -30,7 +30,7 @@
 //! keeps only what the fault layer made durable; reads come from the
 //! mapping ([`Mapped::read`], the kernel's copy again), so they see every
 //! write. The fault layer is told of each such write and writes it to the
-//! file at the FLUSH that makes it durable (`fault/volatile.rs`): the mapping
+//! file at the FLUSH that makes it durable (`nvwc-dev/src/volatile.rs`): the mapping
 //! stands for the page cache, the file for the device.
 
 use std::fs::File;

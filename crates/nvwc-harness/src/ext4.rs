@@ -173,7 +173,7 @@ fn fs_workload(mnt: &Path, seed: u64, stop: &AtomicBool) -> u64 {
                 0..=3 => {
                     let p = d.join(format!("f{}", rng.below(200)));
                     let mut f = std::fs::File::create(&p)?;
-                    f.write_all(&vec![rng.next() as u8; 512 + rng.below(8192) as usize])?;
+                    f.write_all(&vec![rng.next_u64() as u8; 512 + rng.below(8192) as usize])?;
                     if rng.below(3) == 0 {
                         f.sync_all()?;
                     }
@@ -206,7 +206,7 @@ fn fs_workload(mnt: &Path, seed: u64, stop: &AtomicBool) -> u64 {
                     if rng.below(4) == 0 {
                         let p = mnt.join(format!("big{}", rng.below(4)));
                         let mut f = std::fs::File::create(&p)?;
-                        let chunk = vec![rng.next() as u8; 256 << 10];
+                        let chunk = vec![rng.next_u64() as u8; 256 << 10];
                         for _ in 0..(4 + rng.below(8)) {
                             f.write_all(&chunk)?;
                         }
@@ -273,7 +273,7 @@ pub fn run_ext4_trial(
         .context("nvwc flush after mkfs")?;
     let run_ms = 200 + rng.below(max_run_ms.max(201) - 200);
     let stop = Arc::new(AtomicBool::new(false));
-    let (mnt, st, s2) = (stack.mnt.clone(), stop.clone(), rng.next());
+    let (mnt, st, s2) = (stack.mnt.clone(), stop.clone(), rng.next_u64());
     let worker = std::thread::spawn(move || fs_workload(&mnt, s2, &st));
     std::thread::sleep(Duration::from_millis(run_ms));
     let status = crate::crashtest::status_line(&cfg.dir.join("nvwc.ctl"));

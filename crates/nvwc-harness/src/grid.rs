@@ -8,7 +8,7 @@
 //!   FLUSH, and every FUA write, is there; no garbage);
 //! - `host-crash`: the same, with both devices in host-crash mode: of the
 //!   writes not yet durable, a random subset survives, some torn at
-//!   512-byte sectors (`crashtest.rs`, `fault/volatile.rs`);
+//!   512-byte sectors (`crashtest.rs`, `nvwc-dev/src/volatile.rs`);
 //! - `cache-lost`: the backing store alone, right after a server crash (and
 //!   `nvwc recover`), checked against the policy's promise (`crashtest.rs`):
 //!   everything acknowledged for write-through, point-in-time for ordered and

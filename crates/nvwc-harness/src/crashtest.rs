@@ -17,7 +17,7 @@
 //!
 //! - `server-crash`: `kill -9` at a random time (the page cache survives);
 //! - `host-crash`: the same, with both devices in host-crash mode
-//!   (`fault/volatile.rs`): each file holds only what was made durable, the
+//!   (`nvwc-dev/src/volatile.rs`): each file holds only what was made durable, the
 //!   cache file is mapped private so mapped and direct writes take their
 //!   usual path, and every write not yet durable is in a side log. After
 //!   the kill, a random subset of those writes, seeded by the trial's seed,
@@ -152,7 +152,7 @@ pub struct Args {
     pub server_args: Vec<String>,
     /// Cache size of every trial's server (e.g. 100K, the smallest it
     /// accepts: 16 blocks and a 16 KiB metadata log).
-    #[arg(long, default_value = "6M", value_parser = crate::serve::parse_size)]
+    #[arg(long, default_value = "6M", value_parser = nvwc_core::units::parse_size)]
     pub cache_size: u64,
     /// Longest workload write, in 4 KiB blocks, beyond the workload's own
     /// sizes. A write spanning more than half the cache's blocks reaches the
@@ -163,7 +163,7 @@ pub struct Args {
     pub max_write_blocks: u64,
 }
 
-pub use crate::rng::Rng;
+pub use nvwc_dev::rng::Rng;
 
 // ------------------------------------------------------------------ server process
 
@@ -956,11 +956,11 @@ pub struct TrialResult {
     pub host_crash: Option<HostCrash>,
 }
 
-/// What a host crash did to the writes that were not durable (`fault/volatile.rs`).
+/// What a host crash did to the writes that were not durable (`nvwc-dev/src/volatile.rs`).
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct HostCrash {
-    pub cache: crate::fault::volatile::CrashOutcome,
-    pub backing: crate::fault::volatile::CrashOutcome,
+    pub cache: nvwc_dev::volatile::CrashOutcome,
+    pub backing: nvwc_dev::volatile::CrashOutcome,
 }
 
 /// One trial's plan.
@@ -1027,7 +1027,7 @@ pub fn run_trial(t: &Trial, root: &Path, keep: bool) -> Result<TrialResult> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     let mut rng = Rng::new(t.seed);
-    let nonce = rng.next();
+    let nonce = rng.next_u64();
     let mut env = Vec::new();
     let mut failpoint = None;
     match t.mode.as_str() {
@@ -1285,10 +1285,10 @@ fn apply_host_crash(
     uri: Option<&str>,
     rt: &tokio::runtime::Runtime,
     rng: &mut Rng,
-) -> Result<crate::fault::volatile::CrashOutcome> {
+) -> Result<nvwc_dev::volatile::CrashOutcome> {
     use std::os::unix::fs::FileExt;
     let mut pieces: Vec<(u64, Vec<u8>)> = Vec::new();
-    let out = crate::fault::volatile::apply_crash(log, &mut || rng.next(), &mut |o, d| {
+    let out = nvwc_dev::volatile::apply_crash(log, &mut || rng.next_u64(), &mut |o, d| {
         pieces.push((o, d.to_vec()));
         Ok(())
     })

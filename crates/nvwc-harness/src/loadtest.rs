@@ -114,7 +114,7 @@ impl Op {
     }
 }
 
-use crate::rng::Rng;
+use nvwc_dev::rng::Rng;
 
 /// Sector contents for (client, sector, version): a 16-byte tag then a
 /// byte pattern derived from it, so a misplaced or stale sector is caught.

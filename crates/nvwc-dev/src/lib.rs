@@ -1,0 +1,8 @@
+//! Device filters shared by `nvwc serve` (its fault layer) and the live
+//! harnesses (`nvwc-harness`): the volatile write cache that models a host
+//! crash ([`volatile`]), and the one random generator both use ([`rng`]).
+//! The block-device interface with stacking filters (issue 19, part 2)
+//! grows here.
+
+pub mod rng;
+pub mod volatile;
