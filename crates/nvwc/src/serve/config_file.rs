@@ -463,6 +463,11 @@ fn arg_id(table: &str, key: &str) -> String {
 
 /// The file's settings flattened to `table.key` = value (exports as
 /// `export[NAME].key`), leaving out what the command line overrides.
+/// A set value's copy.
+fn copied<T: Copy>(v: &S<T>) -> Option<T> {
+    v.as_ref().map(|v| *v.get_ref())
+}
+
 fn flatten(src: &str, given: &BTreeSet<String>) -> BTreeMap<String, String> {
     let mut m = BTreeMap::new();
     let Ok(t) = src.parse::<toml::Table>() else {
@@ -530,7 +535,7 @@ pub(super) fn apply(path: &Path, a: &mut Args, given: BTreeSet<String>) -> Resul
     set!(
         "commit_interval_ms",
         a.commit_interval_ms,
-        f.cache.commit_interval_ms.as_ref().map(|v| *v.get_ref())
+        copied(&f.cache.commit_interval_ms)
     );
     set!(
         "commit_changes",
@@ -550,49 +555,29 @@ pub(super) fn apply(path: &Path, a: &mut Args, given: BTreeSet<String>) -> Resul
         a.replacement,
         string(&f.defaults.replacement)
     );
-    set!(
-        "read_only",
-        a.read_only,
-        f.defaults.read_only.as_ref().map(|v| *v.get_ref())
-    );
+    set!("read_only", a.read_only, copied(&f.defaults.read_only));
     let p = &f.policy;
     set!("fetch", a.fetch, string(&p.fetch));
     set!("patch_mem", a.patch_mem, sz(&p.patch_mem));
     set!(
         "fetch_inflight",
         a.fetch_inflight,
-        p.fetch_inflight.as_ref().map(|v| *v.get_ref())
+        copied(&p.fetch_inflight)
     );
-    set!(
-        "patch_direct",
-        a.patch_direct,
-        p.patch_direct.as_ref().map(|v| *v.get_ref())
-    );
+    set!("patch_direct", a.patch_direct, copied(&p.patch_direct));
     set!(
         "rewrite_in_place",
         a.rewrite_in_place,
-        p.rewrite_in_place.as_ref().map(|v| *v.get_ref())
+        copied(&p.rewrite_in_place)
     );
-    set!(
-        "txn_blocks",
-        a.txn_blocks,
-        p.txn_blocks.as_ref().map(|v| *v.get_ref())
-    );
-    set!(
-        "txn_age_ms",
-        a.txn_age_ms,
-        p.txn_age_ms.as_ref().map(|v| *v.get_ref())
-    );
+    set!("txn_blocks", a.txn_blocks, copied(&p.txn_blocks));
+    set!("txn_age_ms", a.txn_age_ms, copied(&p.txn_age_ms));
     set!(
         "high_watermark",
         a.high_watermark,
-        p.high_watermark.as_ref().map(|v| *v.get_ref())
+        copied(&p.high_watermark)
     );
-    set!(
-        "low_watermark",
-        a.low_watermark,
-        p.low_watermark.as_ref().map(|v| *v.get_ref())
-    );
+    set!("low_watermark", a.low_watermark, copied(&p.low_watermark));
     set!("admission", a.admission, string(&p.admission));
     set!(
         "wal_range",
@@ -607,9 +592,9 @@ pub(super) fn apply(path: &Path, a: &mut Args, given: BTreeSet<String>) -> Resul
     let tls = TlsSettings {
         mode: string(&f.tls.mode),
         certificates: string(&f.tls.certificates).map(PathBuf::from),
-        verify_peer: f.tls.verify_peer.as_ref().map(|v| *v.get_ref()),
+        verify_peer: copied(&f.tls.verify_peer),
         psk: string(&f.tls.psk).map(PathBuf::from),
-        allow_insecure_tcp: f.server.allow_insecure_tcp.as_ref().map(|v| *v.get_ref()),
+        allow_insecure_tcp: copied(&f.server.allow_insecure_tcp),
     };
     set!(
         "tls",
