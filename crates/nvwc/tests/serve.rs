@@ -1130,44 +1130,11 @@ fn admission_hints_per_connection_and_export() {
 
 // ------------------------------------------------------------ binding
 
-/// Run `nvwc serve` in `dir` expecting it to refuse to start: its stderr.
-/// A server that starts anyway is killed and the test fails.
+/// `nvwc serve --listen none ARGS` must exit non-zero before listening;
+/// returns stderr.
 fn refused(dir: &Path, args: &[&str]) -> String {
-    let _ = std::fs::remove_file(dir.join("nvwc-data/nvwc.sock"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nvwc"))
-        .current_dir(dir)
-        .args(["serve", "--listen", "none"])
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if t.elapsed() > Duration::from_secs(20) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("nvwc serve {args:?} started; it must refuse");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut err = String::new();
-    use std::io::Read;
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
-    assert!(!status.success(), "nvwc serve {args:?} exited 0: {err}");
-    assert!(
-        !dir.join("nvwc-data/nvwc.sock").exists(),
-        "a refused server listened"
-    );
-    err
+    let args: Vec<&str> = ["--listen", "none"].iter().chain(args).copied().collect();
+    common::serve_refused(dir, &args)
 }
 
 /// Run an `nvwc` subcommand in `dir`: (success, stdout + stderr).

@@ -10,7 +10,6 @@
 //! CI (`CI=true` or `NVWC_REQUIRE_TOOLS=1`).
 #![cfg(feature = "tls")]
 
-use std::io::Read;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -579,38 +578,7 @@ fn tls_on_serves_both_and_tls_off_refuses_starttls() {
 
 /// `nvwc serve ARGS` must exit non-zero before listening; returns stderr.
 fn refused(dir: &Path, args: &[&str]) -> String {
-    let sock = dir.join("nvwc-data/nvwc.sock");
-    let _ = std::fs::remove_file(&sock);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_nvwc"))
-        .current_dir(dir)
-        .arg("serve")
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if t.elapsed() > Duration::from_secs(20) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("nvwc serve {args:?} started; it must refuse");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
-    assert!(!status.success(), "nvwc serve {args:?} exited 0: {err}");
-    assert!(!sock.exists(), "a refused server listened: {args:?}");
-    err
+    common::serve_refused(dir, args)
 }
 
 #[test]
