@@ -323,6 +323,14 @@ pub struct Config {
     pub admission: AdmissionKind,
     /// Log byte ranges `(start, len)` for `AdmissionKind::Wal`.
     pub wal_ranges: Vec<(u64, u64)>,
+    /// Write-back only: a write that would wait for cache space goes around
+    /// the cache to the backing store instead, where no version of its
+    /// blocks is cached (bcache's `should_writeback` bypasses writeback the
+    /// same way when the cache is nearly full). As with an admission bypass,
+    /// it is an ordinary backing write, made durable by the next FLUSH
+    /// (which then flushes the backing store first). Off: the write waits
+    /// for a slot, as the papers' write-back does.
+    pub bypass_when_full: bool,
 }
 
 impl Config {
@@ -358,6 +366,7 @@ impl Config {
             fetch_bg_inflight: 16,
             admission: AdmissionKind::All,
             wal_ranges: Vec::new(),
+            bypass_when_full: false,
         }
     }
 

@@ -442,7 +442,17 @@ impl<P: Payload> Engine<P> {
                     self.on_piece_io_done(piece, res.is_ok());
                 }
             }
-            IoCtx::BypassWrite { pieces, orphans } => {
+            IoCtx::BypassWrite {
+                pieces,
+                orphans,
+                fua,
+            } => {
+                if res.is_ok() && !fua && !pieces.is_empty() {
+                    // Acknowledged below, volatile on the backing store: the
+                    // next FLUSH flushes it first (`flush_after_patches`).
+                    self.patch.direct_unflushed =
+                        !crate::mutation::active(crate::mutation::Mutation::FlushSkipsBypassCover);
+                }
                 for (piece, block) in pieces {
                     self.bypass.io.remove(&block);
                     self.on_piece_io_done(piece, res.is_ok());

@@ -29,6 +29,11 @@ pub enum Mutation {
     /// longer matches, it is dropped with every later one, and FLUSHes it
     /// answered are lost (check (b)).
     InPlaceIgnoresSeal = 4,
+    /// A write-back bypass write (admission or full cache) completes without
+    /// marking the backing store unflushed: a later FLUSH answers without a
+    /// backing FLUSH, and the bypassed write can be lost from the backing
+    /// store's volatile cache (check (b)).
+    FlushSkipsBypassCover = 5,
 }
 
 #[cfg(feature = "mutations")]

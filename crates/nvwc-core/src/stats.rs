@@ -84,6 +84,13 @@ pub struct Stats {
     pub bypassed_pieces: u64,
     pub bypassed_bytes: u64,
     pub bypass_refused: u64,
+    /// Writes sent around a full cache (`Config::bypass_when_full`); their
+    /// pieces count in `bypassed_pieces` or, where a version was cached,
+    /// `bypass_refused`.
+    pub full_bypassed_writes: u64,
+    /// Clean cached copies dropped so that a write with no slot to spare
+    /// could go around the cache instead of waiting for one (write-back).
+    pub full_dropped_clean: u64,
     /// I/O criticality inheritance: bypassed writes reissued to the cache for
     /// a critical waiter, and original backing completions discarded.
     pub reissued_writes: u64,

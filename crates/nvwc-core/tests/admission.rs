@@ -45,7 +45,8 @@ fn read(h: &mut MemHarness, id: ReqId, offset: u64, len: u32) -> Vec<u8> {
 }
 
 /// Under `critical`, a non-critical write to an uncached block goes to the
-/// backing store with FUA and never touches the cache; a critical one is cached.
+/// backing store as an ordinary write (no FUA) and never touches the cache;
+/// a critical one is cached. The next FLUSH flushes the backing store.
 #[test]
 fn non_critical_writes_bypass_and_critical_writes_are_cached() {
     let mut h = MemHarness::new(cfg(WritePolicyKind::WriteBack, AdmissionKind::Critical));
@@ -54,10 +55,18 @@ fn non_critical_writes_bypass_and_critical_writes_are_cached() {
     assert_eq!(cmds.len(), 1, "{cmds:?}");
     assert_eq!(cmds[0].dev, Dev::Backing);
     assert!(
-        matches!(cmds[0].op, IoOp::Write { fua: true, .. }),
+        matches!(cmds[0].op, IoOp::Write { fua: false, .. }),
         "{cmds:?}"
     );
     h.wait(1, &mut |_| 0).result.unwrap();
+    let flushes = h.engine.stats().backing_flushes;
+    h.submit(9, ReqOp::Flush);
+    h.wait(9, &mut |_| 0).result.unwrap();
+    assert_eq!(
+        h.engine.stats().backing_flushes,
+        flushes + 1,
+        "a FLUSH after a bypass write flushes the backing store"
+    );
     assert_eq!(h.backing[0], 7, "bypassed data is on the backing store");
     h.submit_tagged(2, write(8 * BS, 9, BS), tag(true));
     h.wait(2, &mut |_| 0).result.unwrap();
@@ -95,44 +104,51 @@ fn bypass_never_leaves_a_stale_cached_copy() {
 }
 
 /// A block evicted from the cache whose old entry a durable commit still
-/// names is not bypassed: after a crash, recovery would bring the old
-/// version back over the bypassed data.
+/// names is not bypassed where recovery would bring the old version back
+/// over the bypassed data (ordered keeps a clean latest version). Write-back
+/// recovery drops clean versions after a crash, so there a durably clean
+/// entry does not stand in the way.
 #[test]
 fn a_block_recovery_could_resurrect_is_not_bypassed() {
-    let mut c = cfg(WritePolicyKind::WriteBack, AdmissionKind::Critical);
-    c.watermarks = Watermarks {
-        high: 0.0,
-        low: 0.0,
-    };
-    let mut h = MemHarness::new(c);
-    h.submit_tagged(1, write(0, 1, BS), tag(true));
-    h.wait(1, &mut |_| 0).result.unwrap();
-    h.submit(2, ReqOp::Flush);
-    h.wait(2, &mut |_| 0).result.unwrap();
-    h.settle(&mut |_| 0);
-    // Destaged (watermarks 0): clean; trim drops the clean copy, whose entry
-    // the last durable commit still names.
-    h.submit(
-        3,
-        ReqOp::Trim {
-            offset: 0,
-            len: BS as u32,
-        },
-    );
-    h.wait(3, &mut |_| 0).result.unwrap();
-    h.submit_tagged(4, write(0, 2, BS), tag(false));
-    h.wait(4, &mut |_| 0).result.unwrap();
-    let st = h.engine.stats().clone();
-    // Crash now (no FLUSH: an acknowledged bypass is durable, a cached one
-    // is not, so take the commit a FLUSH would take for the cached case).
-    if st.bypassed_pieces == 0 {
-        h.submit(5, ReqOp::Flush);
-        h.wait(5, &mut |_| 0).result.unwrap();
+    for policy in [WritePolicyKind::Ordered, WritePolicyKind::WriteBack] {
+        let mut c = cfg(policy, AdmissionKind::Critical);
+        c.watermarks = Watermarks {
+            high: 0.0,
+            low: 0.0,
+        };
+        let mut h = MemHarness::new(c);
+        h.submit_tagged(1, write(0, 1, BS), tag(true));
+        h.wait(1, &mut |_| 0).result.unwrap();
+        h.submit(2, ReqOp::Flush);
+        h.wait(2, &mut |_| 0).result.unwrap();
+        h.settle(&mut |_| 0);
+        // Destaged (watermarks 0): clean; trim drops the clean copy, whose
+        // entry the last durable commit still names.
+        h.submit(
+            3,
+            ReqOp::Trim {
+                offset: 0,
+                len: BS as u32,
+            },
+        );
+        h.wait(3, &mut |_| 0).result.unwrap();
+        h.submit_tagged(4, write(0, 2, BS), tag(false));
+        h.wait(4, &mut |_| 0).result.unwrap();
+        let st = h.engine.stats().clone();
+        // Crash. An ordered bypass carries FUA, so it is durable without a
+        // FLUSH: crash before one (the case a resurrected version would
+        // break). A cached write, or a write-back bypass (an ordinary
+        // write), is durable only after one.
+        if policy == WritePolicyKind::WriteBack || st.bypassed_pieces == 0 {
+            h.submit(5, ReqOp::Flush);
+            h.wait(5, &mut |_| 0).result.unwrap();
+        }
+        h.reopen().unwrap();
+        assert_block(read(&mut h, 6, 0, BS as u32), 2, policy);
+        let bypassed = u64::from(policy == WritePolicyKind::WriteBack);
+        assert_eq!(st.bypassed_pieces, bypassed, "{policy}: {st:?}");
+        assert_eq!(st.bypass_refused, 1 - bypassed, "{policy}: {st:?}");
     }
-    h.reopen().unwrap();
-    assert_block(read(&mut h, 6, 0, BS as u32), 2, "");
-    assert_eq!(st.bypassed_pieces, 0, "{st:?}");
-    assert_eq!(st.bypass_refused, 1, "{st:?}");
 }
 
 /// I/O criticality inheritance: a critical read waits behind a bypass write
@@ -216,7 +232,7 @@ fn an_orphaned_bypass_write_never_lands_over_a_later_destage() {
         h.submit_tagged(1, write(0, 5, BS), tag(false));
         let is_orphan = |c: &IoCmd<Bytes>| {
             c.dev == Dev::Backing
-                && matches!(&c.op, IoOp::Write { offset: 0, data, fua: true } if data[0] == 5)
+                && matches!(&c.op, IoOp::Write { offset: 0, data, fua } if data[0] == 5 && *fua != reissues)
         };
         assert!(h.inflight().iter().any(is_orphan), "{policy}: bypassed");
         // A critical read waits on it: reissued to the cache.
@@ -392,7 +408,7 @@ fn a_bypassed_request_is_one_backing_write_and_reissues_piecewise() {
     let cmds: Vec<_> = h.inflight().iter().cloned().collect();
     assert_eq!(cmds.len(), 1, "{cmds:?}");
     assert!(
-        matches!(&cmds[0].op, IoOp::Write { offset, data, fua: true } if *offset == 4 * BS && data.len() as u64 == 4 * BS),
+        matches!(&cmds[0].op, IoOp::Write { offset, data, fua: false } if *offset == 4 * BS && data.len() as u64 == 4 * BS),
         "{cmds:?}"
     );
     // A critical read of the third block: that piece is reissued.
@@ -463,4 +479,64 @@ fn inherited_fua_write_is_durable_when_acknowledged() {
     );
     h.reopen().unwrap();
     assert_block(read(&mut h, 3, 0, BS as u32), 2, "FUA write after a crash");
+}
+
+/// Write-back with `bypass_when_full`: once every slot holds dirty data, a
+/// write to an uncached block goes around the cache as an ordinary backing
+/// write instead of waiting for a destage; a write to a cached block still
+/// goes to the cache; the next FLUSH flushes the backing store. Without the
+/// option the same write waits for space.
+#[test]
+fn a_full_write_back_cache_sends_new_blocks_around_it() {
+    for on in [true, false] {
+        let mut c = Config::new(BS as u32, 16, 1024 * BS, WritePolicyKind::WriteBack);
+        c.bypass_when_full = on;
+        c.free_reserve = 0;
+        // No destage until asked: the cache fills with dirty blocks.
+        c.watermarks = Watermarks {
+            high: 1.0,
+            low: 1.0,
+        };
+        let mut h = MemHarness::new(c);
+        for i in 0..16 {
+            h.submit(i + 1, write(i * BS, 1, BS));
+            h.wait(i + 1, &mut |_| 0).result.unwrap();
+        }
+        assert_eq!(h.engine.stats().free_slots, 0, "on={on}: full");
+        h.submit(100, write(200 * BS, 7, BS));
+        let cmds: Vec<_> = h.inflight().iter().cloned().collect();
+        let around = cmds.iter().any(|c| {
+            c.dev == Dev::Backing
+                && matches!(&c.op, IoOp::Write { offset, fua: false, .. } if *offset == 200 * BS)
+        });
+        let st = h.engine.stats().clone();
+        if on {
+            assert!(
+                around,
+                "on: the new block goes to the backing store: {cmds:?}"
+            );
+            assert_eq!(st.full_bypassed_writes, 1, "{st:?}");
+            assert_eq!(st.admission_stalls, 0, "{st:?}");
+            h.wait(100, &mut |_| 0).result.unwrap();
+            assert_eq!(h.backing[200 * BS as usize], 7);
+            // A cached block is rewritten in the cache, never around it.
+            h.submit(101, write(3 * BS, 8, BS));
+            h.wait(101, &mut |_| 0).result.unwrap();
+            assert_eq!(h.backing[3 * BS as usize], 0, "block 3 stays in the cache");
+            let flushes = h.engine.stats().backing_flushes;
+            h.submit(102, ReqOp::Flush);
+            h.wait(102, &mut |_| 0).result.unwrap();
+            assert!(
+                h.engine.stats().backing_flushes > flushes,
+                "the FLUSH covers the bypass write"
+            );
+            assert_block(read(&mut h, 103, 200 * BS, BS as u32), 7, "bypassed");
+            assert_block(read(&mut h, 104, 3 * BS, BS as u32), 8, "cached");
+        } else {
+            assert!(!around, "off: {cmds:?}");
+            assert_eq!(st.full_bypassed_writes, 0, "{st:?}");
+            assert_eq!(st.admission_stalls, 1, "off: the write waits for space");
+            h.wait(100, &mut |_| 0).result.unwrap();
+        }
+    }
 }

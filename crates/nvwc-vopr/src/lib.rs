@@ -311,6 +311,11 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
     let x = Extras::draw(&mut rng2);
     let mut cfg = random_config(&mut rng, opts, x.large);
     cfg.log_pages = x.log_pages;
+    // Drawn from a stream of its own, so that every other draw keeps its
+    // value per seed; half the write-back seeds send writes that would wait
+    // for space around the cache.
+    cfg.bypass_when_full = opts.policy == WritePolicyKind::WriteBack
+        && ChaCha8Rng::seed_from_u64(seed ^ 0xB1FA_55F0_11CA_C4E5).gen_bool(0.5);
     let bs = cfg.block_size as u64;
     let layout = Layout::new(&cfg);
     let mut out = SeedOutcome {

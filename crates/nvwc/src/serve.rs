@@ -127,6 +127,15 @@ pub struct Args {
     #[arg(long, value_name = "BOOL", num_args = 0..=1, default_value_t = true,
           default_missing_value = "true", action = clap::ArgAction::Set)]
     rewrite_in_place: bool,
+    /// Write-back only: a write that would wait for cache space goes around
+    /// the cache to the backing store instead (the default), where none of
+    /// its blocks is cached, as bcache bypasses writeback on a nearly full
+    /// cache. It is an ordinary backing write; the next FLUSH flushes the
+    /// backing store before it answers. `--bypass-when-full=false` makes it
+    /// wait for a slot (destage and eviction) as the papers' write-back does.
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_value_t = true,
+          default_missing_value = "true", action = clap::ArgAction::Set)]
+    bypass_when_full: bool,
     /// Serve the export read-only.
     #[arg(long)]
     read_only: bool,
@@ -772,7 +781,7 @@ macro_rules! stat_fields {
             backing_read_bytes backing_writes backing_write_bytes backing_flushes backing_groups fetches populates
             stalled_writes stall_ns admission_stalls evictions destaged_blocks destage_plans destage_failures commits commit_failures
             io_errors patches_created patch_merges patch_reads patch_fetches patch_direct_writes patch_discards
-            patch_fallbacks patch_waits patch_fetch_errors patch_persists partial_read_fetches partial_write_fetches admitted_pieces bypassed_pieces bypassed_bytes bypass_refused
+            patch_fallbacks patch_waits patch_fetch_errors patch_persists partial_read_fetches partial_write_fetches admitted_pieces bypassed_pieces bypassed_bytes bypass_refused full_bypassed_writes full_dropped_clean
             reissued_writes discarded_completions critical_admitted_pieces critical_bypassed_pieces
             critical_reissued_writes inherited patched_blocks patch_bytes dirty_blocks cached_blocks free_slots)
     };
@@ -1615,6 +1624,7 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
     cfg.patch_direct = a.patch_direct;
     cfg.fetch_bg_inflight = a.fetch_inflight;
     cfg.rewrite_in_place = a.rewrite_in_place;
+    cfg.bypass_when_full = a.bypass_when_full;
     cfg.admission = a
         .admission
         .parse()

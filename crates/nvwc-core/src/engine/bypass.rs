@@ -104,15 +104,20 @@ impl<P: Payload> Engine<P> {
         })
     }
 
-    /// Write a rejected piece straight to the backing store, with FUA: it is
-    /// acknowledged only once durable there, so no FLUSH ever has to wait for
-    /// it or flush the backing store for it. The block stays busy until then
-    /// (reads and writes of it wait, as for any write piece).
+    /// Write a rejected piece straight to the backing store. Under write-back
+    /// it is an ordinary write (FUA if the client asked): once it completes,
+    /// the next FLUSH issues a backing FLUSH before its commit, as for direct
+    /// patch writes (`flush_after_patches`). Under ordered and journaled it
+    /// carries FUA: acknowledged only once durable there, so no FLUSH waits
+    /// for it. The block stays busy until it completes (reads and writes of
+    /// it wait, as for any write piece).
     ///
     /// Crash story: before the backing write completes the write is not
-    /// acknowledged and either outcome is allowed; after, it is durable on
-    /// the backing store, and the cache holds nothing of the block that
-    /// recovery could put over it (`can_bypass`).
+    /// acknowledged and either outcome is allowed. After, under write-back,
+    /// it is on the backing store and durable once a FLUSH answered after it
+    /// (a crash before may lose it: allowed, it was never flushed); under
+    /// ordered and journaled it is durable at once. Either way the cache
+    /// holds nothing of the block that recovery could put over it (`can_bypass`).
     pub(super) fn bypass_piece(&mut self, p: u32, b: u32) {
         self.count_bypassed(p);
         let pc = self.pieces.get_mut(p);
@@ -153,19 +158,23 @@ impl<P: Payload> Engine<P> {
         }
         let batch = std::mem::take(&mut self.bypass.batch);
         let pieces: Vec<u32> = batch.iter().map(|&(p, _)| p).collect();
+        // Write-back: an ordinary write (FUA only if the client asked), made
+        // durable by the next FLUSH (`BypassWrite`'s completion marks the
+        // backing store unflushed). Ordered and journaled keep FUA: their
+        // bypass conditions assume every acknowledged write is durable on
+        // the backing store before later destages are issued.
+        let plain = self.policy.kind() == WritePolicyKind::WriteBack;
         for (run, offset, data) in self.adjacent_runs(&pieces, |_, _| true) {
             let run = &batch[run];
+            let fua = !plain || self.pieces.get(run[0].0).fua;
             let io = self.emit(
                 Dev::Backing,
-                IoOp::Write {
-                    offset,
-                    data,
-                    fua: true,
-                },
+                IoOp::Write { offset, data, fua },
                 None,
                 IoCtx::BypassWrite {
                     pieces: run.to_vec(),
                     orphans: Vec::new(),
+                    fua,
                 },
             );
             for &(p, b) in run {
@@ -298,7 +307,9 @@ impl<P: Payload> Engine<P> {
             return;
         };
         match self.ios.get_mut(&io) {
-            Some(IoCtx::BypassWrite { pieces, orphans }) => {
+            Some(IoCtx::BypassWrite {
+                pieces, orphans, ..
+            }) => {
                 let at = pieces
                     .iter()
                     .position(|&(x, _)| x == p)
@@ -333,6 +344,12 @@ pub(super) struct BypassState {
     pub(super) admission: Box<dyn Admission>,
     /// Admission may reject writes (any policy but `all`).
     pub(super) active: bool,
+    /// Writes that would wait for space go around the cache
+    /// (`Config::bypass_when_full`, write-back only).
+    pub(super) when_full: bool,
+    /// Track what `can_bypass` needs (released versions a durable commit
+    /// still names): whenever a write may bypass, `active || when_full`.
+    pub(super) tracking: bool,
     /// Bypass writes in flight: block -> (piece, backing write).
     pub(super) io: IdMap<u32, (u32, IoId)>,
     /// Bypass pieces started in this `progress` round, not yet emitted:
@@ -348,9 +365,13 @@ pub(super) struct BypassState {
 
 impl BypassState {
     pub(super) fn new(cfg: &Config) -> Self {
+        let active = cfg.admission != AdmissionKind::All;
+        let when_full = cfg.bypass_when_full && cfg.write_policy == WritePolicyKind::WriteBack;
         BypassState {
             admission: admission::build(cfg.admission, &cfg.wal_ranges),
-            active: cfg.admission != AdmissionKind::All,
+            active,
+            when_full,
+            tracking: active || when_full,
             io: IdMap::default(),
             batch: Vec::new(),
             through_batch: Vec::new(),

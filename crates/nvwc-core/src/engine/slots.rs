@@ -231,12 +231,19 @@ impl<P: Payload> Engine<P> {
         let owner = std::mem::replace(&mut slot.block, NIL);
         let was_shadow = slot.shadow();
         slot.set_shadow(false);
+        // The durable table names this version clean (or not at all): clean
+        // now, and its entry unchanged since the last durable commit.
+        let durably_clean = !slot.dirty() && !slot.in_meta_dirty() && !slot.in_snapshot();
         if slot.dirty() {
             slot.set_dirty(false);
             self.table.dirty -= 1;
         }
         let (disk_valid, in_snapshot) = (slot.disk_valid(), slot.in_snapshot());
-        if self.bypass.active && (disk_valid || in_snapshot) && owner != NIL {
+        // Write-back recovery after a crash drops clean versions (and every
+        // version but the latest: `WriteBack::recover`), so a durably clean
+        // one can never come back over a later bypass of its block.
+        let harmless = durably_clean && self.policy.kind() == WritePolicyKind::WriteBack;
+        if self.bypass.tracking && (disk_valid || in_snapshot) && owner != NIL && !harmless {
             let lbn = self.map.blocks[owner as usize].lbn();
             *self.table.retired_lbns.entry(lbn).or_default() += 1;
             self.table.retired_lbn.insert(s, lbn);
@@ -272,7 +279,7 @@ impl<P: Payload> Engine<P> {
             slot.state = SlotState::Free;
             slot.set_unsealed(false);
             self.table.free.push(s);
-            if self.bypass.active {
+            if self.bypass.tracking {
                 if let Some(lbn) = self.table.retired_lbn.remove(&s) {
                     let n = self
                         .table

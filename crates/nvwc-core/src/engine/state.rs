@@ -224,13 +224,15 @@ pub(super) enum IoCtx {
     ThroughWrite {
         pieces: Vec<u32>,
     },
-    /// An admission bypass: adjacent pieces of one request written to the
-    /// backing store with FUA as one write. A piece reissued to the cache
-    /// meanwhile moves to `orphans` (its block stays marked until this
-    /// completes, and the completion is discarded for it).
+    /// An admission (or full-cache) bypass: adjacent pieces of one request
+    /// written to the backing store as one write, with FUA or not (`fua`:
+    /// see `Engine::bypass_piece`). A piece reissued to the cache meanwhile
+    /// moves to `orphans` (its block stays marked until this completes, and
+    /// the completion is discarded for it).
     BypassWrite {
         pieces: Vec<(u32, u32)>,
         orphans: Vec<u32>,
+        fua: bool,
     },
     Fill {
         block: u32,

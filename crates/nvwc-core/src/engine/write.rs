@@ -30,7 +30,9 @@ impl<P: Payload> Engine<P> {
         } else {
             self.stats.write_misses += 1;
         }
-        if self.bypass.active && !self.policy.synchronous_backing() && self.admission_bypasses(p, b)
+        if (self.bypass.active || self.pieces.get(p).bypass)
+            && !self.policy.synchronous_backing()
+            && self.admission_bypasses(p, b)
         {
             return;
         }
@@ -74,6 +76,11 @@ impl<P: Payload> Engine<P> {
     /// and so is its request.
     fn admission_bypasses(&mut self, p: u32, b: u32) -> bool {
         let bypass = self.pieces.get(p).bypass;
+        if bypass && self.table.free.len() as u64 <= self.table.reserved {
+            // No slot to spare: rather than wait for one, drop a clean copy
+            // of the block and go around the cache (`drop_clean_for_bypass`).
+            self.drop_clean_for_bypass(b);
+        }
         if bypass && self.can_bypass(p, b) {
             self.bypass_piece(p, b);
             return true;
@@ -90,6 +97,35 @@ impl<P: Payload> Engine<P> {
             self.count_admitted(p);
         }
         false
+    }
+
+    /// Write-back: drop block `b`'s cached version if it is clean, idle and
+    /// durably clean (no read holds it, no plan copies it, no older version
+    /// or patch of the block, and the durable table names it clean), so that
+    /// a bypass of the block can go ahead (`can_bypass`). Recovery after a
+    /// crash drops clean versions under write-back, so the dropped one never
+    /// comes back over the bypassed bytes.
+    fn drop_clean_for_bypass(&mut self, b: u32) {
+        if self.policy.kind() != WritePolicyKind::WriteBack {
+            return;
+        }
+        let blk = &self.map.blocks[b as usize];
+        let s = blk.latest;
+        if s == NIL || blk.shadows > 0 || blk.destaging > 0 || self.patch.sets.contains_key(&b) {
+            return;
+        }
+        let slot = &self.table.slots[s as usize];
+        if slot.state == SlotState::Valid
+            && !slot.dirty()
+            && slot.refs == 0
+            && !slot.destaging()
+            && !slot.in_meta_dirty()
+            && !slot.in_snapshot()
+            && !self.partial.contains_key(&s)
+        {
+            self.stats.full_dropped_clean += 1;
+            self.evict_block(b);
+        }
     }
 
     /// Write-through: the piece goes to the backing store; a full block

@@ -111,6 +111,7 @@ struct Policy {
     fetch_inflight: S<u32>,
     patch_direct: S<bool>,
     rewrite_in_place: S<bool>,
+    bypass_when_full: S<bool>,
     txn_blocks: S<u32>,
     txn_age_ms: S<u64>,
     high_watermark: S<f64>,
@@ -569,6 +570,11 @@ pub(super) fn apply(path: &Path, a: &mut Args, given: BTreeSet<String>) -> Resul
         "rewrite_in_place",
         a.rewrite_in_place,
         copied(&p.rewrite_in_place)
+    );
+    set!(
+        "bypass_when_full",
+        a.bypass_when_full,
+        copied(&p.bypass_when_full)
     );
     set!("txn_blocks", a.txn_blocks, copied(&p.txn_blocks));
     set!("txn_age_ms", a.txn_age_ms, copied(&p.txn_age_ms));
