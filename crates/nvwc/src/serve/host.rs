@@ -48,6 +48,11 @@ struct Core {
     /// The deadline the timer thread sleeps for (`None`: it sleeps a second).
     timer_at: Option<u64>,
     stopped: bool,
+    /// Set while a request's own pump runs (`Host::call`): a cache-device
+    /// sync it emits is kept in `caller_sync` for that request's thread to
+    /// run once it has let go of the lock, instead of going to the pool.
+    caller_runs: bool,
+    caller_sync: Option<Queued>,
 }
 
 /// One engine with its devices' worker pools and its timer.
@@ -87,6 +92,8 @@ impl Host {
                 shutdown: None,
                 timer_at: None,
                 stopped: false,
+                caller_runs: false,
+                caller_sync: None,
             }),
             timer: Condvar::new(),
             cache_dev: cache_dev.clone(),
@@ -131,14 +138,48 @@ impl Host {
         if self.cache_dev.fault.failed() && !matches!(op, ReqOp::Read { .. }) {
             return Err(ReqError::Io);
         }
-        let pending = {
+        let (pending, id, mut sync) = {
             let mut c = self.lock();
             let id = c.next_id;
             c.next_id += 1;
             let now = self.now();
             c.eng.handle_request(now, Request { id, op, tag });
-            self.reply_or_wait(&mut c, id)
+            c.caller_runs = true;
+            let p = self.reply_or_wait(&mut c, id);
+            c.caller_runs = false;
+            let mut sync = c.caller_sync.take();
+            if matches!(p, Pending::Ready(_)) {
+                // Answered already: the sync is someone else's; the pool runs it.
+                if let Some(q) = sync.take() {
+                    self.cache_q.send(q).expect("device pool is gone");
+                }
+            }
+            (p, id, sync)
         };
+        // Caller runs: the sync this request's pump emitted (a FLUSH's
+        // commit, a FUA write's) runs here, on the connection's thread, and
+        // its completion is handled here too: no hand-off to a pool thread
+        // and back, which at queue depth 1 costs more than the sync's own
+        // overhead. The engine saw the command issued under the lock, as
+        // for the pool, so the order and the crash story are unchanged.
+        while let Some((cmd, issued)) = sync.take() {
+            let res = self.cache_dev.execute_issued(&cmd.op, cmd.group, issued);
+            let mut c = self.lock();
+            let now = self.now();
+            c.eng.handle_completion(now, cmd.id, res);
+            c.caller_runs = true;
+            let own = self.pump(&mut c, id);
+            c.caller_runs = false;
+            sync = c.caller_sync.take();
+            if let Some(r) = own {
+                c.waiting.remove(&id);
+                if let Some(next) = sync.take() {
+                    // Not this request's any more: the pool runs it.
+                    self.cache_q.send(next).expect("device pool is gone");
+                }
+                return Ok(r);
+            }
+        }
         pending.get().await
     }
 
@@ -337,6 +378,16 @@ impl Host {
                 let issued = matches!(cmd.op, IoOp::Flush | IoOp::GroupEnd { .. })
                     .then(|| dev.fault.issue_stamp())
                     .flatten();
+                if c.caller_runs
+                    && c.caller_sync.is_none()
+                    && cmd.dev == Dev::Cache
+                    && cmd.group.is_none()
+                    && matches!(cmd.op, IoOp::Flush)
+                {
+                    // The requesting thread runs it (`Host::call`).
+                    c.caller_sync = Some((cmd, issued));
+                    continue;
+                }
                 // The pools live as long as the host; a send cannot fail.
                 q.send((cmd, issued)).expect("device pool is gone");
             }

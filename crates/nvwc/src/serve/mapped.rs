@@ -84,6 +84,10 @@ impl Mapped {
             )
         }
         .ok()?;
+        // Faults read the page they need, not a large folio around it
+        // (`serve::small_pages`). Advice only.
+        // SAFETY: the range is exactly the mapping just made.
+        let _ = unsafe { rustix::mm::madvise(p, len, rustix::mm::Advice::Random) };
         let m = Mapped {
             ptr: NonNull::new(p.cast::<u8>())?,
             len,
