@@ -158,6 +158,9 @@ pub struct EngineTuning {
     pub patch_mem_bytes: Option<u64>,
     /// Write-back: write patched blocks back without a fetch.
     pub patch_direct: Option<bool>,
+    /// Write-back: writes that would wait for space go around the cache
+    /// (`Config::bypass_when_full`; off by default, as in the papers).
+    pub bypass_when_full: Option<bool>,
     /// Admission policy (trace records carry no hints: every request is
     /// untagged, FUA writes are synchronous).
     pub admission: Option<nvwc_core::AdmissionKind>,
@@ -290,6 +293,9 @@ impl SimConfig {
         }
         if let Some(v) = t.patch_direct {
             c.patch_direct = v;
+        }
+        if let Some(v) = t.bypass_when_full {
+            c.bypass_when_full = v;
         }
         if let Some(v) = t.admission {
             c.admission = v;

@@ -428,6 +428,11 @@ impl Device {
 
     /// [`Device::execute`] for a command the engine issued earlier, at
     /// `issued` (`fault::Layer::issue_stamp`).
+    /// A local file (not an upstream NBD server).
+    fn is_file(&self) -> bool {
+        matches!(self.backend, Backend::File(_))
+    }
+
     fn execute_issued(
         &self,
         op: &IoOp<Bytes>,

@@ -117,6 +117,11 @@ pub struct Args {
     /// Write-back: write patched blocks back without a fetch.
     #[arg(long)]
     pub patch_direct: bool,
+    /// Write-back: a write that would wait for cache space goes around the
+    /// cache to the backing store (as `nvwc serve` does by default); off,
+    /// it waits for a destage, as the papers' write-back does.
+    #[arg(long)]
+    pub bypass_when_full: bool,
     /// Admission policy (all, sync, wal, critical, ...; trace requests carry
     /// no hints, FUA writes count as synchronous).
     #[arg(long)]
@@ -339,6 +344,7 @@ pub fn base_config(a: &Args) -> Result<SimConfig> {
         .transpose()
         .map_err(|e| anyhow::anyhow!("--patch-mem: {e}"))?;
     c.tuning.patch_direct = a.patch_direct.then_some(true);
+    c.tuning.bypass_when_full = a.bypass_when_full.then_some(true);
     c.tuning.admission = a
         .admission
         .as_deref()

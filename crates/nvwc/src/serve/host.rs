@@ -48,11 +48,12 @@ struct Core {
     /// The deadline the timer thread sleeps for (`None`: it sleeps a second).
     timer_at: Option<u64>,
     stopped: bool,
-    /// Set while a request's own pump runs (`Host::call`): a cache-device
-    /// sync it emits is kept in `caller_sync` for that request's thread to
-    /// run once it has let go of the lock, instead of going to the pool.
+    /// Set while a request's own pump runs (`Host::call`): the first command
+    /// it emits that `Host::caller_may_run` allows is kept in `caller_cmd`
+    /// for that request's thread to run once it has let go of the lock,
+    /// instead of going to a pool.
     caller_runs: bool,
-    caller_sync: Option<Queued>,
+    caller_cmd: Option<Queued>,
 }
 
 /// One engine with its devices' worker pools and its timer.
@@ -93,7 +94,7 @@ impl Host {
                 timer_at: None,
                 stopped: false,
                 caller_runs: false,
-                caller_sync: None,
+                caller_cmd: None,
             }),
             timer: Condvar::new(),
             cache_dev: cache_dev.clone(),
@@ -138,7 +139,7 @@ impl Host {
         if self.cache_dev.fault.failed() && !matches!(op, ReqOp::Read { .. }) {
             return Err(ReqError::Io);
         }
-        let (pending, id, mut sync) = {
+        let (pending, id, mut next) = {
             let mut c = self.lock();
             let id = c.next_id;
             c.next_id += 1;
@@ -147,36 +148,37 @@ impl Host {
             c.caller_runs = true;
             let p = self.reply_or_wait(&mut c, id);
             c.caller_runs = false;
-            let mut sync = c.caller_sync.take();
+            let mut next = c.caller_cmd.take();
             if matches!(p, Pending::Ready(_)) {
-                // Answered already: the sync is someone else's; the pool runs it.
-                if let Some(q) = sync.take() {
-                    self.cache_q.send(q).expect("device pool is gone");
-                }
+                // Answered already: the command is someone else's; a pool runs it.
+                self.to_pool(next.take());
             }
-            (p, id, sync)
+            (p, id, next)
         };
-        // Caller runs: the sync this request's pump emitted (a FLUSH's
-        // commit, a FUA write's) runs here, on the connection's thread, and
-        // its completion is handled here too: no hand-off to a pool thread
-        // and back, which at queue depth 1 costs more than the sync's own
-        // overhead. The engine saw the command issued under the lock, as
-        // for the pool, so the order and the crash story are unchanged.
-        while let Some((cmd, issued)) = sync.take() {
-            let res = self.cache_dev.execute_issued(&cmd.op, cmd.group, issued);
+        // Caller runs: the command this request's pump emitted and waits
+        // for (a FLUSH's commit sync, a write-through write to a local
+        // backing file) runs here, on the connection's thread, and its
+        // completion is handled here too: no hand-off to a pool thread and
+        // back, which at queue depth 1 costs more than the command itself.
+        // The engine saw the command issued under the lock, as for a pool,
+        // so the order and the crash story are unchanged.
+        while let Some((cmd, issued)) = next.take() {
+            let dev = match cmd.dev {
+                Dev::Cache => &self.cache_dev,
+                Dev::Backing => &self.backing_dev,
+            };
+            let res = dev.execute_issued(&cmd.op, cmd.group, issued);
             let mut c = self.lock();
             let now = self.now();
             c.eng.handle_completion(now, cmd.id, res);
             c.caller_runs = true;
             let own = self.pump(&mut c, id);
             c.caller_runs = false;
-            sync = c.caller_sync.take();
+            next = c.caller_cmd.take();
             if let Some(r) = own {
                 c.waiting.remove(&id);
-                if let Some(next) = sync.take() {
-                    // Not this request's any more: the pool runs it.
-                    self.cache_q.send(next).expect("device pool is gone");
-                }
+                // Not this request's any more: a pool runs it.
+                self.to_pool(next.take());
                 return Ok(r);
             }
         }
@@ -378,14 +380,9 @@ impl Host {
                 let issued = matches!(cmd.op, IoOp::Flush | IoOp::GroupEnd { .. })
                     .then(|| dev.fault.issue_stamp())
                     .flatten();
-                if c.caller_runs
-                    && c.caller_sync.is_none()
-                    && cmd.dev == Dev::Cache
-                    && cmd.group.is_none()
-                    && matches!(cmd.op, IoOp::Flush)
-                {
+                if c.caller_runs && c.caller_cmd.is_none() && self.caller_may_run(&cmd) {
                     // The requesting thread runs it (`Host::call`).
-                    c.caller_sync = Some((cmd, issued));
+                    c.caller_cmd = Some((cmd, issued));
                     continue;
                 }
                 // The pools live as long as the host; a send cannot fail.
@@ -517,6 +514,34 @@ impl Host {
                 .wait_timeout(c, wait)
                 .expect("engine lock poisoned by an engine panic")
                 .0;
+        }
+    }
+
+    /// May a request's thread run `cmd` itself (`Host::call`)? A cache
+    /// sync, or a plain write or sync of a local backing file: commands that
+    /// take the time of one system call. Never an upstream's (a network
+    /// round trip would hold the connection's runtime thread), nor part of an
+    /// atomic group (the redo log's own sequence).
+    fn caller_may_run(&self, cmd: &IoCmd<Bytes>) -> bool {
+        if cmd.group.is_some() {
+            return false;
+        }
+        match cmd.dev {
+            Dev::Cache => matches!(cmd.op, IoOp::Flush),
+            Dev::Backing => {
+                self.backing_dev.is_file() && matches!(cmd.op, IoOp::Flush | IoOp::Write { .. })
+            }
+        }
+    }
+
+    /// Queue a command the caller will not run on its device's pool.
+    fn to_pool(&self, q: Option<Queued>) {
+        if let Some(q) = q {
+            let pool = match q.0.dev {
+                Dev::Cache => &self.cache_q,
+                Dev::Backing => &self.backing_q,
+            };
+            pool.send(q).expect("device pool is gone");
         }
     }
 
