@@ -33,7 +33,9 @@
 #   BENCH_ONLY selects groups (space, comma or | separated): fast, slow,
 #   fsync (both fsync-bound rows), fsync1 (QD1 only), fsync8 (8 jobs only),
 #   full. Default: all. Ratios needing a group that did not run are skipped.
-#   DELAY_MS=5 (fsync8 rows), FULL_CACHE_MB=64 (full-cache row).
+#   DELAY_MS=5 (fsync8 rows), FULL_CACHE_MB=64 (full-cache row),
+#   BACKING_PAGES=cold (default: the backing file's pages are dropped after
+#   preallocation, see `prealloc`) or kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNTIME=${1:-5}
@@ -58,8 +60,9 @@ fresh() { rm -f "$W"/*.img "$W"/*.sock "$W"/*.nvwc-redo; rm -rf "$W/nvwc-data"; 
 # the page cache as large folios, which on this kernel (6.18, ext4) make each
 # later 4 KiB write into them cost ~25 us more; every server starts from a
 # cold page cache instead (nvwc does the same to its cache file, `small_pages`).
+# BACKING_PAGES=kept skips the drop (the page cache as the preallocation left it).
 prealloc() { dd if=/dev/zero of="$W/backing.img" bs=1M count="$1" conv=notrunc,fsync status=none
-  python3 -c 'import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)' "$W/backing.img"; } # MiB
+  [ "${BACKING_PAGES:-cold}" = kept ] || python3 -c 'import os,sys; fd=os.open(sys.argv[1], os.O_RDONLY); os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)' "$W/backing.img"; } # MiB
 # utime + stime of a process and all its threads, in clock ticks.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 TICK_US=$((1000000 / $(getconf CLK_TCK)))
@@ -210,3 +213,53 @@ for wl in ["randwrite-4k", "write-64k"]:
   row = [f"{n}={cpu[f'{n} {wl}']:.2f}" for n in ["nvwc-write-back", "nbdkit-file", "qemu-nbd", "nbdkit-memory"] if f"{n} {wl}" in cpu]
   if row: print(f"{wl}: " + "  ".join(row))
 PY
+
+# The full-cache row over time (issue 17: stalls, destage rate and p99 over
+# time): one more nvwc write-back run over 4x the cache, twice as long, with
+# `nvwc status` sampled every second and fio's per-write latency log.
+if sel full; then
+  TL=$((RUNTIME * 2))
+  echo "== full cache over time: nvwc write-back, ${FULL_CACHE_MB}M cache, 4 KiB QD16 over $((FULL_CACHE_MB * 4))M, ${TL}s, fast local backing"
+  fresh; prealloc $((FULL_CACHE_MB * 4))
+  (cd "$W" && exec $NVWC serve --cache cache.img --cache-size ${FULL_CACHE_MB}M --listen none --unix n.sock --control "$W/ctl" \
+      --backing backing.img --write-policy write-back >/dev/null 2>&1) & PIDS+=($!); wait_sock "$W/n.sock"
+  ( for _ in $(seq $((TL + 3))); do
+      printf '%s ' "$(date +%s.%N)"; "$NVWC" status --control "$W/ctl" --json 2>/dev/null | tr -d '\n'; echo
+      sleep 1
+    done ) > "$W/status.log" & sampler=$!
+  (cd "$W" && timeout -k 5 $((TL * 3 + 20)) fio --name=tl --ioengine=nbd --uri="nbd+unix:///?socket=$W/n.sock" \
+      ${FIO[full-qd16]} --time_based --runtime="$TL" --write_lat_log="$W/lat" --log_unix_epoch=1 --output-format=json >/dev/null 2>&1) || echo "(fio failed)"
+  kill $sampler 2>/dev/null || true; wait $sampler 2>/dev/null || true
+  python3 - "$W/status.log" "$W"/lat_lat.1.log <<'PY'
+import json, sys, collections
+lat = collections.defaultdict(list)          # second -> write latencies (us)
+t0 = None
+for line in open(sys.argv[2]):
+    f = line.split(",")
+    if len(f) < 3 or f[2].strip() != "1":
+        continue
+    ms = int(f[0]); t0 = ms if t0 is None else min(t0, ms)
+    lat[ms // 1000].append(int(f[1]) / 1000)
+samples = []
+for line in open(sys.argv[1]):
+    ts, _, js = line.partition(" ")
+    try:
+        s = json.loads(js)["exports"][0]["stats"]
+    except Exception:
+        continue
+    samples.append((float(ts), s))
+print(f"{'s':>3} {'IOPS':>7} {'p99_ms':>7} {'stalls/s':>9} {'destaged/s':>11} {'bypassed/s':>11} {'dirty':>7} {'free':>6}")
+secs = sorted(lat)
+for (ta, a), (tb, b) in zip(samples, samples[1:]):
+    dt = tb - ta
+    sec = int(tb)
+    l = sorted(lat.get(sec, []))
+    p99 = l[int(len(l) * 0.99)] / 1000 if l else float("nan")
+    rate = lambda k: (b.get(k, 0) - a.get(k, 0)) / dt
+    if not l and b.get("writes", 0) == a.get("writes", 0):
+        continue
+    print(f"{sec - secs[0] if secs else 0:>3} {len(l):>7} {p99:>7.2f} {rate('stalled_writes'):>9.0f} {rate('destaged_blocks'):>11.0f} "
+          f"{rate('full_bypassed_writes'):>11.0f} {b.get('dirty_blocks', 0):>7} {b.get('free_slots', 0):>6}")
+PY
+  stop_all
+fi
