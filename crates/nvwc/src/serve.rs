@@ -362,17 +362,16 @@ enum Backend {
 
 struct Device {
     backend: Backend,
-    /// The cache file mapped: plain writes are copied into it rather than
-    /// `pwrite`n (`mapped.rs`); private in host-crash mode (`fault.rs`),
-    /// where it is the device's view of writes not yet durable. `None` for
-    /// the backing store, or when the file cannot be mapped.
+    /// The cache file mapped (`mapped.rs`): direct writes are received into
+    /// it; private in host-crash mode (`fault.rs`), where it is the device's
+    /// view of writes not yet durable and every write goes to it. Plain
+    /// writes are `pwrite`n otherwise: into the page cache's single pages
+    /// (`small_pages`) that is cheaper than copying into the mapping, whose
+    /// pages each fault again after every sync (4 KiB random rewrites at
+    /// QD16: ~195k IOPS with `pwrite`, ~182k copied into the mapping;
+    /// rewrites into fresh slots ~171k against ~98k). `None` for the
+    /// backing store, or when the file cannot be mapped.
     map: Option<mapped::Mapped>,
-    /// Writes below this offset (the cache's metadata: superblock, commit
-    /// records, slot table, log) are `pwrite`n even where the file is mapped.
-    meta_end: u64,
-    /// When the last device sync finished (ms since `epoch`): see `copy_mapped`.
-    last_sync_ms: std::sync::atomic::AtomicU64,
-    epoch: Instant,
     groups: Mutex<HashMap<u64, Vec<(u64, Bytes)>>>,
     redo: Option<Redo>,
     /// Fault injection, host-crash overlay, failpoints and the failed flag (`fault.rs`).
@@ -394,45 +393,18 @@ impl crate::fault::Media for Device {
     }
 }
 
-/// A device sync within this long makes plain data writes `pwrite`s (see
-/// `Device::copy_mapped`).
-const SYNC_RECENT_MS: u64 = 20;
-
 impl Device {
-    /// Copy a plain data write into the mapping, or `pwrite` it? Copying
-    /// into the mapping is the fast path while nothing syncs (hot
-    /// rewrites: 4 KiB random writes at QD16 ran at ~180k IOPS mapped,
-    /// ~20k with `pwrite` on this machine's ext4), but every fdatasync must
-    /// write-protect the pages dirtied through the mapping and the next
-    /// write to each faults again, so under FLUSH-bound clients a sync cost
-    /// 0.50 against 0.13 ms. While syncs come often (one finished within
-    /// the last [`SYNC_RECENT_MS`]: several per 100 ms, where autocommits
-    /// alone sync once a second), data goes through `pwrite`.
-    fn copy_mapped(&self, offset: u64) -> bool {
-        use std::sync::atomic::Ordering;
-        if offset < self.meta_end {
-            return false;
-        }
-        let last = self.last_sync_ms.load(Ordering::Relaxed);
-        last == 0 || (self.epoch.elapsed().as_millis() as u64).saturating_sub(last) > SYNC_RECENT_MS
-    }
-
-    fn note_sync(&self) {
-        use std::sync::atomic::Ordering;
-        let now = (self.epoch.elapsed().as_millis() as u64).max(1);
-        self.last_sync_ms.store(now, Ordering::Relaxed);
-    }
     fn execute(&self, op: &IoOp<Bytes>, group: Option<u64>) -> IoResult<Bytes> {
         self.fault.run(op, group, self)
     }
 
-    /// [`Device::execute`] for a command the engine issued earlier, at
-    /// `issued` (`fault::Layer::issue_stamp`).
     /// A local file (not an upstream NBD server).
     fn is_file(&self) -> bool {
         matches!(self.backend, Backend::File(_))
     }
 
+    /// [`Device::execute`] for a command the engine issued earlier, at
+    /// `issued` (`fault::Layer::issue_stamp`).
     fn execute_issued(
         &self,
         op: &IoOp<Bytes>,
@@ -454,7 +426,7 @@ impl Device {
             if let Some(m) = self
                 .map
                 .as_ref()
-                .filter(|m| self.copy_mapped(offset) || m.private() || !self.fault.passthrough())
+                .filter(|m| m.private() || !self.fault.passthrough())
             {
                 let slices: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
                 let total = slices.iter().map(|p| p.len()).sum();
@@ -574,14 +546,11 @@ impl Device {
                         .push((*offset, data.clone()));
                     return Ok(None);
                 }
-                match &self.map {
-                    // A private mapping never reaches the file: in host-crash
-                    // mode the fault layer writes here what is durable.
-                    Some(m) if !m.private() && self.copy_mapped(*offset) => {
-                        io(m.write(*offset, &[&data[..]]))?
-                    }
-                    _ => io(file.write_all_at(data, *offset))?,
-                }
+                // Plain writes are `pwrite`s, also where the file is mapped
+                // (`serve::small_pages`). A private mapping never reaches the
+                // file: in host-crash mode the fault layer writes here what
+                // is durable.
+                io(file.write_all_at(data, *offset))?;
                 if *fua {
                     io(file.sync_data())?;
                 }
@@ -589,7 +558,6 @@ impl Device {
             }
             IoOp::Flush => {
                 io(file.sync_data())?;
-                self.note_sync();
                 Ok(None)
             }
             IoOp::Trim { .. } => Ok(None),
@@ -1213,8 +1181,13 @@ impl Export for NvwcExport {
 /// sparse file can; a file system that cannot preallocate gets a sparse file
 /// and a warning. Backing files stay sparse (they are the client's disk).
 /// Write zeroes over `len` bytes of `f`, then sync.
+///
+/// In 4 KiB writes: the page cache keeps a written range in folios of the
+/// write's size, and large folios make every later 4 KiB cache write (and
+/// the writeback at each sync) walk all of the folio's blocks on ext4
+/// (`small_pages`). About 0.5 s per GiB, once, when the cache is created.
 fn zero_fill(f: &File, len: u64) -> std::io::Result<()> {
-    let chunk = vec![0u8; 4 << 20];
+    let chunk = vec![0u8; 4096];
     let mut off = 0u64;
     while off < len {
         let n = (len - off).min(chunk.len() as u64) as usize;
@@ -1226,20 +1199,20 @@ fn zero_fill(f: &File, len: u64) -> std::io::Result<()> {
 
 /// Keep the cache file in the page cache as single pages, not large folios.
 ///
-/// Writing the cache file in large chunks (the zero fill) or faulting its
-/// mapping in with readahead leaves large folios in the page cache, and on
-/// file systems that track blocks with buffer heads (ext4) every 4 KiB write
-/// into a large folio then walks all of the folio's blocks, and so does
-/// writeback at each sync. Measured on this machine (6.18, ext4), a random
-/// 4 KiB pwrite followed by fdatasync: 27 us per pwrite into large folios,
-/// 4 us after this (`reports/bench-nbd.txt`, fsync rows). The cache is
-/// accessed by slot, at random, so readahead buys nothing: drop the file's
-/// clean pages (dirty ones stay until written) and read it at random from
-/// now on; the mapping is advised the same way (`mapped.rs`). Advice only:
-/// a file system that ignores it is served as before.
+/// Large folios (from writes in large chunks, or from mapping faults with
+/// readahead) make every 4 KiB write into them walk all of the folio's
+/// blocks on file systems that track blocks with buffer heads (ext4), and
+/// so does writeback at every sync. Measured on this machine (6.18, ext4),
+/// a random 4 KiB pwrite followed by fdatasync: 27 us per pwrite into large
+/// folios, 4 us into single pages. The cache is accessed by slot, at random,
+/// so readahead buys nothing: the file is read at random from now on, and
+/// the mapping is advised the same way (`mapped.rs`); the zero fill writes
+/// 4 KiB at a time (`zero_fill`). Its pages are not dropped: a page that
+/// is not resident costs a read from the device when a write through the
+/// mapping first touches it. Advice only: a file system that ignores it is
+/// served as before.
 fn small_pages(f: &File) {
     use rustix::fs::{fadvise, Advice};
-    let _ = fadvise(f, 0, None, Advice::DontNeed);
     let _ = fadvise(f, 0, None, Advice::Random);
 }
 
@@ -1858,7 +1831,6 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
         Store::Nbd { up, .. } => (Backend::Nbd(Arc::new(up), rt.handle().clone()), None),
     };
     let meta = cache.try_clone()?;
-    let eng_data_offset = eng.layout().data_offset;
     let split_blocks = max_request(capacity, bs, upstream, wp).min(eng.max_write_bytes()) / bs;
 
     // Block devices report size 0 in their metadata: ask the end instead.
@@ -1878,9 +1850,6 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
     let cache_dev = Arc::new(Device {
         backend: Backend::File(cache),
         map,
-        meta_end: eng_data_offset,
-        last_sync_ms: Default::default(),
-        epoch: Instant::now(),
         groups: Mutex::default(),
         redo: None,
         fault: cache_fault,
@@ -1888,9 +1857,6 @@ fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result
     let backing_dev = Arc::new(Device {
         backend,
         map: None,
-        meta_end: 0,
-        last_sync_ms: Default::default(),
-        epoch: Instant::now(),
         groups: Mutex::default(),
         redo,
         fault: crate::fault::Layer::from_env(crate::fault::Role::Backing, &e.name)?,

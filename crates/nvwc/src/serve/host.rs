@@ -49,11 +49,22 @@ struct Core {
     timer_at: Option<u64>,
     stopped: bool,
     /// Set while a request's own pump runs (`Host::call`): the first command
-    /// it emits that `Host::caller_may_run` allows is kept in `caller_cmd`
-    /// for that request's thread to run once it has let go of the lock,
-    /// instead of going to a pool.
-    caller_runs: bool,
+    /// it emits that `Host::caller_may_run` allows at this level is kept in
+    /// `caller_cmd` for that request's thread to run once it has let go of
+    /// the lock, instead of going to a pool.
+    caller_runs: CallerRuns,
     caller_cmd: Option<Queued>,
+}
+
+/// What a request's own pump may keep back for its thread to run
+/// (`Host::caller_may_run`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum CallerRuns {
+    No,
+    /// Plain writes of a local backing file.
+    Writes,
+    /// Those, and syncs (the request waits for durability).
+    Syncs,
 }
 
 /// One engine with its devices' worker pools and its timer.
@@ -93,7 +104,7 @@ impl Host {
                 shutdown: None,
                 timer_at: None,
                 stopped: false,
-                caller_runs: false,
+                caller_runs: CallerRuns::No,
                 caller_cmd: None,
             }),
             timer: Condvar::new(),
@@ -139,21 +150,30 @@ impl Host {
         if self.cache_dev.fault.failed() && !matches!(op, ReqOp::Read { .. }) {
             return Err(ReqError::Io);
         }
-        let (pending, id, mut next) = {
+        let (pending, id, mut next, level) = {
             let mut c = self.lock();
             let id = c.next_id;
             c.next_id += 1;
             let now = self.now();
+            // Only a request that waits for durability runs a sync itself: a
+            // plain write whose pump starts a background commit must not hold
+            // its connection for that commit's sync.
+            let level = match &op {
+                ReqOp::Flush
+                | ReqOp::Write { fua: true, .. }
+                | ReqOp::WriteZeroes { fua: true, .. } => CallerRuns::Syncs,
+                _ => CallerRuns::Writes,
+            };
             c.eng.handle_request(now, Request { id, op, tag });
-            c.caller_runs = true;
+            c.caller_runs = level;
             let p = self.reply_or_wait(&mut c, id);
-            c.caller_runs = false;
+            c.caller_runs = CallerRuns::No;
             let mut next = c.caller_cmd.take();
             if matches!(p, Pending::Ready(_)) {
                 // Answered already: the command is someone else's; a pool runs it.
                 self.to_pool(next.take());
             }
-            (p, id, next)
+            (p, id, next, level)
         };
         // Caller runs: the command this request's pump emitted and waits
         // for (a FLUSH's commit sync, a write-through write to a local
@@ -171,9 +191,9 @@ impl Host {
             let mut c = self.lock();
             let now = self.now();
             c.eng.handle_completion(now, cmd.id, res);
-            c.caller_runs = true;
+            c.caller_runs = level;
             let own = self.pump(&mut c, id);
-            c.caller_runs = false;
+            c.caller_runs = CallerRuns::No;
             next = c.caller_cmd.take();
             if let Some(r) = own {
                 c.waiting.remove(&id);
@@ -380,7 +400,7 @@ impl Host {
                 let issued = matches!(cmd.op, IoOp::Flush | IoOp::GroupEnd { .. })
                     .then(|| dev.fault.issue_stamp())
                     .flatten();
-                if c.caller_runs && c.caller_cmd.is_none() && self.caller_may_run(&cmd) {
+                if c.caller_cmd.is_none() && self.caller_may_run(c.caller_runs, &cmd) {
                     // The requesting thread runs it (`Host::call`).
                     c.caller_cmd = Some((cmd, issued));
                     continue;
@@ -517,19 +537,24 @@ impl Host {
         }
     }
 
-    /// May a request's thread run `cmd` itself (`Host::call`)? A cache
-    /// sync, or a plain write or sync of a local backing file: commands that
-    /// take the time of one system call. Never an upstream's (a network
-    /// round trip would hold the connection's runtime thread), nor part of an
+    /// May a request's thread run `cmd` itself (`Host::call`)? Commands that
+    /// take the time of one system call: a plain write of a local backing
+    /// file (a write-through write, a bypass) for any request, and a cache
+    /// sync or a local backing file's sync only for a request that waits
+    /// for durability (FLUSH, FUA). Never an upstream's (a network round
+    /// trip would hold the connection's runtime thread), nor part of an
     /// atomic group (the redo log's own sequence).
-    fn caller_may_run(&self, cmd: &IoCmd<Bytes>) -> bool {
-        if cmd.group.is_some() {
+    fn caller_may_run(&self, level: CallerRuns, cmd: &IoCmd<Bytes>) -> bool {
+        if level == CallerRuns::No || cmd.group.is_some() {
             return false;
         }
+        let syncs = level == CallerRuns::Syncs;
         match cmd.dev {
-            Dev::Cache => matches!(cmd.op, IoOp::Flush),
+            Dev::Cache => syncs && matches!(cmd.op, IoOp::Flush),
             Dev::Backing => {
-                self.backing_dev.is_file() && matches!(cmd.op, IoOp::Flush | IoOp::Write { .. })
+                self.backing_dev.is_file()
+                    && (matches!(cmd.op, IoOp::Write { fua: false, .. })
+                        || syncs && matches!(cmd.op, IoOp::Flush | IoOp::Write { .. }))
             }
         }
     }

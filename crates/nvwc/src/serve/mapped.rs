@@ -1,13 +1,18 @@
-//! The cache file mapped into memory, as the target of plain cache writes.
+//! The cache file mapped into memory: the target of direct writes (a
+//! payload received from the socket straight into its slots) and, in
+//! host-crash mode, of every cache write.
 //!
-//! A buffered `pwrite` into an ext4 file costs, per 4 KiB page, a page-cache
-//! lookup, `write_begin`/`write_end` with their buffer heads, and the inode
-//! lock (perf: `ext4_block_write_begin` alone took 10% of the server's CPU
-//! at 64 KiB writes). Here the kernel copies straight into the file's pages
-//! through a shared mapping: `process_vm_writev` to our own process pins the
-//! mapped pages (faulting them in writable), copies, and marks them dirty.
-//! Server CPU per 64 KiB write: 18.8 µs with `pwrite`, 17.1 µs this way
-//! (medians of three 5 s fio runs, `perf stat`).
+//! Plain (buffered) cache writes are `pwrite`n in normal operation. They
+//! were copied into this mapping while the cache file's page cache held
+//! large folios, into which a 4 KiB `pwrite` is expensive on ext4; with the
+//! file kept as single pages (`serve::small_pages`) `pwrite` is the cheaper
+//! one, because pages dirtied through the mapping fault again after every
+//! sync (4 KiB random rewrites at QD16: ~195k IOPS with `pwrite`, ~182k
+//! copied here; rewrites into fresh slots ~171k against ~98k).
+//!
+//! Copies into the mapping are made by the kernel: `process_vm_writev` to
+//! our own process pins the mapped pages (faulting them in writable),
+//! copies, and marks them dirty.
 //!
 //! Why not a plain `memcpy` into the mapping (15.7 µs)? Two reasons, both
 //! about what a failure leaves behind:
