@@ -13,6 +13,16 @@ fn cfg(policy: WritePolicyKind, admission: AdmissionKind) -> Config {
     c
 }
 
+/// A harness whose cache destages everything dirty at once (watermarks 0).
+fn eager(policy: WritePolicyKind, admission: AdmissionKind) -> MemHarness {
+    let mut c = cfg(policy, admission);
+    c.watermarks = Watermarks {
+        high: 0.0,
+        low: 0.0,
+    };
+    MemHarness::new(c)
+}
+
 fn write(offset: u64, byte: u8, len: u64) -> ReqOp<Bytes> {
     ReqOp::Write {
         offset,
@@ -111,12 +121,7 @@ fn bypass_never_leaves_a_stale_cached_copy() {
 #[test]
 fn a_block_recovery_could_resurrect_is_not_bypassed() {
     for policy in [WritePolicyKind::Ordered, WritePolicyKind::WriteBack] {
-        let mut c = cfg(policy, AdmissionKind::Critical);
-        c.watermarks = Watermarks {
-            high: 0.0,
-            low: 0.0,
-        };
-        let mut h = MemHarness::new(c);
+        let mut h = eager(policy, AdmissionKind::Critical);
         h.submit_tagged(1, write(0, 1, BS), tag(true));
         h.wait(1, &mut |_| 0).result.unwrap();
         h.submit(2, ReqOp::Flush);
@@ -223,12 +228,7 @@ fn critical_waiter_reissues_an_outstanding_bypass_write() {
 fn an_orphaned_bypass_write_never_lands_over_a_later_destage() {
     for policy in [WritePolicyKind::WriteBack, WritePolicyKind::Ordered] {
         let reissues = policy == WritePolicyKind::WriteBack;
-        let mut c = cfg(policy, AdmissionKind::CriticalPiIoi);
-        c.watermarks = Watermarks {
-            high: 0.0,
-            low: 0.0,
-        };
-        let mut h = MemHarness::new(c);
+        let mut h = eager(policy, AdmissionKind::CriticalPiIoi);
         h.submit_tagged(1, write(0, 5, BS), tag(false));
         let is_orphan = |c: &IoCmd<Bytes>| {
             c.dev == Dev::Backing
