@@ -183,11 +183,10 @@ impl Host {
         // The engine saw the command issued under the lock, as for a pool,
         // so the order and the crash story are unchanged.
         while let Some((cmd, issued)) = next.take() {
-            let dev = match cmd.dev {
-                Dev::Cache => &self.cache_dev,
-                Dev::Backing => &self.backing_dev,
-            };
-            let res = dev.execute_issued(&cmd.op, cmd.group, issued);
+            let res = self
+                .device(cmd.dev)
+                .1
+                .execute_issued(&cmd.op, cmd.group, issued);
             let mut c = self.lock();
             let now = self.now();
             c.eng.handle_completion(now, cmd.id, res);
@@ -391,10 +390,7 @@ impl Host {
                     c.eng.handle_completion(now, cmd.id, res);
                     continue;
                 }
-                let (q, dev) = match cmd.dev {
-                    Dev::Cache => (&self.cache_q, &self.cache_dev),
-                    Dev::Backing => (&self.backing_q, &self.backing_dev),
-                };
+                let (q, dev) = self.device(cmd.dev);
                 // Host-crash mode: a FLUSH (or group end) covers the writes
                 // completed before the engine issued it, which is now.
                 let issued = matches!(cmd.op, IoOp::Flush | IoOp::GroupEnd { .. })
@@ -559,13 +555,18 @@ impl Host {
         }
     }
 
+    /// A device's worker-pool queue and the device.
+    fn device(&self, dev: Dev) -> (&mpsc::Sender<Queued>, &Arc<Device>) {
+        match dev {
+            Dev::Cache => (&self.cache_q, &self.cache_dev),
+            Dev::Backing => (&self.backing_q, &self.backing_dev),
+        }
+    }
+
     /// Queue a command the caller will not run on its device's pool.
     fn to_pool(&self, q: Option<Queued>) {
         if let Some(q) = q {
-            let pool = match q.0.dev {
-                Dev::Cache => &self.cache_q,
-                Dev::Backing => &self.backing_q,
-            };
+            let pool = self.device(q.0.dev).0;
             pool.send(q).expect("device pool is gone");
         }
     }
