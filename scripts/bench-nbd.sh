@@ -18,7 +18,9 @@
 #   (nvwc --cache-size FULL_CACHE_MB, default 64 MiB, so 256 MiB), fast local
 #   backing, nvwc write-back vs nbdkit file; fio's end_fsync=1 ends every run
 #   with a FLUSH inside the timed window (fio counts it in its runtime, so the
-#   IOPS pay for it).
+#   IOPS pay for it). Also with Zipf-distributed offsets (zipf:1.1), with
+#   nvwc's cleaner at full speed (--full-clean-secs 0) beside the default
+#   pacing, and both over a 1 ms backing (nbdkit delay filter, rdelay=wdelay).
 # The machine is noisy (its speed drifts by tens of percent over minutes), so
 # the repetitions are interleaved: round r runs every server once, and each
 # figure is the median over the rounds. Every server starts fresh in every
@@ -90,6 +92,7 @@ declare -A FIO=(
   [fsync-qd1]="--rw=randwrite --bs=4k --iodepth=1 --fsync=1"
   [fsync-8jobs]="--rw=randwrite --bs=4k --iodepth=1 --fsync=1 --numjobs=8"
   [full-qd16]="--rw=randwrite --bs=4k --iodepth=16 --size=$((FULL_CACHE_MB * 4))M --end_fsync=1"
+  [full-zipf]="--rw=randwrite --bs=4k --iodepth=16 --size=$((FULL_CACHE_MB * 4))M --random_distribution=zipf:1.1 --end_fsync=1"
 )
 
 # Servers: name -> start command (run in $W, must exec the server so that $!
@@ -131,9 +134,17 @@ if sel fsync8; then  # 8 jobs x QD1 --fsync=1 over the delayed backing
   done
 fi
 if sel full; then  # first touch over 4x the cache, fast local backing, no warm-up
-  add nbdkit-file/full "exec nbdkit -U k.sock -f --exit-with-parent file backing.img" k.sock full-qd16 "" 0 $((FULL_CACHE_MB * 4))
-  add nvwc-write-back/full "exec $NVWC serve --cache cache.img --cache-size ${FULL_CACHE_MB}M --listen none --unix n.sock --backing backing.img --write-policy write-back" \
-    n.sock full-qd16 "" 0 $((FULL_CACHE_MB * 4))
+  # Paced cleaning while writes go around the full cache (the default,
+  # --full-clean-secs 40) and at full speed (0); a skewed workload (Zipf)
+  # beside the uniform one the pacing was measured on; and the same pair
+  # over a 1 ms backing, where a write sent around costs what the backing does.
+  FULLUP="exec nbdkit -U d.sock -f --exit-with-parent --filter=delay file backing.img rdelay=1ms wdelay=1ms"
+  FULLNV="exec $NVWC serve --cache cache.img --cache-size ${FULL_CACHE_MB}M --listen none --unix n.sock --write-policy write-back"
+  add nbdkit-file/full "exec nbdkit -U k.sock -f --exit-with-parent file backing.img" k.sock "full-qd16 full-zipf" "" 0 $((FULL_CACHE_MB * 4))
+  add nvwc-write-back/full "$FULLNV --backing backing.img" n.sock "full-qd16 full-zipf" "" 0 $((FULL_CACHE_MB * 4))
+  add nvwc-write-back/full-unpaced "$FULLNV --backing backing.img --full-clean-secs 0" n.sock "full-qd16 full-zipf" "" 0 $((FULL_CACHE_MB * 4))
+  add nvwc-write-back/full-1ms "$FULLNV --backing 'nbd+unix:///?socket=$W/d.sock'" n.sock "full-qd16" "$FULLUP" 0 $((FULL_CACHE_MB * 4))
+  add nvwc-write-back/full-1ms-unpaced "$FULLNV --backing 'nbd+unix:///?socket=$W/d.sock' --full-clean-secs 0" n.sock "full-qd16" "$FULLUP" 0 $((FULL_CACHE_MB * 4))
 fi
 [ ${#NAMES[@]} -gt 0 ] || { echo "BENCH_ONLY=${BENCH_ONLY:-} selects nothing (groups: fast slow fsync fsync1 fsync8 full)"; exit 2; }
 
@@ -208,6 +219,12 @@ for d in dl[:1]:
               f"8 jobs x QD1 fsync, {d} backing: nvwc {pol} / uncached")
 ratio("nvwc-write-back/full full-qd16", "nbdkit-file/full full-qd16", ">= 0.7", "full cache (4x range, first touch): write-back / nbdkit file, IOPS")
 ratio("nvwc-write-back/full full-qd16", "nbdkit-file/full full-qd16", "<= 2", "full cache (4x range, first touch): write-back / nbdkit file, p99", p=True)
+ratio("nvwc-write-back/full-unpaced full-qd16", "nbdkit-file/full full-qd16", None, "full cache: write-back cleaning at full speed / nbdkit file, IOPS")
+ratio("nvwc-write-back/full full-zipf", "nbdkit-file/full full-zipf", None, "full cache, Zipf 1.1: write-back / nbdkit file, IOPS")
+ratio("nvwc-write-back/full full-zipf", "nbdkit-file/full full-zipf", None, "full cache, Zipf 1.1: write-back / nbdkit file, p99", p=True)
+ratio("nvwc-write-back/full full-zipf", "nvwc-write-back/full-unpaced full-zipf", None, "full cache, Zipf 1.1: paced / full-speed cleaning, IOPS")
+ratio("nvwc-write-back/full-1ms full-qd16", "nvwc-write-back/full-1ms-unpaced full-qd16", None, "full cache, 1 ms backing: paced / full-speed cleaning, IOPS")
+ratio("nvwc-write-back/full-1ms full-qd16", "nvwc-write-back/full-1ms-unpaced full-qd16", None, "full cache, 1 ms backing: paced / full-speed cleaning, p99", p=True)
 print("== server CPU per request (µs, lower is better; steadier than IOPS on a noisy machine)")
 for wl in ["randwrite-4k", "write-64k"]:
   row = [f"{n}={cpu[f'{n} {wl}']:.2f}" for n in ["nvwc-write-back", "nbdkit-file", "qemu-nbd", "nbdkit-memory"] if f"{n} {wl}" in cpu]

@@ -331,7 +331,25 @@ pub struct Config {
     /// (which then flushes the backing store first). Off: the write waits
     /// for a slot, as the papers' write-back does.
     pub bypass_when_full: bool,
+    /// Write-back with `bypass_when_full`: while writes are going around the
+    /// full cache, the cleaner is paced to write the dirty blocks above the
+    /// low watermark back over this many seconds (one plan at a time, at
+    /// `excess / full_clean_secs` blocks per second), instead of at full
+    /// speed. bcache paces its writeback the same way: the proportional term
+    /// of its rate controller writes the dirty excess over
+    /// `writeback_rate_p_term_inverse` seconds, 40 by default. Full speed
+    /// returns once no write has gone around for [`FULL_IDLE_NS`], and
+    /// whenever a writer waits for a slot, a drain runs or the engine stops.
+    /// 0: never paced (the cleaner runs at full speed, as the papers' does).
+    pub full_clean_secs: u32,
 }
+
+/// How long after the last write that went around a full cache the cleaner
+/// stays paced (`Config::full_clean_secs`). One second: a burst that ended
+/// gets full-speed cleaning back as soon as its stragglers are gone. (bcache
+/// waits for 30 s with no I/O at all; nvwc watches only the writes sent
+/// around the cache, which stop as soon as the cache has room again.)
+pub const FULL_IDLE_NS: u64 = 1_000_000_000;
 
 impl Config {
     /// A configuration with defaults for everything but the sizes.
@@ -367,6 +385,7 @@ impl Config {
             admission: AdmissionKind::All,
             wal_ranges: Vec::new(),
             bypass_when_full: false,
+            full_clean_secs: 0,
         }
     }
 

@@ -231,6 +231,10 @@ impl<P: Payload> Engine<P> {
         if let Some(t) = self.retry_at {
             min(t);
         }
+        if self.destage.pace_blocked {
+            // Paced cleaning waits for its next turn, or for pacing to end.
+            min(self.destage.pace_next.min(self.destage.paced_until));
+        }
         d
     }
 

@@ -34,6 +34,11 @@ pub enum Mutation {
     /// backing FLUSH, and the bypassed write can be lost from the backing
     /// store's volatile cache (check (b)).
     FlushSkipsBypassCover = 5,
+    /// A paced destage plan (`Config::full_clean_secs`) writes its copies
+    /// without FUA yet still ends without a backing FLUSH: its blocks count
+    /// as durably clean while the backing store may lose them, and their
+    /// slots are reused (check (b) under write-back).
+    PacedDestageWithoutFua = 6,
 }
 
 #[cfg(feature = "mutations")]

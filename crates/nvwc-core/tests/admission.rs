@@ -540,3 +540,53 @@ fn a_full_write_back_cache_sends_new_blocks_around_it() {
         }
     }
 }
+
+/// While writes go around a full write-back cache, its cleaner is paced
+/// (`Config::full_clean_secs`): it destages far less than at full speed,
+/// with the same writes, every block still reads back, and once the writes
+/// stop the cleaner catches up at full speed (down to the low watermark).
+#[test]
+fn a_full_write_back_cache_paces_its_cleaning() {
+    let run = |secs: u32| {
+        let mut c = Config::new(BS as u32, 64, 4096 * BS, WritePolicyKind::WriteBack);
+        c.bypass_when_full = true;
+        c.full_clean_secs = secs;
+        let mut h = MemHarness::new(c);
+        // First touch of 1024 blocks, 16 times the cache, 32 writes at a
+        // time: it fills, then new blocks go around it.
+        for batch in (0..1024u64).collect::<Vec<_>>().chunks(32) {
+            for &i in batch {
+                let b = (i * 37) % 1024;
+                h.submit(i + 1, write(b * BS, (b % 251) as u8 + 1, BS));
+            }
+            for &i in batch {
+                h.wait(i + 1, &mut |_| 0).result.unwrap();
+            }
+        }
+        let during = h.engine.stats().clone();
+        assert!(during.full_bypassed_writes > 500, "{during:?}");
+        assert!(
+            h.now < 1_000_000_000,
+            "the writes ran within the pacing window"
+        );
+        // Idle: the cleaner goes back to full speed, down to the low watermark.
+        h.settle(&mut |_| 0);
+        let after = h.engine.stats().clone();
+        assert!(after.dirty_blocks <= 32, "secs={secs}: {after:?}");
+        for b in (0..1024u64).step_by(61) {
+            assert_block(
+                read(&mut h, 10_000 + b, b * BS, BS as u32),
+                (b % 251) as u8 + 1,
+                "every block reads back",
+            );
+        }
+        during.destaged_blocks
+    };
+    let (paced, full_speed) = (run(40), run(0));
+    eprintln!("blocks destaged while writes went around: paced {paced}, full speed {full_speed}");
+    assert!(full_speed > 0, "unpaced, the cleaner keeps destaging");
+    assert!(
+        paced * 4 <= full_speed,
+        "paced: {paced} blocks destaged, at full speed {full_speed}"
+    );
+}

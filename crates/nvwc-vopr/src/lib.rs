@@ -314,8 +314,14 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
     // Drawn from a stream of its own, so that every other draw keeps its
     // value per seed; half the write-back seeds send writes that would wait
     // for space around the cache.
-    cfg.bypass_when_full = opts.policy == WritePolicyKind::WriteBack
-        && ChaCha8Rng::seed_from_u64(seed ^ 0xB1FA_55F0_11CA_C4E5).gen_bool(0.5);
+    let mut full = ChaCha8Rng::seed_from_u64(seed ^ 0xB1FA_55F0_11CA_C4E5);
+    cfg.bypass_when_full = opts.policy == WritePolicyKind::WriteBack && full.gen_bool(0.5);
+    // Of those, two thirds pace their cleaning while writes go around the
+    // full cache (`Config::full_clean_secs`): fast enough to destage within
+    // a seed's run, and at bcache's 40 s time constant.
+    if cfg.bypass_when_full {
+        cfg.full_clean_secs = [0, 1, 40][full.gen_range(0..3)];
+    }
     let bs = cfg.block_size as u64;
     let layout = Layout::new(&cfg);
     let mut out = SeedOutcome {

@@ -109,6 +109,13 @@ fn an_in_place_rewrite_before_the_seal_fails_the_run() {
 }
 
 #[test]
+fn a_paced_destage_without_fua_fails_the_run() {
+    // Paced cleaning (a third of the seeds that bypass when full) ends a
+    // plan without a backing FLUSH: only its FUA writes make it durable.
+    write_back_fails_b_with(Mutation::PacedDestageWithoutFua);
+}
+
+#[test]
 fn a_bypass_write_left_unflushed_fails_the_run() {
     // Write-back bypasses (admission, or a full cache on half the seeds)
     // are ordinary backing writes: a FLUSH after them must flush the

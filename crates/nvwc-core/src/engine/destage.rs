@@ -117,7 +117,33 @@ impl<P: Payload> Engine<P> {
 
     /// Evict clean blocks to keep `free_reserve` slots (plus one per stalled writer) ready.
     pub(super) fn ensure_free(&mut self) -> bool {
-        self.evict_clean_until(self.free_wanted())
+        self.evict_clean_until(self.free_wanted() + self.reclaim_ahead())
+    }
+
+    /// Free slots a write of new blocks leaves untouched: while cleaning is
+    /// paced, the reserve and the slots evicted ahead of it stay for writes
+    /// that cannot go around the cache (the new blocks go around instead);
+    /// none otherwise. A direct write MUST find this many spare too, or it
+    /// would go around the cache after all (`Engine::handle_direct_write`).
+    pub(super) fn full_keep(&self) -> u64 {
+        if self.bypass.when_full && self.pacing() {
+            self.cfg.free_reserve as u64 + self.reclaim_ahead()
+        } else {
+            0
+        }
+    }
+
+    /// Slots to evict beyond those wanted now, so that one reclaiming
+    /// commit frees several: a reserve's worth while cleaning is paced
+    /// (then the reserve is used one slot at a time by writes that cannot
+    /// go around the cache, and a commit per slot would cost a cache sync
+    /// each), none otherwise.
+    pub(super) fn reclaim_ahead(&self) -> u64 {
+        if self.bypass.when_full && self.pacing() {
+            self.cfg.free_reserve as u64
+        } else {
+            0
+        }
     }
 
     /// Evict clean, idle blocks (the replacement policy's victims) until
@@ -164,6 +190,7 @@ impl<P: Payload> Engine<P> {
     }
 
     pub(super) fn plan(&mut self) -> bool {
+        self.destage.pace_blocked = false;
         if self.retry_at.is_some() || self.shutting_down && self.drain_done() {
             return false;
         }
@@ -186,6 +213,11 @@ impl<P: Payload> Engine<P> {
             // a transaction off a FLUSH boundary for nothing).
             let coming = self.table.free.len() as u64 + self.table.retired_pending;
             let pressure = self.space_pressure() && coming < self.free_wanted() || self.drain;
+            let paced = wanted && self.paced();
+            if paced && self.now < self.destage.pace_next {
+                self.destage.pace_blocked = true;
+                break;
+            }
             let mut view = View {
                 now: self.now,
                 repl: &mut *self.repl,
@@ -202,17 +234,63 @@ impl<P: Payload> Engine<P> {
             let Some(plan) = self.policy.next_plan(&mut view) else {
                 break;
             };
-            self.start_plan(plan);
+            if paced {
+                self.pace_after(plan.write.len() as u64);
+            }
+            self.start_plan(plan, paced);
             changed = true;
         }
         changed
+    }
+
+    /// Is cleaning paced now (`Config::full_clean_secs`)? Only while writes
+    /// go around the full cache, and never when a writer waits for a slot
+    /// (it cannot go around: only cleaning frees one), while draining or
+    /// stopping. MUST be false whenever a request waits on cleaning, so
+    /// that pacing delays no request.
+    fn paced(&self) -> bool {
+        self.pacing()
+            && !self.space_pressure()
+            && self.table.free.len() as u64 + self.table.retired_pending >= self.free_wanted()
+            && !self.drain
+            && !self.shutting_down
+    }
+
+    /// Writes are going around the full cache and cleaning is paced
+    /// (`Config::full_clean_secs`): new blocks also go around rather than
+    /// take the reserve's last `free_reserve` slots, which stay for writes
+    /// that cannot go around (their block is cached). The cleaner refills
+    /// the reserve at full speed (`paced`).
+    pub(super) fn pacing(&self) -> bool {
+        self.cfg.full_clean_secs > 0 && self.now < self.destage.paced_until
+    }
+
+    /// A paced plan of `n` blocks starts now: the next may start once the
+    /// pace (`excess / full_clean_secs` blocks per second) has paid for these.
+    fn pace_after(&mut self, n: u64) {
+        let floor = (self.cfg.watermarks.low * self.cfg.capacity_blocks as f64) as u64;
+        let excess = self.table.dirty.saturating_sub(floor).max(1);
+        let gap = n.saturating_mul(u64::from(self.cfg.full_clean_secs) * 1_000_000_000) / excess;
+        self.destage.pace_next = self.destage.pace_next.max(self.now).saturating_add(gap);
+    }
+
+    /// A write went around the full cache: clean at a pace for a while.
+    pub(super) fn note_full_bypass(&mut self) {
+        if self.cfg.full_clean_secs > 0 {
+            self.destage.paced_until = self.now.saturating_add(crate::config::FULL_IDLE_NS);
+        }
     }
 
     pub(super) fn drain_done(&self) -> bool {
         self.table.dirty == 0
     }
 
-    pub(super) fn start_plan(&mut self, plan: Plan) {
+    /// Start destaging `plan`. `fua`: its copies are FUA writes and it ends
+    /// without a backing FLUSH. Paced cleaning does so: its few copies run
+    /// among many writes sent around the cache, and a FLUSH of the backing
+    /// store would write all of those back too, each time (a local file's
+    /// sync writes back every dirty page; a FUA write, only its own range).
+    pub(super) fn start_plan(&mut self, plan: Plan, fua: bool) {
         for &s in &plan.write {
             let slot = &mut self.table.slots[s as usize];
             assert_eq!(
@@ -246,6 +324,7 @@ impl<P: Payload> Engine<P> {
             blocks,
             left: n,
             failed: false,
+            fua: fua && group.is_none(),
         });
         match group {
             Some(g) => {
@@ -306,13 +385,16 @@ impl<P: Payload> Engine<P> {
         match res {
             Ok(Some(d)) => {
                 let lbn = self.map.blocks[b as usize].lbn();
-                let group = self.destage.plans.get(pid).plan.atomic_group;
+                let pe = self.destage.plans.get(pid);
+                let (group, fua) = (pe.plan.atomic_group, pe.fua);
+                let fua = fua
+                    && !crate::mutation::active(crate::mutation::Mutation::PacedDestageWithoutFua);
                 self.emit(
                     Dev::Backing,
                     IoOp::Write {
                         offset: lbn * self.bs + lo as u64,
                         data: d,
-                        fua: false,
+                        fua,
                     },
                     group,
                     IoCtx::DestageWrite { plan: pid },
@@ -348,6 +430,7 @@ impl<P: Payload> Engine<P> {
                     IoCtx::PlanFinish { plan: pid },
                 );
             }
+            None if pe.fua => self.plan_end(pid, true),
             None => {
                 // One backing FLUSH covers every plan whose writes completed
                 // before it was issued: a plan that finishes copying while
@@ -480,4 +563,12 @@ pub(super) struct DestageState {
     pub(super) inflight: usize,
     /// Cleaning (destage without space pressure) is running.
     pub(super) cleaning: bool,
+    /// Paced cleaning (`Config::full_clean_secs`): paced until this time
+    /// (the last write sent around the full cache plus `FULL_IDLE_NS`).
+    pub(super) paced_until: u64,
+    /// The earliest time the next paced plan may start.
+    pub(super) pace_next: u64,
+    /// Cleaning is wanted but waits for `pace_next` (a deadline for
+    /// `Engine::poll_timeout`).
+    pub(super) pace_blocked: bool,
 }

@@ -66,10 +66,13 @@ impl<P: Payload> Engine<P> {
             return None;
         }
         let n = len / self.bs;
-        if (self.table.free.len() as u64) < self.table.reserved + n {
-            // Room as `admit` finds it: clean evictions, with the reserve kept.
-            self.evict_clean_until(self.table.reserved + n + u64::from(self.cfg.free_reserve));
-            if (self.table.free.len() as u64) < self.table.reserved + n {
+        // Room as `admit_write` finds it (with what a paced cleaner keeps
+        // for writes that cannot go around, `full_keep`), else none here.
+        let need = self.table.reserved + n + self.full_keep();
+        if (self.table.free.len() as u64) < need {
+            // Clean evictions, with the reserve kept.
+            self.evict_clean_until(need.max(self.table.reserved + n + u64::from(self.cfg.free_reserve)));
+            if (self.table.free.len() as u64) < need {
                 return None;
             }
         }

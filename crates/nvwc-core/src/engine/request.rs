@@ -69,11 +69,14 @@ impl<P: Payload> Engine<P> {
         // write waits exactly when others wait before it or space is short.
         let waits = !self.admit_queue.is_empty()
             || (self.table.free.len() as u64) < self.table.reserved + need;
-        if waits && !bypass && self.bypass.when_full {
+        let keep = self.full_keep();
+        let full = waits || (self.table.free.len() as u64) < self.table.reserved + need + keep;
+        if full && !bypass && self.bypass.when_full {
             // Write-back with a full cache: around the cache rather than wait
             // (`Config::bypass_when_full`). Pieces whose block is cached are
             // cached after all, taking a spare slot or waiting for one.
             self.stats.full_bypassed_writes += 1;
+            self.note_full_bypass();
             self.start_rw(rw(data), Route::Bypass);
             return;
         }

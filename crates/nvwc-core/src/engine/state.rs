@@ -324,6 +324,9 @@ pub(super) struct PlanExec {
     pub(super) blocks: Vec<u32>,
     pub(super) left: u32,
     pub(super) failed: bool,
+    /// Each copy is a FUA write, durable on its own: the plan ends without
+    /// the shared backing FLUSH (paced cleaning, `Engine::pace_after`).
+    pub(super) fua: bool,
 }
 
 /// A write waiting for admission.

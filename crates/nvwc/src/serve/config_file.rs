@@ -112,6 +112,7 @@ struct Policy {
     patch_direct: S<bool>,
     rewrite_in_place: S<bool>,
     bypass_when_full: S<bool>,
+    full_clean_secs: S<u32>,
     txn_blocks: S<u32>,
     txn_age_ms: S<u64>,
     high_watermark: S<f64>,
@@ -575,6 +576,11 @@ pub(super) fn apply(path: &Path, a: &mut Args, given: BTreeSet<String>) -> Resul
         "bypass_when_full",
         a.bypass_when_full,
         copied(&p.bypass_when_full)
+    );
+    set!(
+        "full_clean_secs",
+        a.full_clean_secs,
+        copied(&p.full_clean_secs)
     );
     set!("txn_blocks", a.txn_blocks, copied(&p.txn_blocks));
     set!("txn_age_ms", a.txn_age_ms, copied(&p.txn_age_ms));
