@@ -43,6 +43,12 @@ pub struct Stats {
     pub stall_ns: u64,
     /// Write requests that could not be admitted on arrival (waited for space).
     pub admission_stalls: u64,
+    /// Pieces (reads and writes) that waited for another piece of the same
+    /// block to finish (a write in flight holds its block, under
+    /// write-through until the backing store has it), and the total time
+    /// they waited.
+    pub block_waits: u64,
+    pub block_wait_ns: u64,
     pub evictions: u64,
     pub destaged_blocks: u64,
     pub destage_plans: u64,

@@ -200,6 +200,7 @@ impl<P: Payload> Engine<P> {
                 ios: 0,
                 failed: false,
                 stalled_since: None,
+                queued_at: 0,
                 seq,
                 group,
                 fua,
@@ -214,6 +215,8 @@ impl<P: Payload> Engine<P> {
         let lbn = self.pieces.get(p).lbn;
         let b = self.block_for(lbn);
         if self.map.blocks[b as usize].busy {
+            self.pieces.get_mut(p).queued_at = self.now;
+            self.stats.block_waits += 1;
             self.map.waiters.entry(b).or_default().push_back(p);
             if self.bypass.active && self.pieces.get(p).critical {
                 self.inherit(b);

@@ -156,6 +156,8 @@ pub(super) struct Piece<P> {
     pub(super) ios: u8,
     pub(super) failed: bool,
     pub(super) stalled_since: Option<u64>,
+    /// Since when it waits for its block (`Engine::start_piece`).
+    pub(super) queued_at: u64,
     pub(super) seq: u64,
     pub(super) group: Group,
     pub(super) fua: bool,

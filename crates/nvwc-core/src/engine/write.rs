@@ -476,6 +476,7 @@ impl<P: Payload> Engine<P> {
                 self.map.waiters.remove(&b);
             }
             let is_write = self.pieces.get(p).data.is_some();
+            self.stats.block_wait_ns += self.now - self.pieces.get(p).queued_at;
             self.run_piece(p, b);
             if is_write || self.map.blocks[b as usize].busy {
                 break;
