@@ -165,9 +165,16 @@ one_run() { # name
   timeout 1800 "$PGBIN/pgbench" "${PG[@]}" -i -s "$SCALE" -q postgres >"$R/log/init.log" 2>&1 || { cat "$R/log/init.log" >&2; return 1; }
   timeout 600 "$PGBIN/psql" "${PG[@]}" -qAtc CHECKPOINT postgres
   t1=$(date +%s.%N)
+  # nvwc's counters before and after the timed run (`nvwc status`): the
+  # result line gets the timed run's block waits (pieces that waited for a
+  # write in flight on their block) and backing FLUSHes.
+  local st0="{}" st1="{}"
+  [[ $kind == nvwc-* ]] && st0=$("$NVWC" status --control "$R/n.ctl" --json 2>/dev/null || echo "{}")
   (cd "$R/log" && timeout $((RUNTIME * 4 + 120)) "$PGBIN/pgbench" "${PG[@]}" -c "$CLIENTS" -j "$JOBS" -T "$RUNTIME" \
      --log --log-prefix=tx postgres >"$R/log/run.log" 2>&1) || { cat "$R/log/run.log" >&2; return 1; }
   t2=$(date +%s.%N)
+  [[ $kind == nvwc-* ]] && st1=$("$NVWC" status --control "$R/n.ctl" --json 2>/dev/null || echo "{}")
+  printf '%s\n%s\n' "$st0" "$st1" >"$R/log/status.json"
   timeout 600 "$PGBIN/psql" "${PG[@]}" -qAtc CHECKPOINT postgres
   t3=$(date +%s.%N)
   runuser -u postgres -- "$PGBIN/pg_ctl" -D "$R/mnt/pgdata" -m fast -w -t 120 stop >/dev/null; pgup=""
@@ -186,9 +193,19 @@ for f in glob.glob(d + "/tx.*"):
             lat.append(int(p[2]) / 1000.0)  # µs -> ms
 lat.sort()
 pct = lambda q: lat[min(len(lat) - 1, max(0, math.ceil(q * len(lat)) - 1))] if lat else float("nan")
+import json
+def counters(line):
+    try:
+        return json.loads(line)["exports"][0]["stats"]
+    except (ValueError, KeyError, IndexError):
+        return {}
+s0, s1 = (counters(l) for l in (open(d + "/status.json").read().splitlines() + ["{}", "{}"])[:2])
+delta = lambda k: s1.get(k, 0) - s0.get(k, 0)
+extra = (f" block_waits={delta('block_waits')} block_wait_ms={delta('block_wait_ns') / 1e6:.1f}"
+         f" backing_flushes={delta('backing_flushes')} commits={delta('commits')}") if s1 else ""
 print(f"tps={tps:.1f} lat_avg_ms={st.mean(lat) if lat else float('nan'):.3f} lat_std_ms={st.pstdev(lat) if lat else float('nan'):.3f} "
       f"lat_p50_ms={pct(0.50):.3f} lat_p99_ms={pct(0.99):.3f} txns={len(lat)} failed={failed.group(1) if failed else 0} "
-      f"wall_s={t2 - t1:.2f} init_s={t1 - t0:.2f} ckpt_s={t3 - t2:.2f}")
+      f"wall_s={t2 - t1:.2f} init_s={t1 - t0:.2f} ckpt_s={t3 - t2:.2f}{extra}")
 PY
 }
 
