@@ -361,6 +361,9 @@ fn pwritev_all(f: &File, mut offset: u64, parts: &[&Bytes]) -> std::io::Result<(
     Ok(())
 }
 
+/// An upstream command in flight (`Device::upstream_async`).
+type UpFuture = std::pin::Pin<Box<dyn std::future::Future<Output = IoResult<Bytes>> + Send>>;
+
 /// Where a device's bytes live.
 enum Backend {
     File(File),
@@ -410,6 +413,47 @@ impl Device {
     /// A local file (not an upstream NBD server).
     fn is_file(&self) -> bool {
         matches!(self.backend, Backend::File(_))
+    }
+
+    /// An upstream's read, write, flush or checksum as a future on the
+    /// upstream's runtime, for the host to spawn rather than hand to a pool
+    /// thread that would block on it (`host.rs`): one request on the wire
+    /// either way, without the thread hop. `None` where the command must
+    /// run through [`Device::execute_issued`]: a local file, an atomic
+    /// group's part (the redo log), or a fault layer in the way.
+    fn upstream_async(
+        &self,
+        op: &IoOp<Bytes>,
+        group: Option<u64>,
+    ) -> Option<(
+        tokio::runtime::Handle,
+        UpFuture,
+    )> {
+        let Backend::Nbd(c, rt) = &self.backend else {
+            return None;
+        };
+        if group.is_some() || !self.fault.passthrough() {
+            return None;
+        }
+        let c = c.clone();
+        let e = |_| IoError::Eio;
+        let fut: UpFuture = match op.clone() {
+            IoOp::Read { offset, len } => {
+                Box::pin(async move { c.read(offset, len).await.map(Some).map_err(e) })
+            }
+            IoOp::Write { offset, data, fua } => {
+                Box::pin(async move { c.write(offset, data, fua).await.map(|_| None).map_err(e) })
+            }
+            IoOp::Flush => Box::pin(async move { c.flush().await.map(|_| None).map_err(e) }),
+            IoOp::Checksum { offset, len } => Box::pin(async move {
+                c.read(offset, len)
+                    .await
+                    .map(|b| Some(crc_payload(&b)))
+                    .map_err(e)
+            }),
+            _ => return None,
+        };
+        Some((rt.clone(), fut))
     }
 
     /// [`Device::execute`] for a command the engine issued earlier, at

@@ -29,7 +29,7 @@ use nvwc_core::*;
 use tokio::sync::oneshot;
 
 use super::log::log;
-use super::Device;
+use super::{Device, UpFuture};
 
 /// Largest run of adjacent cache writes merged into one call.
 const MAX_MERGE: u64 = 1 << 20;
@@ -69,6 +69,8 @@ enum CallerRuns {
 
 /// One engine with its devices' worker pools and its timer.
 pub struct Host {
+    /// Itself, for the upstream commands it spawns (`Host::pump`).
+    me: std::sync::Weak<Host>,
     core: Mutex<Core>,
     timer: Condvar,
     cache_dev: Arc<Device>,
@@ -94,7 +96,8 @@ impl Host {
     ) -> Arc<Host> {
         let (cache_q, cache_rx) = mpsc::channel();
         let (backing_q, backing_rx) = mpsc::channel();
-        let host = Arc::new(Host {
+        let host = Arc::new_cyclic(|me| Host {
+            me: me.clone(),
             core: Mutex::new(Core {
                 eng,
                 next_id: 1,
@@ -401,6 +404,12 @@ impl Host {
                     c.caller_cmd = Some((cmd, issued));
                     continue;
                 }
+                if let Some((rt, fut)) = dev.upstream_async(&cmd.op, cmd.group) {
+                    // An upstream's request: sent from a task on its
+                    // runtime, completed there when the reply comes.
+                    self.spawn_upstream(rt, fut, cmd.id);
+                    continue;
+                }
                 // The pools live as long as the host; a send cannot fail.
                 q.send((cmd, issued)).expect("device pool is gone");
             }
@@ -569,6 +578,27 @@ impl Host {
             let pool = self.device(q.0.dev).0;
             pool.send(q).expect("device pool is gone");
         }
+    }
+
+    /// Run an upstream command's future on `rt`; its result completes
+    /// command `id` like a pool worker's would (errors counted by the
+    /// device's fault layer, as `Layer::run` counts them).
+    fn spawn_upstream(
+        &self,
+        rt: tokio::runtime::Handle,
+        fut: UpFuture,
+        id: IoId,
+    ) {
+        let me = self.me.clone();
+        rt.spawn(async move {
+            let res = fut.await;
+            if let Some(h) = me.upgrade() {
+                if let Err(e) = &res {
+                    h.backing_dev.fault.record_error(e);
+                }
+                h.complete(id, res);
+            }
+        });
     }
 
     fn complete(&self, id: IoId, res: IoResult<Bytes>) {
