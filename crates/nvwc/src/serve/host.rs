@@ -8,7 +8,11 @@
 //! connection's own thread with no thread hop and no channel; its reply is
 //! returned directly. Syncs, FUA writes and every backing-store command go to
 //! a small worker pool per device; a worker that finishes a command locks the
-//! engine, completes the command and pumps in turn. A timer thread sleeps on
+//! engine, completes the command and pumps in turn. An upstream NBD backing
+//! store's commands are sent from tasks on the runtime instead, completed
+//! the same way when their replies come (`Host::spawn_upstream`). An upstream NBD backing
+//! store's commands are sent from tasks on the runtime instead, completed
+//! the same way when their replies come (`Host::spawn_upstream`). A timer thread sleeps on
 //! a condition variable until the engine's next deadline (it is woken when a
 //! pump leaves an earlier deadline than the one it sleeps for).
 //!
