@@ -425,10 +425,7 @@ impl Device {
         &self,
         op: &IoOp<Bytes>,
         group: Option<u64>,
-    ) -> Option<(
-        tokio::runtime::Handle,
-        UpFuture,
-    )> {
+    ) -> Option<(tokio::runtime::Handle, UpFuture)> {
         let Backend::Nbd(c, rt) = &self.backend else {
             return None;
         };
@@ -2471,6 +2468,52 @@ pub fn recover(a: RecoverArgs) -> Result<std::process::ExitCode> {
     Ok(std::process::ExitCode::SUCCESS)
 }
 
+/// A FUA write to a file: `data` at `offset`, durable when this returns, by
+/// `pwritev2(RWF_DSYNC)`, which syncs the written range only (a whole-file
+/// `fdatasync` would also write back every other dirty page, such as the
+/// many writes sent around a full cache). That is FUA's promise in the NBD
+/// protocol, and what the VOPR's disk and the host-crash layer model: the
+/// write itself is durable, nothing else. Falls back to a write and a
+/// `fdatasync` where the kernel lacks `RWF_DSYNC`.
+fn write_dsync(file: &std::fs::File, data: &[u8], offset: u64) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut done = 0usize;
+    while done < data.len() {
+        let rest = &data[done..];
+        let iov = libc::iovec {
+            iov_base: rest.as_ptr() as *mut libc::c_void,
+            iov_len: rest.len(),
+        };
+        // SAFETY: `iov` points into `data`, which outlives the call; the
+        // kernel only reads from it.
+        let n = unsafe {
+            libc::pwritev2(
+                file.as_raw_fd(),
+                &iov,
+                1,
+                (offset + done as u64) as libc::off_t,
+                libc::RWF_DSYNC,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL) if done == 0 => {
+                    file.write_all_at(data, offset)?;
+                    return file.sync_data();
+                }
+                _ => return Err(e),
+            }
+        }
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        done += n as usize;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -2573,50 +2616,4 @@ mod tests {
         assert_eq!(read_at(&b, 1024, 3).unwrap(), vec![0, 0, 0]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
-}
-
-/// A FUA write to a file: `data` at `offset`, durable when this returns, by
-/// `pwritev2(RWF_DSYNC)`, which syncs the written range only (a whole-file
-/// `fdatasync` would also write back every other dirty page, such as the
-/// many writes sent around a full cache). That is FUA's promise in the NBD
-/// protocol, and what the VOPR's disk and the host-crash layer model: the
-/// write itself is durable, nothing else. Falls back to a write and a
-/// `fdatasync` where the kernel lacks `RWF_DSYNC`.
-fn write_dsync(file: &std::fs::File, data: &[u8], offset: u64) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let mut done = 0usize;
-    while done < data.len() {
-        let rest = &data[done..];
-        let iov = libc::iovec {
-            iov_base: rest.as_ptr() as *mut libc::c_void,
-            iov_len: rest.len(),
-        };
-        // SAFETY: `iov` points into `data`, which outlives the call; the
-        // kernel only reads from it.
-        let n = unsafe {
-            libc::pwritev2(
-                file.as_raw_fd(),
-                &iov,
-                1,
-                (offset + done as u64) as libc::off_t,
-                libc::RWF_DSYNC,
-            )
-        };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EINTR) => continue,
-                Some(libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL) if done == 0 => {
-                    file.write_all_at(data, offset)?;
-                    return file.sync_data();
-                }
-                _ => return Err(e),
-            }
-        }
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        done += n as usize;
-    }
-    Ok(())
 }

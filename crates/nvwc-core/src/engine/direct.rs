@@ -71,7 +71,9 @@ impl<P: Payload> Engine<P> {
         let need = self.table.reserved + n + self.full_keep();
         if (self.table.free.len() as u64) < need {
             // Clean evictions, with the reserve kept.
-            self.evict_clean_until(need.max(self.table.reserved + n + u64::from(self.cfg.free_reserve)));
+            self.evict_clean_until(
+                need.max(self.table.reserved + n + u64::from(self.cfg.free_reserve)),
+            );
             if (self.table.free.len() as u64) < need {
                 return None;
             }

@@ -587,12 +587,7 @@ impl Host {
     /// Run an upstream command's future on `rt`; its result completes
     /// command `id` like a pool worker's would (errors counted by the
     /// device's fault layer, as `Layer::run` counts them).
-    fn spawn_upstream(
-        &self,
-        rt: tokio::runtime::Handle,
-        fut: UpFuture,
-        id: IoId,
-    ) {
+    fn spawn_upstream(&self, rt: tokio::runtime::Handle, fut: UpFuture, id: IoId) {
         let me = self.me.clone();
         rt.spawn(async move {
             let res = fut.await;
