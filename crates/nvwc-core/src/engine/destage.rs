@@ -126,7 +126,7 @@ impl<P: Payload> Engine<P> {
     /// none otherwise. A direct write MUST find this many spare too, or it
     /// would go around the cache after all (`Engine::handle_direct_write`).
     pub(super) fn full_keep(&self) -> u64 {
-        if self.bypass.when_full && self.pacing() {
+        if self.pacing() {
             self.cfg.free_reserve as u64 + self.reclaim_ahead()
         } else {
             0
@@ -139,7 +139,7 @@ impl<P: Payload> Engine<P> {
     /// go around the cache, and a commit per slot would cost a cache sync
     /// each), none otherwise.
     pub(super) fn reclaim_ahead(&self) -> u64 {
-        if self.bypass.when_full && self.pacing() {
+        if self.pacing() {
             self.cfg.free_reserve as u64
         } else {
             0
@@ -262,6 +262,9 @@ impl<P: Payload> Engine<P> {
     /// that cannot go around (their block is cached). The cleaner refills
     /// the reserve at full speed (`paced`).
     pub(super) fn pacing(&self) -> bool {
+        // `paced_until` moves only when a write goes around the full cache,
+        // which only `bypass_when_full` does.
+        debug_assert!(self.destage.paced_until == 0 || self.bypass.when_full);
         self.cfg.full_clean_secs > 0 && self.now < self.destage.paced_until
     }
 
