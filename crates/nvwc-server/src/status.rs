@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use serde_json::Value;
 
-use crate::serve::CtlArgs;
+use crate::CtlArgs;
 
 #[derive(clap::Args, Debug)]
 pub struct StatusArgs {
@@ -28,7 +28,7 @@ pub struct StatusArgs {
 }
 
 pub fn run(a: StatusArgs) -> Result<std::process::ExitCode> {
-    let first = crate::serve::ask("status", &a.ctl)?;
+    let first = crate::ask("status", &a.ctl)?;
     let table = a.table || (!a.json && std::io::stdout().is_terminal());
     if !table {
         print!("{first}");
@@ -45,7 +45,7 @@ pub fn run(a: StatusArgs) -> Result<std::process::ExitCode> {
     let t0 = Instant::now();
     let out = if a.interval_ms > 0 {
         std::thread::sleep(Duration::from_millis(a.interval_ms));
-        let v1: Value = serde_json::from_str(&crate::serve::ask("status", &a.ctl)?)?;
+        let v1: Value = serde_json::from_str(&crate::ask("status", &a.ctl)?)?;
         table_text(&v1, Some((&v0, t0.elapsed().as_secs_f64())))
     } else {
         table_text(&v0, None)

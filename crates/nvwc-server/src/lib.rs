@@ -44,12 +44,17 @@ use nvwc_nbd::export::{BoxFuture, Export, ExportInfo, NbdResult, RequestCtx, Wri
 use nvwc_nbd::NbdError;
 
 mod bind;
-pub(crate) mod config_file;
-pub(crate) mod format;
+pub mod config_file;
+pub mod errors;
+pub mod fault;
+pub mod format;
 mod host;
 mod label;
-pub(crate) mod log;
+pub mod log;
 mod mapped;
+mod notify;
+pub mod status;
+pub mod tls;
 mod upstream;
 use log::log;
 

@@ -47,7 +47,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use nvwc_core::{IoError, IoOp, IoResult};
 
-use crate::serve::log::log;
+use crate::log::log;
 use nvwc_dev::rng::Rng;
 
 pub use nvwc_dev::volatile;
@@ -335,7 +335,7 @@ pub struct Layer {
     errors: AtomicU64,
     export: String,
     /// `backing_device_error` lines: one per second at most.
-    err_log: crate::serve::log::Throttle,
+    err_log: crate::log::Throttle,
 }
 
 impl Layer {
@@ -375,7 +375,7 @@ impl Layer {
             volatile,
             failed: AtomicBool::new(false),
             errors: AtomicU64::new(0),
-            err_log: crate::serve::log::Throttle::new(),
+            err_log: crate::log::Throttle::new(),
             export: export.to_string(),
         })
     }

@@ -261,25 +261,25 @@ pub fn emit(level: Level, event: &str, fields: &[(&str, V)]) {
 /// `log!(info, "event", key = value, ...)`.
 macro_rules! log {
     ($lvl:ident, $event:expr $(, $k:ident = $v:expr)* $(,)?) => {
-        $crate::serve::log::emit(
-            $crate::serve::log::lvl!($lvl),
+        $crate::log::emit(
+            $crate::log::lvl!($lvl),
             $event,
-            &[$((stringify!($k), $crate::serve::log::V::from($v))),*],
+            &[$((stringify!($k), $crate::log::V::from($v))),*],
         )
     };
 }
 macro_rules! lvl {
     (error) => {
-        $crate::serve::log::Level::Error
+        $crate::log::Level::Error
     };
     (warn) => {
-        $crate::serve::log::Level::Warn
+        $crate::log::Level::Warn
     };
     (info) => {
-        $crate::serve::log::Level::Info
+        $crate::log::Level::Info
     };
     (debug) => {
-        $crate::serve::log::Level::Debug
+        $crate::log::Level::Debug
     };
 }
 pub(crate) use {log, lvl};

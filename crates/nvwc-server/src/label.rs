@@ -7,7 +7,7 @@
 //! * An **upstream NBD export** with a redo region carries it in the second
 //!   512-byte sector of the region's trailer block (the trailer's own record
 //!   is in the first sector, written once and never again).
-//! * A block device carries none (see [`crate::serve::bind`]).
+//! * A block device carries none (see [`crate::bind`]).
 //!
 //! Record: magic `NVWCLABL`, version, backing uuid (random, chosen when the
 //! label is first written), the uuid of the cache bound to it (0: none),
