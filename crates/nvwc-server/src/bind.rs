@@ -4,7 +4,7 @@
 //!
 //! The superblock records the backing store's identity ([`BackingId`]):
 //! kind, size, where it was, an upstream's export name, and the uuid of the
-//! label nvwc keeps on it ([`super::label`]). The label names the cache
+//! label nvwc keeps on it ([`crate::label`]). The label names the cache
 //! bound to it. [`decide`] compares the two and returns the writes that
 //! bind them ([`Plan`]), or why the server must not start ([`BindError`]).
 
@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use nvwc_core::layout::{uuid_string, BackingId, BackingKind, Superblock};
 
-use super::label::Label;
+use crate::label::Label;
 
 /// Why a server refuses to open a cache. Each message names what was found
 /// and what to do; none wraps another error.

@@ -23,8 +23,10 @@ use anyhow::Result;
 use serde::Deserialize;
 use toml::{Spanned, Value};
 
-use super::log::log;
-use super::{parse_range, parse_size, Args, ExportSpec, NvwcExport};
+use crate::args::{parse_range, parse_size, Args};
+use crate::export::NvwcExport;
+use crate::log::log;
+use crate::spec::ExportSpec;
 
 type S<T> = Option<Spanned<T>>;
 
@@ -370,7 +372,7 @@ fn validate(f: &File) -> Vec<Diag> {
                 continue;
             }
             // A backing store may be an upstream NBD export shared on purpose.
-            if what == "backing" && super::is_upstream(p.get_ref()) {
+            if what == "backing" && crate::spec::is_upstream(p.get_ref()) {
                 continue;
             }
             if let Some(other) = files.insert(p.get_ref(), n) {
@@ -701,7 +703,7 @@ pub fn serve(mut a: Args, m: &clap::ArgMatches) -> Result<std::process::ExitCode
             .collect();
         apply(&path, &mut a, given)?;
     }
-    super::run(a)
+    crate::server::run(a)
 }
 
 /// `SIGHUP`: re-read the file; apply the log settings and the exports'
@@ -769,7 +771,7 @@ pub(super) fn reload(l: &Loaded, a: &Args, exports: &[Arc<NvwcExport>]) -> Vec<E
         .0
         .clone()
         .or_else(|| f.log.format.as_ref().map(|v| v.get_ref().clone()));
-    if let Err(e) = super::log::init(fmt.as_deref(), lvl.as_deref()) {
+    if let Err(e) = crate::log::init(fmt.as_deref(), lvl.as_deref()) {
         log!(error, "reload_failed", config = &path, error = e);
     }
     for x in exports {

@@ -19,7 +19,7 @@ use bytes::Bytes;
 use nvwc_core::layout::{self, CommitRecord, FormatError, Layout, Superblock, SB_EMPTY};
 use nvwc_core::{CacheImage, Config, Engine, WritePolicyKind};
 
-use super::bind::BindError;
+use crate::bind::BindError;
 
 /// What a cache device holds.
 pub enum Found {
@@ -264,7 +264,7 @@ pub fn run(a: FormatArgs) -> Result<std::process::ExitCode> {
         }
         bail!("{name} holds {was}; to erase it anyway, add --force");
     }
-    let uuid = super::label::new_cache_uuid().context("choosing a uuid")?;
+    let uuid = crate::label::new_cache_uuid().context("choosing a uuid")?;
     let empty = Superblock {
         version: layout::FORMAT_VERSION,
         block_size: 0,

@@ -32,8 +32,8 @@ use bytes::Bytes;
 use nvwc_core::*;
 use tokio::sync::oneshot;
 
-use super::log::log;
-use super::{Device, UpFuture};
+use crate::device::{Device, UpFuture};
+use crate::log::log;
 
 /// Largest run of adjacent cache writes merged into one call.
 const MAX_MERGE: u64 = 1 << 20;
@@ -85,7 +85,7 @@ pub struct Host {
     /// Export name, for logs.
     name: String,
     /// `background_error` lines: one per second at most.
-    bg_log: super::log::Throttle,
+    bg_log: crate::log::Throttle,
 }
 
 impl Host {
@@ -121,7 +121,7 @@ impl Host {
             backing_q,
             t0: Instant::now(),
             name: name.to_string(),
-            bg_log: super::log::Throttle::new(),
+            bg_log: crate::log::Throttle::new(),
         });
         spawn_pool(&host, cache_dev, cache_rx, cache_threads);
         spawn_pool(&host, backing_dev, backing_rx, backing_threads);

@@ -28,7 +28,7 @@ use anyhow::{bail, Context, Result};
 use bytes::Bytes;
 use nvwc_nbd::Client;
 
-use super::label::{Label, LABEL_BYTES};
+use crate::label::{Label, LABEL_BYTES};
 
 const TRAILER_MAGIC: &[u8; 8] = b"NVWCRGN1";
 const LOG_MAGIC: &[u8; 8] = b"NVWCRLOG";
