@@ -164,6 +164,31 @@ pub struct Args {
     pub(crate) tls: crate::tls::TlsArgs,
 }
 
+/// `nvwc serve`'s command line alone, for [`Args::parse_flags`].
+#[derive(clap::Parser)]
+#[command(name = "nvwc-serve")]
+struct Flags {
+    #[command(flatten)]
+    args: Args,
+}
+
+impl Args {
+    /// `flags` (without a program name) parsed as `nvwc serve`'s command
+    /// line, with its defaults and checks, and `--config` applied under
+    /// them: how a test or another program starts a [`crate::Server`].
+    pub fn parse_flags<I, T>(flags: I) -> anyhow::Result<Args>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString>,
+    {
+        use clap::{CommandFactory, FromArgMatches};
+        let argv = std::iter::once("nvwc-serve".into()).chain(flags.into_iter().map(Into::into));
+        let m = Flags::command().try_get_matches_from(argv)?;
+        let a = Flags::from_arg_matches(&m)?.args;
+        config_file::with_config(a, &m)
+    }
+}
+
 /// Parse a byte range `START:LEN` (sizes as in [`parse_size`]).
 pub fn parse_range(s: &str) -> Result<(u64, u64), String> {
     let (a, b) = s

@@ -692,7 +692,13 @@ fn export_spec(e: &ExportT, a: &Args) -> ExportSpec {
 
 /// `nvwc serve`: apply `--config` (if given) under the flags the command
 /// line gave (`m`), then run.
-pub fn serve(mut a: Args, m: &clap::ArgMatches) -> Result<std::process::ExitCode> {
+pub fn serve(a: Args, m: &clap::ArgMatches) -> Result<std::process::ExitCode> {
+    crate::run::run(with_config(a, m)?)
+}
+
+/// `a` with `--config` (if given) applied under the flags the command line
+/// gave (`m`, the matches `a` was parsed from).
+pub(crate) fn with_config(mut a: Args, m: &clap::ArgMatches) -> Result<Args> {
     if let Some(path) = a.config.clone() {
         let given = m
             .ids()
@@ -703,7 +709,7 @@ pub fn serve(mut a: Args, m: &clap::ArgMatches) -> Result<std::process::ExitCode
             .collect();
         apply(&path, &mut a, given)?;
     }
-    crate::server::run(a)
+    Ok(a)
 }
 
 /// `SIGHUP`: re-read the file; apply the log settings and the exports'

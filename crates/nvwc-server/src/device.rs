@@ -66,7 +66,8 @@ fn pwritev_all(f: &File, mut offset: u64, parts: &[&Bytes]) -> std::io::Result<(
 }
 
 /// An upstream command in flight (`Device::upstream_async`).
-pub(crate) type UpFuture = std::pin::Pin<Box<dyn std::future::Future<Output = IoResult<Bytes>> + Send>>;
+pub(crate) type UpFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = IoResult<Bytes>> + Send>>;
 
 /// Where a device's bytes live.
 pub(crate) enum Backend {
@@ -224,57 +225,71 @@ impl Device {
     }
 
     fn execute_raw(&self, op: &IoOp<Bytes>, group: Option<u64>) -> IoResult<Bytes> {
+        match &self.backend {
+            Backend::File(f) => self.execute_file(f, op, group),
+            Backend::Nbd(c, rt) => self.execute_upstream(c, rt, op, group),
+        }
+    }
+
+    /// A command on an upstream NBD export, blocking on its runtime; an
+    /// atomic group's writes are held until its end, then committed through
+    /// the redo region.
+    fn execute_upstream(
+        &self,
+        c: &upstream::Upstream,
+        rt: &tokio::runtime::Handle,
+        op: &IoOp<Bytes>,
+        group: Option<u64>,
+    ) -> IoResult<Bytes> {
+        let e = |_| IoError::Eio;
+        match op {
+            // A group's writes wait for its end (below).
+            IoOp::Write { offset, data, .. } if group.is_some() => {
+                let g = group.expect("checked");
+                let mut groups = self.groups.lock().unwrap();
+                groups.entry(g).or_default().push((*offset, data.clone()));
+                Ok(None)
+            }
+            IoOp::Read { offset, len } => rt.block_on(c.read(*offset, *len)).map(Some).map_err(e),
+            IoOp::Write { offset, data, fua } => rt
+                .block_on(c.write(*offset, data.clone(), *fua))
+                .map(|_| None)
+                .map_err(e),
+            IoOp::Flush => rt.block_on(c.flush()).map(|_| None).map_err(e),
+            IoOp::Checksum { offset, len } => rt
+                .block_on(c.read(*offset, *len))
+                .map(|b| Some(crc_payload(&b)))
+                .map_err(e),
+            IoOp::Trim { .. } => Ok(None),
+            IoOp::GroupBegin { group } => {
+                self.groups.lock().unwrap().insert(*group, Vec::new());
+                Ok(None)
+            }
+            IoOp::GroupEnd { group } => {
+                let writes = self.groups.lock().unwrap().remove(group);
+                let writes = writes.unwrap_or_default();
+                rt.block_on(c.commit_and_apply(&writes))
+                    .map(|_| None)
+                    .map_err(|err| {
+                        log!(
+                            error,
+                            "redo_commit_failed",
+                            error = crate::errors::chain(&err)
+                        );
+                        IoError::Eio
+                    })
+            }
+        }
+    }
+
+    /// A command on a file (the cache, or a backing file): atomic groups
+    /// through its redo log.
+    fn execute_file(&self, file: &File, op: &IoOp<Bytes>, group: Option<u64>) -> IoResult<Bytes> {
         let io = |r: std::io::Result<()>| {
             r.map_err(|e| match e.raw_os_error() {
                 Some(28) => IoError::NoSpace,
                 _ => IoError::Eio,
             })
-        };
-        let file = match &self.backend {
-            Backend::File(f) => f,
-            Backend::Nbd(c, rt) => {
-                let e = |_| IoError::Eio;
-                return match op {
-                    // A group's writes wait for its end (below).
-                    IoOp::Write { offset, data, .. } if group.is_some() => {
-                        let g = group.expect("checked");
-                        let mut groups = self.groups.lock().unwrap();
-                        groups.entry(g).or_default().push((*offset, data.clone()));
-                        Ok(None)
-                    }
-                    IoOp::Read { offset, len } => {
-                        rt.block_on(c.read(*offset, *len)).map(Some).map_err(e)
-                    }
-                    IoOp::Write { offset, data, fua } => rt
-                        .block_on(c.write(*offset, data.clone(), *fua))
-                        .map(|_| None)
-                        .map_err(e),
-                    IoOp::Flush => rt.block_on(c.flush()).map(|_| None).map_err(e),
-                    IoOp::Checksum { offset, len } => rt
-                        .block_on(c.read(*offset, *len))
-                        .map(|b| Some(crc_payload(&b)))
-                        .map_err(e),
-                    IoOp::Trim { .. } => Ok(None),
-                    IoOp::GroupBegin { group } => {
-                        self.groups.lock().unwrap().insert(*group, Vec::new());
-                        Ok(None)
-                    }
-                    IoOp::GroupEnd { group } => {
-                        let writes = self.groups.lock().unwrap().remove(group);
-                        let writes = writes.unwrap_or_default();
-                        rt.block_on(c.commit_and_apply(&writes))
-                            .map(|_| None)
-                            .map_err(|err| {
-                                log!(
-                                    error,
-                                    "redo_commit_failed",
-                                    error = crate::errors::chain(&err)
-                                );
-                                IoError::Eio
-                            })
-                    }
-                };
-            }
         };
         match op {
             IoOp::Read { offset, len } | IoOp::Checksum { offset, len } => {

@@ -1,7 +1,7 @@
 //! Fault injection for the live server's devices, and crash failpoints.
 //!
 //! Every device command of `nvwc serve` goes through a [`Layer`] (one per
-//! device, see `serve::Device::execute`). With nothing configured the layer
+//! device, see `device::Device::execute`). With nothing configured the layer
 //! passes commands straight through. It can:
 //!
 //! - **inject faults** from a spec (env `NVWC_FAULT_CACHE` / `NVWC_FAULT_BACKING`):
@@ -17,7 +17,7 @@
 //!   FLUSH issued after the write completed (or as a FUA write, or before a
 //!   journaled group ends). Until then it is visible in the device's own
 //!   view (the cache file mapped *private*, so mapped cache writes and
-//!   direct writes take their usual path, `serve/mapped.rs`) or in the
+//!   direct writes take their usual path, `mapped.rs`) or in the
 //!   layer's overlay on reads, and, with `log=PATH`, recorded in a side log
 //!   that outlives a `kill -9` (a named export's log is `PATH.NAME`). After
 //!   the kill, `nvwc crashtest` applies a random, seeded subset of the

@@ -151,6 +151,15 @@ impl Host {
             .expect("engine lock poisoned by an engine panic")
     }
 
+    /// Its two devices, held weakly: they are closed (and the cache file's
+    /// lock released) once the host and its threads are gone.
+    pub fn devices(&self) -> [std::sync::Weak<Device>; 2] {
+        [
+            Arc::downgrade(&self.cache_dev),
+            Arc::downgrade(&self.backing_dev),
+        ]
+    }
+
     /// Submit a request and wait for its reply.
     pub async fn call(&self, op: ReqOp<Bytes>, tag: Tag) -> Result<Reply<Bytes>, ReqError> {
         // Degraded (the cache device failed, see `fault.rs`): read-only.

@@ -33,7 +33,8 @@
 //! * flags and exports: `args.rs` ([`Args`]), `spec.rs`, `config_file.rs`;
 //! * opening an export: `open.rs`, `backing.rs`, `files.rs`, `bind.rs`,
 //!   `format.rs`, `label.rs`;
-//! * serving: `server.rs` (the running server), `export.rs` (NBD requests
+//! * serving: `server.rs` (a running server), `run.rs` (`nvwc serve` as a
+//!   process: signals, reloads, systemd), `export.rs` (NBD requests
 //!   to engine requests), `host.rs` (the engine's pump and worker pools),
 //!   `device.rs`, `mapped.rs`, `redo.rs`, `upstream.rs`, `fault.rs`,
 //!   `tls.rs`;
@@ -62,6 +63,7 @@ mod notify;
 mod open;
 mod recover;
 mod redo;
+mod run;
 mod server;
 mod spec;
 pub mod status;
@@ -71,4 +73,5 @@ mod upstream;
 pub use args::{parse_range, parse_size, Args};
 pub use control::{ask, control, hint, CtlArgs, HintArgs};
 pub use recover::{recover, RecoverArgs};
-pub use server::run;
+pub use run::run;
+pub use server::Server;

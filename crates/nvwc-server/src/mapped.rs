@@ -5,7 +5,7 @@
 //! Plain (buffered) cache writes are `pwrite`n in normal operation. They
 //! were copied into this mapping while the cache file's page cache held
 //! large folios, into which a 4 KiB `pwrite` is expensive on ext4; with the
-//! file kept as single pages (`serve::small_pages`) `pwrite` is the cheaper
+//! file kept as single pages (`files::small_pages`) `pwrite` is the cheaper
 //! one, because pages dirtied through the mapping fault again after every
 //! sync (4 KiB random rewrites at QD16: ~195k IOPS with `pwrite`, ~182k
 //! copied here; rewrites into fresh slots ~171k against ~98k).
@@ -90,7 +90,7 @@ impl Mapped {
         }
         .ok()?;
         // Faults read the page they need, not a large folio around it
-        // (`serve::small_pages`). Advice only.
+        // (`files::small_pages`). Advice only.
         // SAFETY: the range is exactly the mapping just made.
         let _ = unsafe { rustix::mm::madvise(p, len, rustix::mm::Advice::Random) };
         let m = Mapped {

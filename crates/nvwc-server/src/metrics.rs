@@ -109,34 +109,38 @@ fn metrics_text(exports: &[Arc<NvwcExport>]) -> String {
     }
     o += "# TYPE nvwc_request_latency_seconds histogram\n";
     for (e, _) in &snaps {
-        let l = label(e);
-        // `class`: the admission class of the request (critical by an export
-        // or connection hint, or normal).
-        for (lat, class) in e.lat.iter().zip(["normal", "critical"]) {
-            for (i, op) in OPS.iter().enumerate() {
-                let mut cum = 0;
-                for (b, bound) in LAT_BOUNDS_US.iter().enumerate() {
-                    cum += lat.counts[i][b].load(Ordering::Relaxed);
-                    o += &format!(
-                        "nvwc_request_latency_seconds_bucket{{{l},class=\"{class}\",op=\"{op}\",le=\"{}\"}} {cum}\n",
-                        *bound as f64 / 1e6
-                    );
-                }
-                cum += lat.counts[i][LAT_BOUNDS_US.len()].load(Ordering::Relaxed);
-                o += &format!(
-                    "nvwc_request_latency_seconds_bucket{{{l},class=\"{class}\",op=\"{op}\",le=\"+Inf\"}} {cum}\n"
-                );
-                o += &format!(
-                    "nvwc_request_latency_seconds_sum{{{l},class=\"{class}\",op=\"{op}\"}} {}\n",
-                    lat.sums_us[i].load(Ordering::Relaxed) as f64 / 1e6
-                );
-                o += &format!(
-                    "nvwc_request_latency_seconds_count{{{l},class=\"{class}\",op=\"{op}\"}} {cum}\n"
-                );
-            }
-        }
+        latency_text(&mut o, e, &label(e));
     }
     o
+}
+
+/// Export `e`'s request latency histograms, labelled `l`, appended to `o`.
+fn latency_text(o: &mut String, e: &NvwcExport, l: &str) {
+    // `class`: the admission class of the request (critical by an export
+    // or connection hint, or normal).
+    for (lat, class) in e.lat.iter().zip(["normal", "critical"]) {
+        for (i, op) in OPS.iter().enumerate() {
+            let mut cum = 0;
+            for (b, bound) in LAT_BOUNDS_US.iter().enumerate() {
+                cum += lat.counts[i][b].load(Ordering::Relaxed);
+                *o += &format!(
+                    "nvwc_request_latency_seconds_bucket{{{l},class=\"{class}\",op=\"{op}\",le=\"{}\"}} {cum}\n",
+                    *bound as f64 / 1e6
+                );
+            }
+            cum += lat.counts[i][LAT_BOUNDS_US.len()].load(Ordering::Relaxed);
+            *o += &format!(
+                "nvwc_request_latency_seconds_bucket{{{l},class=\"{class}\",op=\"{op}\",le=\"+Inf\"}} {cum}\n"
+            );
+            *o += &format!(
+                "nvwc_request_latency_seconds_sum{{{l},class=\"{class}\",op=\"{op}\"}} {}\n",
+                lat.sums_us[i].load(Ordering::Relaxed) as f64 / 1e6
+            );
+            *o += &format!(
+                "nvwc_request_latency_seconds_count{{{l},class=\"{class}\",op=\"{op}\"}} {cum}\n"
+            );
+        }
+    }
 }
 
 /// Serve Prometheus text metrics over plain HTTP/1.1.

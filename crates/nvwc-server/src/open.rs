@@ -2,12 +2,14 @@
 //! bound to each other (`bind.rs`), its engine recovered or formatted, its
 //! devices and host started.
 
+use std::fs::File;
 use std::io::{Seek, SeekFrom};
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context, Result};
+use bytes::Bytes;
 use nvwc_core::layout::{self, Layout};
 use nvwc_core::{Config, Engine, ReplacementKind, Watermarks, WritePolicyKind};
 use nvwc_nbd::export::ExportInfo;
@@ -30,14 +32,50 @@ use crate::{bind, format, host, label, log, mapped};
 /// write: the backing store's own recovery (redo log), the label (durable),
 /// the cache's format or superblock (durable). No request is served before
 /// all of it, so no dirty data exists before the binding is durable.
-pub(crate) fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime) -> Result<Arc<NvwcExport>> {
-    use bind::Reason;
+pub(crate) fn open_export(
+    e: &ExportSpec,
+    a: &Args,
+    rt: &tokio::runtime::Runtime,
+) -> Result<Arc<NvwcExport>> {
     let bs = a.block_size;
     let wp: WritePolicyKind = e.write_policy.parse()?;
     let repl: ReplacementKind = e
         .replacement
         .parse()
         .map_err(|err| anyhow::anyhow!("replacement policy: {err}"))?;
+    let cache = open_cache(e, bs, wp)?;
+    let mut backing = find_backing(e, a, wp, cache.capacity, rt)?;
+    let usable = backing.usable / bs * bs;
+    if usable == 0 {
+        bail!("backing store {} is smaller than one block", e.backing);
+    }
+    let cfg = engine_config(a, &cache, usable, wp, repl)?;
+    // Decide, writing nothing yet.
+    let (cache_uuid, plan) = decide(a, &cache, &backing)?;
+    let recovered = recover_engine(&cache, &cfg)?;
+    replay_backing(e, &mut backing, rt)?;
+    write_label(e, &backing, &plan, rt)?;
+    let (eng, superblock) = format_or_rebind(e, &cache, &cfg, cache_uuid, &plan, recovered)?;
+    log_bound(e, &cache.name, &plan);
+    start_export(e, cache.file, backing, eng, superblock, &cfg, rt)
+}
+
+/// The engine the server runs: it moves bytes.
+type Eng = Engine<Bytes>;
+
+/// An export's cache device as found at start, before anything is written.
+struct OpenedCache {
+    file: File,
+    name: String,
+    found: format::Found,
+    /// Cache blocks (a cache of format 1 or 2 keeps its own).
+    capacity: u64,
+    log_pages: u32,
+}
+
+/// Open (or create) export `e`'s cache device, lock it and read what it
+/// holds, writing nothing to a cache that exists.
+fn open_cache(e: &ExportSpec, bs: u64, wp: WritePolicyKind) -> Result<OpenedCache> {
     let cache_name = e.cache.display().to_string();
     let (mut cache, cache_new) = open_or_create(Path::new(&e.cache), e.cache_size, true)?;
     format::lock(&cache, &e.cache)?;
@@ -73,12 +111,25 @@ pub(crate) fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime
         format::Found::Cache(sb) => (capacity, sb.log_pages),
         _ => (capacity, layout::default_log_pages(capacity, bs as u32)),
     };
-    let mut backing = find_backing(e, a, wp, capacity, rt)?;
-    let upstream = matches!(backing.store, Store::Nbd { .. });
-    let usable = backing.usable / bs * bs;
-    if usable == 0 {
-        bail!("backing store {} is smaller than one block", e.backing);
-    }
+    Ok(OpenedCache {
+        file: cache,
+        name: cache_name,
+        found,
+        capacity,
+        log_pages,
+    })
+}
+
+/// The engine's configuration for a cache of `cache.capacity` blocks over
+/// `usable` bytes of backing store, from the flags.
+fn engine_config(
+    a: &Args,
+    cache: &OpenedCache,
+    usable: u64,
+    wp: WritePolicyKind,
+    repl: ReplacementKind,
+) -> Result<Config> {
+    let (bs, capacity, log_pages) = (a.block_size, cache.capacity, cache.log_pages);
     let mut cfg = Config::new(bs as u32, capacity, usable, wp);
     cfg.log_pages = log_pages;
     cfg.replacement = repl;
@@ -109,19 +160,25 @@ pub(crate) fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime
         .unwrap_or(capacity.clamp(4096, u64::from(u32::MAX)) as u32)
         .max(1);
     cfg.validate()?;
+    Ok(cfg)
+}
 
-    // Decide, writing nothing yet.
-    let cache_uuid = match &found {
+/// Whether the cache and the backing store belong together
+/// (`bind::decide`), writing nothing: the cache's uuid and the plan. A
+/// refusal leaves no trace of a backing file this start created.
+fn decide(a: &Args, cache: &OpenedCache, backing: &BackingFound) -> Result<(u64, bind::Plan)> {
+    let (found, cache_name) = (&cache.found, &cache.name);
+    let cache_uuid = match found {
         format::Found::Blank => label::new_cache_uuid().context("choosing a cache uuid")?,
         format::Found::Empty(sb) | format::Found::Cache(sb) => sb.uuid,
     };
-    let side = match &found {
+    let side = match found {
         format::Found::Cache(sb) => bind::Cache::Existing(sb),
         _ => bind::Cache::Fresh { uuid: cache_uuid },
     };
     let mut uuid_err = None;
     let decided = bind::decide(
-        &cache_name,
+        cache_name,
         side,
         &backing.given,
         a.force_attach,
@@ -141,9 +198,9 @@ pub(crate) fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime
             if let (
                 bind::BindError::Mismatch { dirty, .. } | bind::BindError::Stale { dirty, .. },
                 format::Found::Cache(sb),
-            ) = (&mut err, &found)
+            ) = (&mut err, found)
             {
-                *dirty = bind::dirty_note(format::dirty_blocks(&cache, sb));
+                *dirty = bind::dirty_note(format::dirty_blocks(&cache.file, sb));
             }
             if let Some(p) = &backing.created {
                 // Created by this start (a mistyped path?): leave no trace.
@@ -152,20 +209,38 @@ pub(crate) fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime
             return Err(err.into());
         }
     };
+    Ok((cache_uuid, plan))
+}
+
+/// Recover the engine from the cache's metadata, if it holds any.
+fn recover_engine(
+    cache: &OpenedCache,
+    cfg: &Config,
+) -> Result<Option<(Eng, nvwc_core::RecoveryReport)>> {
     // Recover (pure: reads the cache, writes nothing) before any write, so
     // that a cache this configuration cannot open is refused untouched.
-    let l = Layout::new(&cfg);
-    let recovered = match &found {
+    let (found, cache_name) = (&cache.found, &cache.name);
+    let l = Layout::new(cfg);
+    let recovered = match found {
         format::Found::Cache(_) => {
-            let image = format::read_image(&cache, &l)
+            let image = format::read_image(&cache.file, &l)
                 .with_context(|| format!("reading the cache device {cache_name}"))?;
-            let (eng, rep) = Engine::recover(cfg.clone(), &image, &mut format::data_crc(&cache))
-                .with_context(|| format!("recovering the cache device {cache_name}"))?;
+            let (eng, rep) =
+                Engine::recover(cfg.clone(), &image, &mut format::data_crc(&cache.file))
+                    .with_context(|| format!("recovering the cache device {cache_name}"))?;
             Some((eng, rep))
         }
         _ => None,
     };
+    Ok(recovered)
+}
 
+/// The backing store's own recovery: a checkpoint its redo log holds.
+fn replay_backing(
+    e: &ExportSpec,
+    backing: &mut BackingFound,
+    rt: &tokio::runtime::Runtime,
+) -> Result<()> {
     // The backing store's own recovery: a checkpoint its redo log holds.
     let replayed = match &mut backing.store {
         Store::File { file, redo, .. } => Redo::replay(redo, file)?,
@@ -197,6 +272,16 @@ pub(crate) fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime
             );
         }
     }
+    Ok(())
+}
+
+/// The label, durable before the superblock names it.
+fn write_label(
+    e: &ExportSpec,
+    backing: &BackingFound,
+    plan: &bind::Plan,
+    rt: &tokio::runtime::Runtime,
+) -> Result<()> {
     // The label, durable before the superblock names it.
     if let Some((uuid, c)) = plan.label {
         match &backing.store {
@@ -219,13 +304,28 @@ pub(crate) fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime
             }
         }
     }
+    Ok(())
+}
+
+/// The cache: formatted, or its superblock rewritten, with the binding.
+/// Returns its engine and superblock.
+fn format_or_rebind(
+    e: &ExportSpec,
+    cache: &OpenedCache,
+    cfg: &Config,
+    cache_uuid: u64,
+    plan: &bind::Plan,
+    recovered: Option<(Eng, nvwc_core::RecoveryReport)>,
+) -> Result<(Eng, layout::Superblock)> {
     // The cache: formatted, or its superblock rewritten, with the binding.
+    let cache_name = &cache.name;
     let bound = Some(plan.id.clone());
-    let (eng, superblock) = match (recovered, found) {
-        (Some((eng, rep)), format::Found::Cache(mut sb)) => {
+    let (eng, superblock) = match (recovered, &cache.found) {
+        (Some((eng, rep)), format::Found::Cache(sb)) => {
+            let mut sb = sb.clone();
             if sb.backing != bound {
                 sb.backing = bound;
-                format::write_superblock(&cache, &sb)
+                format::write_superblock(&cache.file, &sb)
                     .with_context(|| format!("writing the superblock of {cache_name}"))?;
             }
             log!(
@@ -241,9 +341,9 @@ pub(crate) fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime
             (eng, sb)
         }
         (_, found) => {
-            let mut sb = layout::Superblock::for_config(&cfg, cache_uuid);
+            let mut sb = layout::Superblock::for_config(cfg, cache_uuid);
             sb.backing = bound;
-            format::format(&cache, &cfg, &sb)
+            format::format(&cache.file, cfg, &sb)
                 .with_context(|| format!("formatting the cache device {cache_name}"))?;
             log!(
                 info,
@@ -256,6 +356,12 @@ pub(crate) fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime
             (Engine::new(cfg.clone())?, sb)
         }
     };
+    Ok((eng, superblock))
+}
+
+/// Log how the cache was bound (`bound`), unless nothing changed.
+fn log_bound(e: &ExportSpec, cache_name: &str, plan: &bind::Plan) {
+    use bind::Reason;
     let (level, how, detail) = match &plan.reason {
         Reason::Same => (None, "", String::new()),
         Reason::Fresh => (Some(log::Level::Info), "fresh", String::new()),
@@ -287,15 +393,78 @@ pub(crate) fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime
             "bound",
             &[
                 ("export", log::V::from(e.name.as_str())),
-                ("cache", log::V::from(cache_name.as_str())),
+                ("cache", log::V::from(cache_name)),
                 ("how", log::V::from(how)),
                 ("backing", log::V::from(plan.id.to_string())),
                 ("detail", log::V::from(detail)),
             ],
         );
     }
-    let BackingFound { store, .. } = backing;
-    let (backend, redo) = match store {
+}
+
+/// Start export `e`'s devices and host over the bound cache and backing store.
+fn start_export(
+    e: &ExportSpec,
+    cache: File,
+    backing: BackingFound,
+    eng: Eng,
+    superblock: layout::Superblock,
+    cfg: &Config,
+    rt: &tokio::runtime::Runtime,
+) -> Result<Arc<NvwcExport>> {
+    let upstream = matches!(backing.store, Store::Nbd { .. });
+    let (bs, wp) = (u64::from(cfg.block_size), cfg.write_policy);
+    let meta = cache.try_clone()?;
+    let split_blocks =
+        max_request(cfg.capacity_blocks, bs, upstream, wp).min(eng.max_write_bytes()) / bs;
+    let (cache_dev, backing_dev) = devices(e, cache, backing, rt)?;
+    // An upstream NBD server serves many requests at once; each pool thread
+    // waits for one, so give it more threads than a local file needs.
+    let host = host::Host::start(
+        eng,
+        cache_dev,
+        backing_dev,
+        2,
+        if upstream { 64 } else { 4 },
+        &e.name,
+    );
+    log!(
+        info,
+        "export",
+        export = &e.name,
+        backing = &e.backing,
+        cache = e.cache.display().to_string(),
+        size = cfg.backing_size,
+        cache_blocks = cfg.capacity_blocks,
+        block_size = bs,
+        write_policy = wp.to_string(),
+        replacement = &e.replacement,
+        read_only = e.read_only,
+    );
+    Ok(Arc::new(NvwcExport {
+        host,
+        info: export_info(e, cfg),
+        block: bs,
+        split_blocks,
+        lat: Default::default(),
+        critical: e.critical.into(),
+        hints: Mutex::default(),
+        hinted: AtomicU64::new(0),
+        cache_path: e.cache.clone(),
+        cache_meta: meta,
+        superblock,
+    }))
+}
+
+/// The cache and backing devices of export `e`, each with its fault layer
+/// (`fault.rs`, from the environment); the cache file mapped if it can be.
+fn devices(
+    e: &ExportSpec,
+    cache: File,
+    backing: BackingFound,
+    rt: &tokio::runtime::Runtime,
+) -> Result<(Arc<Device>, Arc<Device>)> {
+    let (backend, redo) = match backing.store {
         Store::File { file, redo, .. } => (
             Backend::File(file),
             Some(Redo {
@@ -305,9 +474,6 @@ pub(crate) fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime
         ),
         Store::Nbd { up, .. } => (Backend::Nbd(Arc::new(up), rt.handle().clone()), None),
     };
-    let meta = cache.try_clone()?;
-    let split_blocks = max_request(capacity, bs, upstream, wp).min(eng.max_write_bytes()) / bs;
-
     // Block devices report size 0 in their metadata: ask the end instead.
     let cache_len = (&cache).seek(SeekFrom::End(0)).unwrap_or(0);
     let cache_fault = crate::fault::Layer::from_env(crate::fault::Role::Cache, &e.name)?;
@@ -336,50 +502,20 @@ pub(crate) fn open_export(e: &ExportSpec, a: &Args, rt: &tokio::runtime::Runtime
         redo,
         fault: crate::fault::Layer::from_env(crate::fault::Role::Backing, &e.name)?,
     });
-    // An upstream NBD server serves many requests at once; each pool thread
-    // waits for one, so give it more threads than a local file needs.
-    let host = host::Host::start(
-        eng,
-        cache_dev,
-        backing_dev,
-        2,
-        if upstream { 64 } else { 4 },
-        &e.name,
-    );
-    let mut info = ExportInfo::new(e.name.clone(), usable).with_all_features();
-    info.description = format!("nvwc {wp} cache over {}", e.backing);
+    Ok((cache_dev, backing_dev))
+}
+
+/// What export `e` advertises to NBD clients.
+fn export_info(e: &ExportSpec, cfg: &Config) -> ExportInfo {
+    let mut info = ExportInfo::new(e.name.clone(), cfg.backing_size).with_all_features();
+    info.description = format!("nvwc {} cache over {}", cfg.write_policy, e.backing);
     info.read_only = e.read_only;
     info.can_fast_zero = false;
     // Truthful sizes: any byte range works (partial blocks are patched or
     // read-modify-written), whole aligned blocks avoid that, and every
     // request up to MAX_PAYLOAD is taken, split if the cache is small.
     info.min_block = 1;
-    info.pref_block = bs as u32;
+    info.pref_block = cfg.block_size;
     info.max_block = MAX_PAYLOAD;
-    log!(
-        info,
-        "export",
-        export = &e.name,
-        backing = &e.backing,
-        cache = e.cache.display().to_string(),
-        size = usable,
-        cache_blocks = cfg.capacity_blocks,
-        block_size = bs,
-        write_policy = wp.to_string(),
-        replacement = &e.replacement,
-        read_only = e.read_only,
-    );
-    Ok(Arc::new(NvwcExport {
-        host,
-        info,
-        block: bs,
-        split_blocks,
-        lat: Default::default(),
-        critical: e.critical.into(),
-        hints: Mutex::default(),
-        hinted: AtomicU64::new(0),
-        cache_path: e.cache.clone(),
-        cache_meta: meta,
-        superblock,
-    }))
+    info
 }

@@ -26,7 +26,11 @@ impl Redo {
     /// Write the group to the log and sync it, then apply it in place, sync,
     /// and truncate the log. A crash before the log is synced leaves the
     /// backing file untouched; after, replay finishes the group.
-    pub(crate) fn commit_and_apply(&self, backing: &File, writes: &[(u64, Bytes)]) -> std::io::Result<()> {
+    pub(crate) fn commit_and_apply(
+        &self,
+        backing: &File,
+        writes: &[(u64, Bytes)],
+    ) -> std::io::Result<()> {
         use std::sync::atomic::Ordering;
         // A group an earlier commit logged but could not finish (an I/O error
         // mid-apply) may be partly in place: finish it before its log is

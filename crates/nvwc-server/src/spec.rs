@@ -4,6 +4,8 @@
 
 use std::path::PathBuf;
 
+use anyhow::{bail, Result};
+
 use crate::args::{parse_size, Args};
 
 /// One export to serve, from the default flags or an `--export` value.
@@ -82,4 +84,63 @@ pub(crate) fn parse_export(s: &str, a: &Args) -> Result<ExportSpec, String> {
 /// An `nbd://` or `nbd+unix://` URI: an upstream NBD server, not a file.
 pub(crate) fn is_upstream(spec: &str) -> bool {
     spec.starts_with("nbd://") || spec.starts_with("nbd+unix://")
+}
+
+/// The exports `a` asks for, checked: the default one (unless
+/// `--default-export` or a configuration file's exports replace it), the
+/// configuration file's, then each `--export`; `NAME:critical` marks one.
+/// Names, caches and backing files MUST be unique (an upstream may serve
+/// several), and `--default-export` MUST name one of them.
+pub(crate) fn export_specs(a: &Args) -> Result<Vec<ExportSpec>> {
+    let mut specs = Vec::new();
+    let from_file = a.loaded.as_ref().map_or(&[][..], |l| &l.exports[..]);
+    if a.default_export.is_none() && from_file.is_empty() {
+        specs.push(ExportSpec {
+            name: String::new(),
+            backing: a.backing.to_string_lossy().to_string(),
+            cache: a.cache.clone(),
+            size: a.size,
+            cache_size: a.cache_size,
+            write_policy: a.write_policy.clone(),
+            replacement: a.replacement.clone(),
+            read_only: a.read_only,
+            critical: false,
+        });
+    }
+    specs.extend(from_file.iter().cloned());
+    // `NAME:critical` marks an export (given here or by another --export).
+    let mut critical_names = Vec::new();
+    for s in &a.export {
+        if let Some(name) = s.strip_suffix(":critical").filter(|n| !n.contains('=')) {
+            critical_names.push(name.to_string());
+            continue;
+        }
+        let e = parse_export(s, a).map_err(anyhow::Error::msg)?;
+        if specs.iter().any(|x: &ExportSpec| x.name == e.name) {
+            bail!("--export {:?}: duplicate export name", e.name);
+        }
+        if let Some(x) = specs
+            .iter()
+            .find(|x| x.cache == e.cache || (x.backing == e.backing && !is_upstream(&e.backing)))
+        {
+            bail!(
+                "--export {:?} shares its cache or backing file with export {:?}",
+                e.name,
+                x.name
+            );
+        }
+        specs.push(e);
+    }
+    for n in &critical_names {
+        let Some(x) = specs.iter_mut().find(|x| &x.name == n) else {
+            bail!("--export {n}:critical: no export of that name");
+        };
+        x.critical = true;
+    }
+    if let Some(d) = &a.default_export {
+        if !specs.iter().any(|x| &x.name == d) {
+            bail!("--default-export {d:?}: no --export of that name");
+        }
+    }
+    Ok(specs)
 }
