@@ -33,7 +33,7 @@ use nvwc_sim::{default_backing_qd, parse_size, AddressMode, SimConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::sim::{parse_device, parse_replacement, scan, track_blocks_of};
+use crate::runs::{parse_device, parse_replacement, scan, track_blocks_of};
 
 /// Arguments of `nvwc sweep`.
 #[derive(clap::Args, Clone, Debug)]
@@ -241,7 +241,7 @@ impl Spec {
             };
         }
         if let Some(v) = &a.replacement {
-            s.replacements = crate::sim::split_replacements(v);
+            s.replacements = crate::runs::split_replacements(v);
         }
         for (flag, list) in [
             (&a.cache_size, &mut s.cache_sizes),
