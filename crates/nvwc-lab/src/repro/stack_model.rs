@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use nvwc_core::{ReplacementKind, WritePolicyKind};
 use nvwc_mrc::{kneedle, most_prominent, CurveShape, Histogram, StackDistance};
-use nvwc_sim::device::DeviceSpec;
+use nvwc_sim::device::{build, DeviceSpec};
 use nvwc_sim::plot::{render, Axis, Chart, LinePlot, Series};
 use nvwc_sim::sweep::Job;
 use nvwc_sim::{
@@ -21,17 +21,19 @@ use super::template::{template, Values};
 use crate::runs::{parse_replacement, scan, track_blocks_of};
 
 /// Exact LRU stack-distance histogram of a trace's writes (or all accesses),
-/// per block of `bs` bytes, over the first `limit` records.
+/// per block of `bs` bytes, over the first `limit` records; with the last
+/// timestamp and the largest write (bytes).
 fn write_histogram(
     path: &Path,
     bs: u64,
     limit: Option<u64>,
     writes_only: bool,
-) -> Result<(Histogram, u64)> {
+) -> Result<(Histogram, u64, u64)> {
     let mut sd = StackDistance::new();
     let mut h = Histogram::new();
     let mut n = 0u64;
     let mut last_ts = 0u64;
+    let mut max_write = 0u64;
     for r in nvwc_trace::open_path(path, None, &nvwc_trace::ReaderOptions::default())? {
         let r: TraceRecord = match r {
             Ok(r) => r,
@@ -43,6 +45,9 @@ fn write_histogram(
         }
         n += 1;
         last_ts = r.ts_ns;
+        if r.op == Op::Write {
+            max_write = max_write.max(r.len);
+        }
         let take = r.op == Op::Write || (!writes_only && r.op == Op::Read);
         if !take || r.len == 0 {
             continue;
@@ -51,7 +56,7 @@ fn write_histogram(
             h.record(sd.access((r.dev as u64) << 44 | b));
         }
     }
-    Ok((h, last_ts))
+    Ok((h, last_ts, max_write))
 }
 
 /// The most prominent Kneedle knee of the miss-ratio curve within cache
@@ -103,6 +108,8 @@ struct Planned {
     sizes: Vec<u64>,
     rate: f64,
     speedup: f64,
+    /// The largest write request (bytes).
+    max_write: u64,
 }
 
 /// The setup every run shares.
@@ -157,7 +164,7 @@ fn plan_traces(a: &Args, s: &Setup) -> Result<Vec<Planned>> {
             None,
             t.limit,
         )?);
-        let (hist, dur) = write_histogram(&path, BS, t.limit, true)?;
+        let (hist, dur, max_write) = write_histogram(&path, BS, t.limit, true)?;
         let w = plan.unique_write_blocks;
         let sizes: Vec<u64> = SIZE_PCT
             .iter()
@@ -171,6 +178,7 @@ fn plan_traces(a: &Args, s: &Setup) -> Result<Vec<Planned>> {
             sizes,
             rate,
             speedup,
+            max_write,
         });
     }
     Ok(ts)
@@ -358,13 +366,35 @@ fn figure2_runs(a: &Args, s: &Setup, ts: &[Planned], fracs: &[f64]) -> Result<Ve
     results(&jobs, a)
 }
 
-/// Relative change from the first to the last of `v`, or `n/a`.
-fn change(v: &[f64]) -> String {
-    if v.len() >= 2 {
-        format!("{:+.1} %", 100.0 * (v[v.len() - 1] - v[0]) / v[0].max(1.0))
-    } else {
-        "n/a".into()
-    }
+/// Relative change (percent) from the first to the last of `v`, if it has two.
+fn change(v: &[f64]) -> Option<f64> {
+    (v.len() >= 2).then(|| 100.0 * (v[v.len() - 1] - v[0]) / v[0].max(1.0))
+}
+
+/// Figure 2's (before, after) changes of one cache: disk writes against
+/// the hot-region fraction `pts` up to and from the knee fraction `kf`.
+fn changes(pts: &[(f64, f64)], kf: Option<f64>) -> (Option<f64>, Option<f64>) {
+    let Some(kf) = kf else {
+        return (None, None);
+    };
+    let side = |f: &dyn Fn(f64) -> bool| -> Vec<f64> {
+        pts.iter().filter(|p| f(p.0)).map(|p| p.1).collect()
+    };
+    (change(&side(&|x| x <= kf)), change(&side(&|x| x >= kf)))
+}
+
+/// Disk write commands per hot-region fraction for one trace and cache size.
+fn fig2_points(res2: &[RunResult], label: &str, c: u64, fracs: &[f64]) -> Vec<(f64, f64)> {
+    fracs
+        .iter()
+        .map(|&f| {
+            let r = res2
+                .iter()
+                .find(|r| r.label == format!("{label}|{c}|{f}"))
+                .expect("run");
+            (f, r.backing_write_ops as f64)
+        })
+        .collect()
 }
 
 /// Figure 2's tables (one per trace) and its plot.
@@ -392,28 +422,14 @@ fn figure2(
         writeln!(md, " change before knee | change after knee |")?;
         writeln!(md, "|---|---:|{}---:|---:|", "---:|".repeat(fracs.len()))?;
         for &c in &x.sizes {
-            let pts: Vec<(f64, f64)> = fracs
-                .iter()
-                .map(|&f| {
-                    let r = res2
-                        .iter()
-                        .find(|r| r.label == format!("{}|{c}|{f}", t.label))
-                        .expect("run");
-                    (f, r.backing_write_ops as f64)
-                })
-                .collect();
+            let pts = fig2_points(res2, t.label, c, fracs);
             let knee = knee_within(&x.hist, c).map(|k| k as f64 / c as f64);
             if let Some(kf) = knee {
                 vlines.push((kf, format!("knee {}", format_size(c * BS))));
             }
-            let (before, after) = match knee {
-                Some(kf) => {
-                    let b: Vec<f64> = pts.iter().filter(|p| p.0 <= kf).map(|p| p.1).collect();
-                    let af: Vec<f64> = pts.iter().filter(|p| p.0 >= kf).map(|p| p.1).collect();
-                    (change(&b), change(&af))
-                }
-                None => ("n/a".into(), "n/a".into()),
-            };
+            let pct = |x: Option<f64>| x.map_or("n/a".into(), |x| format!("{x:+.1} %"));
+            let (before, after) = changes(&pts, knee);
+            let (before, after) = (pct(before), pct(after));
             let cells: Vec<String> = pts.iter().map(|p| format!("{}", p.1)).collect();
             writeln!(
                 md,
@@ -508,8 +524,166 @@ pub fn stack_model(a: &Args) -> Result<String> {
         .set("traces_table", traces_table(&s, &ts)?)
         .set("table1", table1(&s, &res)?)
         .set("figure2", figure2(a, &s, &ts, &fracs, &res2)?);
+    disk_values(&mut v, &s)?;
+    discussion(&mut v, &s, &ts, &res, &res2, &fracs);
     mrc_figure(a, &s, &ts)?;
     let json = serde_json::to_string_pretty(&(&res, &res2))?;
     std::fs::write(img(a, "stack-model-runs.json"), json)?;
     Ok(template!("stack-model.md").fill(&v)?)
+}
+
+/// `x` with thousands separators (`2,879`).
+fn thousands(x: u64) -> String {
+    let d = x.to_string();
+    let mut out = String::new();
+    for (i, c) in d.chars().enumerate() {
+        if i > 0 && (d.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `lo–hi` of `v` (one value when they are equal), each as `f` writes it;
+/// `lo to hi` when `f` writes signs.
+fn range<T: Copy + PartialOrd>(v: &[T], f: impl Fn(T) -> String) -> String {
+    let lo = v.iter().copied().reduce(|a, b| if b < a { b } else { a });
+    let hi = v.iter().copied().reduce(|a, b| if b > a { b } else { a });
+    match (lo, hi) {
+        (Some(lo), Some(hi)) if lo < hi => {
+            let (a, b) = (f(lo), f(hi));
+            let signed = a.starts_with(['+', '-']);
+            format!("{a}{}{b}", if signed { " to " } else { "–" })
+        }
+        (Some(lo), _) => f(lo),
+        _ => "n/a".into(),
+    }
+}
+
+/// How values `lo..=hi` compare with `x`, as "fewer disk writes than" etc.
+fn compared(lo: u64, hi: u64, x: u64) -> &'static str {
+    if hi < x {
+        "fewer disk writes than"
+    } else if lo > x {
+        "more disk writes than"
+    } else {
+        "about as many disk writes as"
+    }
+}
+
+/// The disk's parameters the prose quotes, from its model.
+fn disk_values(v: &mut Values, s: &Setup) -> Result<()> {
+    let DeviceSpec::Hdd(p) = &s.base.backing else {
+        anyhow::bail!("the stack-model backing must be a disk model");
+    };
+    let cap = build(&s.base.backing, None)?.capacity_bytes();
+    let spt = p.zones[0].sectors_per_track as u64;
+    v.set("disk_gb", format!("{:.2}", cap as f64 / 1e9))
+        .set("rpm", p.rpm)
+        .set("spt", spt)
+        .set("sector", p.sector_bytes)
+        .set("track_size", prose_size(spt * p.sector_bytes as u64));
+    Ok(())
+}
+
+/// The numbers of "Differences from the paper", from the runs. Table 1's
+/// runs of a trace are, in order: LRU, LST, stack at the MRC knee, stack
+/// with an online knee.
+fn discussion(
+    v: &mut Values,
+    s: &Setup,
+    ts: &[Planned],
+    res: &[RunResult],
+    res2: &[RunResult],
+    fracs: &[f64],
+) {
+    let (cp, msr) = (
+        of_trace(res, s.traces[0].label),
+        of_trace(res, s.traces[1].label),
+    );
+    let ops = |rs: &[&RunResult], i: usize| rs[i].backing_write_ops;
+    let ow = |rs: &[&RunResult], i: usize| rs[i].overwrites;
+    let stack_ops = [ops(&cp, 2), ops(&cp, 3)];
+    let (lo, hi) = (
+        stack_ops[0].min(stack_ops[1]),
+        stack_ops[0].max(stack_ops[1]),
+    );
+    let fewest = ops(&msr, 2) < ops(&msr, 0).min(ops(&msr, 1));
+    let most_ow = [&cp, &msr]
+        .iter()
+        .all(|rs| ow(rs, 2).min(ow(rs, 3)) > ow(rs, 0).max(ow(rs, 1)));
+    let stalls: Vec<u64> = res.iter().map(|r| r.queued_writes).collect();
+    v.set("label_a", s.traces[0].label)
+        .set("msr_requests", thousands(ts[1].plan.records))
+        .set("msr_util", format!("{:.0}", msr[0].backing_utilisation * 100.0))
+        .set("msr_verdict", if fewest { "makes the fewest disk writes" } else { "does not make the fewest disk writes" })
+        .set("msr_new", thousands(ops(&msr, 2)))
+        .set("msr_lru", thousands(ops(&msr, 0)))
+        .set("msr_lst", thousands(ops(&msr, 1)))
+        .set("cp_stack", range(&stack_ops, thousands))
+        .set("cp_vs_lru", compared(lo, hi, ops(&cp, 0)))
+        .set("cp_lru", thousands(ops(&cp, 0)))
+        .set("cp_vs_lst", compared(lo, hi, ops(&cp, 1)))
+        .set("cp_lst", thousands(ops(&cp, 1)))
+        .set("cp_max_write", prose_size(ts[0].max_write))
+        .set("cp_max_slots", ts[0].max_write.div_ceil(BS))
+        .set("cp_seg_lst", format!("{:.1}", segment(cp[1])))
+        .set("cp_seg_stack", range(&[segment(cp[2]), segment(cp[3])], |x| format!("{x:.1}")))
+        .set("cp_seg_lru", format!("{:.1}", segment(cp[0])))
+        .set(
+            "overwrite_verdict",
+            if most_ow {
+                "As in the paper, the stack policy overwrites data in the cache most often on both traces"
+            } else {
+                "Unlike the paper, the stack policy does not overwrite data in the cache most often on both traces"
+            },
+        )
+        .set("cp_ow_stack", format!("{}/{}", thousands(ow(&cp, 2)), thousands(ow(&cp, 3))))
+        .set("cp_ow_lru", thousands(ow(&cp, 0)))
+        .set("cp_ow_lst", thousands(ow(&cp, 1)))
+        .set("msr_ow_stack", format!("{}/{}", thousands(ow(&msr, 2)), thousands(ow(&msr, 3))))
+        .set("msr_ow_lru", thousands(ow(&msr, 0)))
+        .set("msr_ow_lst", thousands(ow(&msr, 1)))
+        .set("stalls", range(&stalls, thousands))
+        .set("cp_cache", prose_size(ts[0].sizes[0] * BS))
+        .set("cp_p99", thousands((cp[0].latency_write.p99_us / 1e6).round() as u64))
+        .set("cp_region", prose_size(ts[0].plan.map.region_bytes()))
+        .set("msr_region", prose_size(ts[1].plan.map.region_bytes()));
+    figure2_values(v, s, ts, res2, fracs);
+}
+
+/// Figure 2's numbers in the prose: the changes before and after the knee
+/// on the second trace, the largest step and the knees on the first.
+fn figure2_values(v: &mut Values, s: &Setup, ts: &[Planned], res2: &[RunResult], fracs: &[f64]) {
+    let (mut before, mut after) = (Vec::new(), Vec::new());
+    for &c in &ts[1].sizes {
+        let pts = fig2_points(res2, s.traces[1].label, c, fracs);
+        let (b, a) = changes(
+            &pts,
+            knee_within(&ts[1].hist, c).map(|k| k as f64 / c as f64),
+        );
+        before.extend(b);
+        after.extend(a);
+    }
+    let mut jump = 0.0f64;
+    let mut knees = Vec::new();
+    for &c in &ts[0].sizes {
+        let pts = fig2_points(res2, s.traces[0].label, c, fracs);
+        for w in pts.windows(2) {
+            jump = jump.max(100.0 * (w[1].1 - w[0].1).abs() / w[0].1.max(1.0));
+        }
+        knees.extend(knee_within(&ts[0].hist, c).map(|k| k as f64 / c as f64));
+    }
+    let pct = |v: &[f64]| {
+        if v.is_empty() {
+            "an unknown amount (no two measured points on that side of the knee)".to_string()
+        } else {
+            range(v, |x| format!("{x:+.0} %"))
+        }
+    };
+    v.set("msr_before", pct(&before))
+        .set("msr_after", pct(&after))
+        .set("cp_jump", format!("{jump:.0} %"))
+        .set("cp_knees", range(&knees, |k| format!("{k:.2}")));
 }
