@@ -14,6 +14,7 @@ mod non_blocking_writes;
 mod stack_model;
 mod template;
 mod write_policies;
+mod write_policies_notes;
 
 use std::process::ExitCode;
 

@@ -78,9 +78,38 @@ pub fn prose_size(bytes: u64) -> String {
     format!("{bytes} B")
 }
 
+/// `x` with thousands separators (`2,879`).
+pub fn thousands(x: u64) -> String {
+    let d = x.to_string();
+    let mut out = String::new();
+    for (i, c) in d.chars().enumerate() {
+        if i > 0 && (d.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `lo–hi` of `v` (one value when they are equal), each as `f` writes it;
+/// `lo to hi` when `f` writes signs.
+pub fn range<T: Copy + PartialOrd>(v: &[T], f: impl Fn(T) -> String) -> String {
+    let lo = v.iter().copied().reduce(|a, b| if b < a { b } else { a });
+    let hi = v.iter().copied().reduce(|a, b| if b > a { b } else { a });
+    match (lo, hi) {
+        (Some(lo), Some(hi)) if f(lo) != f(hi) => {
+            let (a, b) = (f(lo), f(hi));
+            let signed = a.starts_with(['+', '-']);
+            format!("{a}{}{b}", if signed { " to " } else { "–" })
+        }
+        (Some(lo), _) => f(lo),
+        _ => "n/a".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::prose_size;
+    use super::{prose_size, range, thousands};
 
     #[test]
     fn prose_sizes_use_the_largest_exact_unit() {
@@ -89,5 +118,20 @@ mod tests {
         assert_eq!(prose_size(16 << 20), "16 MiB");
         assert_eq!(prose_size(3 << 30), "3 GiB");
         assert_eq!(prose_size(1536), "1536 B");
+    }
+
+    #[test]
+    fn numbers_and_ranges_read_as_prose() {
+        assert_eq!(thousands(2879), "2,879");
+        assert_eq!(thousands(100), "100");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+        assert_eq!(range(&[3u64, 1, 2], |x| x.to_string()), "1–3");
+        assert_eq!(range(&[2u64, 2], |x| x.to_string()), "2");
+        assert_eq!(range(&[0.999, 1.0], |x| format!("{x:.2}")), "1.00");
+        assert_eq!(
+            range(&[-6.0, -3.0], |x| format!("{x:+.0} %")),
+            "-6 % to -3 %"
+        );
+        assert_eq!(range::<u64>(&[], |x| x.to_string()), "n/a");
     }
 }

@@ -16,7 +16,7 @@ use nvwc_sim::{
 };
 use nvwc_trace::{Op, TraceRecord};
 
-use super::common::{img, prose_size, results, Args};
+use super::common::{img, prose_size, range, results, thousands, Args};
 use super::template::{template, Values};
 use crate::runs::{parse_replacement, scan, track_blocks_of};
 
@@ -530,35 +530,6 @@ pub fn stack_model(a: &Args) -> Result<String> {
     let json = serde_json::to_string_pretty(&(&res, &res2))?;
     std::fs::write(img(a, "stack-model-runs.json"), json)?;
     Ok(template!("stack-model.md").fill(&v)?)
-}
-
-/// `x` with thousands separators (`2,879`).
-fn thousands(x: u64) -> String {
-    let d = x.to_string();
-    let mut out = String::new();
-    for (i, c) in d.chars().enumerate() {
-        if i > 0 && (d.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// `lo–hi` of `v` (one value when they are equal), each as `f` writes it;
-/// `lo to hi` when `f` writes signs.
-fn range<T: Copy + PartialOrd>(v: &[T], f: impl Fn(T) -> String) -> String {
-    let lo = v.iter().copied().reduce(|a, b| if b < a { b } else { a });
-    let hi = v.iter().copied().reduce(|a, b| if b > a { b } else { a });
-    match (lo, hi) {
-        (Some(lo), Some(hi)) if lo < hi => {
-            let (a, b) = (f(lo), f(hi));
-            let signed = a.starts_with(['+', '-']);
-            format!("{a}{}{b}", if signed { " to " } else { "–" })
-        }
-        (Some(lo), _) => f(lo),
-        _ => "n/a".into(),
-    }
 }
 
 /// How values `lo..=hi` compare with `x`, as "fewer disk writes than" etc.

@@ -14,6 +14,7 @@ use nvwc_sim::{default_backing_qd, format_size, AddressMode, RunResult, SimConfi
 
 use super::common::{img, prose_size, results, Args};
 use super::template::{template, Values};
+use super::write_policies_notes as notes;
 use crate::runs::scan;
 
 /// Cache block size.
@@ -500,6 +501,13 @@ pub fn write_policies(a: &Args) -> Result<String> {
         .set("base", format!("{:.2}", model.base))
         .set("scale", format_size(model.scale_bytes as u64))
         .set("tradeoff", tradeoff_table(&eval, best)?);
+    notes::workloads(&mut v, &[&r12, &r13, &r14]);
+    let named: Vec<(&str, &TracePlan)> = plans.iter().map(|p| (p.0.as_str(), &*p.1)).collect();
+    let groups12: Vec<&[RunResult]> = r12.chunks(POLICIES.len()).collect();
+    let groups13: Vec<&[RunResult]> = r13.chunks(POLICIES.len()).collect();
+    notes::figure12(&mut v, &named, &groups12);
+    notes::figure13(&mut v, &groups13, &fr);
+    notes::figure14(&mut v, &r14, &ws, c14, &eval, best);
     let json = serde_json::to_string_pretty(&(r12, r13, r14))?;
     std::fs::write(img(a, "write-policies-runs.json"), json)?;
     Ok(template!("write-policies.md").fill(&v)?)
