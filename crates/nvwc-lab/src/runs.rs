@@ -9,6 +9,7 @@ use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use nvwc_core::{ReplacementKind, WritePolicyKind};
 use nvwc_sim::device::{build, DeviceSpec};
+use nvwc_sim::plot::{Axis, Chart, LinePlot, Series};
 use nvwc_sim::sweep::{default_threads, run_parallel, Job};
 use nvwc_sim::{
     format_size, parse_size, AddressMode, DevSelect, RunResult, ScanOptions, SimConfig, TracePlan,
@@ -112,6 +113,22 @@ pub fn scan(
     TracePlan::scan(trace, format, &opts).with_context(|| format!("scanning {}", trace.display()))
 }
 
+/// Scans a whole trace (every device, `--address-map auto`, the backing
+/// store sized to the trace) with `base`'s backing, as the sweep and the
+/// reproductions do.
+pub fn scan_plan(trace: &Path, base: &SimConfig, limit: Option<u64>) -> Result<TracePlan> {
+    scan(
+        trace,
+        None,
+        &base.backing,
+        base,
+        None,
+        AddressMode::Auto,
+        None,
+        limit,
+    )
+}
+
 /// The exit status of a sweep with `failed` failed runs (printing the peak
 /// RSS first if asked).
 pub fn finish(print_peak_rss: bool, failed: usize) -> ExitCode {
@@ -178,4 +195,58 @@ mod tests {
         assert_eq!(k, ReplacementKind::Lst { track_blocks: 4 });
         assert!(parse_replacement("fifo", None).is_err());
     }
+}
+
+/// One run's point on the cache-size charts: the line it belongs to, its
+/// cache size (bytes), backing block writes and throughput.
+pub struct SizePoint {
+    pub key: String,
+    pub cache_bytes: f64,
+    pub backing_writes: f64,
+    pub throughput: f64,
+}
+
+/// Backing writes and throughput against cache size for `trace`, one line
+/// per key (in the order keys first appear), points sorted by size.
+pub fn size_charts(trace: &str, points: &[SizePoint]) -> Vec<Chart> {
+    let mut keys: Vec<&str> = Vec::new();
+    for p in points {
+        if !keys.contains(&p.key.as_str()) {
+            keys.push(&p.key);
+        }
+    }
+    let series = |f: &dyn Fn(&SizePoint) -> f64| -> Vec<Series> {
+        keys.iter()
+            .map(|k| {
+                let mut pts: Vec<(f64, f64)> = points
+                    .iter()
+                    .filter(|p| p.key == *k)
+                    .map(|p| (p.cache_bytes, f(p)))
+                    .collect();
+                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                Series {
+                    name: k.to_string(),
+                    points: pts,
+                }
+            })
+            .collect()
+    };
+    let chart = |title: &str, y_label: &str, f: &dyn Fn(&SizePoint) -> f64| {
+        Chart::Line(LinePlot {
+            title: format!("{title} ({trace})"),
+            x_label: "cache size".into(),
+            y_label: y_label.into(),
+            x_axis: Axis::Log2Bytes,
+            y_axis: Axis::Linear,
+            series: series(f),
+            vlines: vec![],
+            y_from_zero: true,
+        })
+    };
+    vec![
+        chart("Backing writes", "backing block writes", &|p| {
+            p.backing_writes
+        }),
+        chart("Throughput", "requests / s", &|p| p.throughput),
+    ]
 }

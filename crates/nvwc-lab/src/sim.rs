@@ -17,7 +17,7 @@ use nvwc_sim::{default_backing_qd, format_size, parse_size, AddressMode, RunResu
 
 use crate::runs::{
     finish, parse_device, parse_policies, parse_replacement, parse_sizes, run_jobs, runs_bar, scan,
-    split_replacements, track_blocks_of,
+    size_charts, split_replacements, track_blocks_of, SizePoint,
 };
 
 /// Arguments of `nvwc sim`.
@@ -284,52 +284,17 @@ pub fn write_csv(path: &Path, results: &[RunResult]) -> Result<()> {
 
 /// Backing writes and throughput vs cache size, one line per policy pair.
 pub fn sweep_charts(results: &[RunResult]) -> Vec<Chart> {
-    let mut keys: Vec<String> = Vec::new();
-    for r in results {
-        let k = format!("{} / {}", r.write_policy, r.replacement);
-        if !keys.contains(&k) {
-            keys.push(k);
-        }
-    }
-    let series = |f: &dyn Fn(&RunResult) -> f64| -> Vec<Series> {
-        keys.iter()
-            .map(|k| {
-                let mut pts: Vec<(f64, f64)> = results
-                    .iter()
-                    .filter(|r| &format!("{} / {}", r.write_policy, r.replacement) == k)
-                    .map(|r| (r.cache_size_bytes as f64, f(r)))
-                    .collect();
-                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-                Series {
-                    name: k.clone(),
-                    points: pts,
-                }
-            })
-            .collect()
-    };
+    let points: Vec<SizePoint> = results
+        .iter()
+        .map(|r| SizePoint {
+            key: format!("{} / {}", r.write_policy, r.replacement),
+            cache_bytes: r.cache_size_bytes as f64,
+            backing_writes: r.backing_writes as f64,
+            throughput: r.throughput_iops,
+        })
+        .collect();
     let trace = results.first().map(|r| r.trace.clone()).unwrap_or_default();
-    vec![
-        Chart::Line(LinePlot {
-            title: format!("Backing writes ({trace})"),
-            x_label: "cache size".into(),
-            y_label: "backing block writes".into(),
-            x_axis: Axis::Log2Bytes,
-            y_axis: Axis::Linear,
-            series: series(&|r| r.backing_writes as f64),
-            vlines: vec![],
-            y_from_zero: true,
-        }),
-        Chart::Line(LinePlot {
-            title: format!("Throughput ({trace})"),
-            x_label: "cache size".into(),
-            y_label: "requests / s".into(),
-            x_axis: Axis::Log2Bytes,
-            y_axis: Axis::Linear,
-            series: series(&|r| r.throughput_iops),
-            vlines: vec![],
-            y_from_zero: true,
-        }),
-    ]
+    size_charts(&trace, &points)
 }
 
 /// `nvwc sim --model hit-ratio`: every (replacement, size) through the

@@ -11,13 +11,13 @@ use nvwc_core::{FetchMode, ReplacementKind, WritePolicyKind};
 use nvwc_sim::device::DeviceSpec;
 use nvwc_sim::plot::{render, Axis, Chart, LinePlot, Series};
 use nvwc_sim::sweep::Job;
-use nvwc_sim::{default_backing_qd, format_size, AddressMode, RunResult, SimConfig, TracePlan};
+use nvwc_sim::{default_backing_qd, format_size, RunResult, SimConfig, TracePlan};
 
 use nvwc_trace::{CompactWriter, Op, TraceRecord};
 
 use super::common::{img, prose_size, results, Args};
 use super::template::{template, Values};
-use crate::runs::scan;
+use crate::runs::scan_plan;
 
 /// The fetch modes compared: (label, mode, direct patch write-back).
 const MODES: [(&str, FetchMode, bool); 5] = [
@@ -68,16 +68,7 @@ fn synthetic(dir: &Path, size: u64, n: u64, span: u64, flush: bool) -> Result<Pa
 }
 
 fn plan_of(path: &Path, base: &SimConfig, limit: Option<u64>) -> Result<Arc<TracePlan>> {
-    Ok(Arc::new(scan(
-        path,
-        None,
-        &base.backing,
-        base,
-        None,
-        AddressMode::Auto,
-        None,
-        limit,
-    )?))
+    Ok(Arc::new(scan_plan(path, base, limit)?))
 }
 
 fn job(base: &SimConfig, plan: &Arc<TracePlan>, label: String, f: impl Fn(&mut SimConfig)) -> Job {

@@ -11,14 +11,12 @@ use nvwc_mrc::{kneedle, most_prominent, CurveShape, Histogram, StackDistance};
 use nvwc_sim::device::{build, DeviceSpec};
 use nvwc_sim::plot::{render, Axis, Chart, LinePlot, Series};
 use nvwc_sim::sweep::Job;
-use nvwc_sim::{
-    default_backing_qd, format_size, AddressMode, Mode, RunResult, SimConfig, TracePlan,
-};
+use nvwc_sim::{default_backing_qd, format_size, Mode, RunResult, SimConfig, TracePlan};
 use nvwc_trace::{Op, TraceRecord};
 
 use super::common::{img, prose_size, range, results, thousands, Args};
 use super::template::{template, Values};
-use crate::runs::{parse_replacement, scan, track_blocks_of};
+use crate::runs::{parse_replacement, scan_plan, track_blocks_of};
 
 /// Exact LRU stack-distance histogram of a trace's writes (or all accesses),
 /// per block of `bs` bytes, over the first `limit` records; with the last
@@ -154,16 +152,7 @@ fn plan_traces(a: &Args, s: &Setup) -> Result<Vec<Planned>> {
     let mut ts = Vec::new();
     for t in &s.traces {
         let path = a.traces.as_ref().expect("resolved in run").join(t.file);
-        let plan = Arc::new(scan(
-            &path,
-            None,
-            &s.base.backing,
-            &s.base,
-            None,
-            AddressMode::Auto,
-            None,
-            t.limit,
-        )?);
+        let plan = Arc::new(scan_plan(&path, &s.base, t.limit)?);
         let (hist, dur, max_write) = write_histogram(&path, BS, t.limit, true)?;
         let w = plan.unique_write_blocks;
         let sizes: Vec<u64> = SIZE_PCT
@@ -231,6 +220,21 @@ const PAPER_TABLE1: [PaperRow; 2] = [
     ),
 ];
 
+/// One run of trace `t` (planned as `x`) with replacement `repl` and a
+/// cache of `c` blocks.
+fn job(s: &Setup, t: &StackTrace, x: &Planned, repl: &str, c: u64, label: String) -> Result<Job> {
+    let mut cfg = s.base.clone();
+    cfg.speedup = x.speedup;
+    cfg.replacement = parse_replacement(repl, s.track)?;
+    cfg.cache_bytes = c * BS;
+    cfg.label = label;
+    Ok(Job {
+        cfg,
+        plan: x.plan.clone(),
+        limit: t.limit,
+    })
+}
+
 /// Table 1's runs: each trace at its smallest cache under LRU, LST, the
 /// stack policy at the MRC knee and the stack policy with an online knee.
 fn table1_runs(a: &Args, s: &Setup, ts: &[Planned]) -> Result<Vec<RunResult>> {
@@ -244,16 +248,7 @@ fn table1_runs(a: &Args, s: &Setup, ts: &[Planned]) -> Result<Vec<RunResult>> {
             ("New (stack, MRC knee)", format!("stack:knee={knee}")),
             ("stack, online knee", "stack".to_string()),
         ] {
-            let mut cfg = s.base.clone();
-            cfg.speedup = x.speedup;
-            cfg.replacement = parse_replacement(&r, s.track)?;
-            cfg.cache_bytes = c * BS;
-            cfg.label = format!("{}|{name}", t.label);
-            jobs.push(Job {
-                cfg,
-                plan: x.plan.clone(),
-                limit: t.limit,
-            });
+            jobs.push(job(s, t, x, &r, c, format!("{}|{name}", t.label))?);
         }
     }
     results(&jobs, a)
@@ -350,16 +345,8 @@ fn figure2_runs(a: &Args, s: &Setup, ts: &[Planned], fracs: &[f64]) -> Result<Ve
         for &c in &x.sizes {
             for &f in fracs {
                 let k = ((c as f64 * f).round() as u64).max(1);
-                let mut cfg = s.base.clone();
-                cfg.speedup = x.speedup;
-                cfg.replacement = parse_replacement(&format!("stack:knee={k}"), s.track)?;
-                cfg.cache_bytes = c * BS;
-                cfg.label = format!("{}|{c}|{f}", t.label);
-                jobs.push(Job {
-                    cfg,
-                    plan: x.plan.clone(),
-                    limit: t.limit,
-                });
+                let label = format!("{}|{c}|{f}", t.label);
+                jobs.push(job(s, t, x, &format!("stack:knee={k}"), c, label)?);
             }
         }
     }

@@ -10,12 +10,12 @@ use nvwc_sim::device::DeviceSpec;
 use nvwc_sim::plot::{render, Axis, BarPlot, Chart, LinePlot, Series};
 use nvwc_sim::sweep::Job;
 use nvwc_sim::tradeoff::{CostModel, TradeoffPoint};
-use nvwc_sim::{default_backing_qd, format_size, AddressMode, RunResult, SimConfig, TracePlan};
+use nvwc_sim::{default_backing_qd, format_size, RunResult, SimConfig, TracePlan};
 
 use super::common::{img, prose_size, results, Args};
 use super::template::{template, Values};
 use super::write_policies_notes as notes;
-use crate::runs::scan;
+use crate::runs::scan_plan;
 
 /// Cache block size.
 const BS: u64 = 4096;
@@ -55,16 +55,7 @@ fn plan_traces(
     let mut plans = Vec::new();
     for (f, label, limit) in traces {
         let path = a.traces.as_ref().expect("resolved in run").join(f);
-        let plan = Arc::new(scan(
-            &path,
-            None,
-            &base.backing,
-            base,
-            None,
-            AddressMode::Auto,
-            None,
-            *limit,
-        )?);
+        let plan = Arc::new(scan_plan(&path, base, *limit)?);
         plans.push((label.to_string(), plan, *limit));
     }
     Ok(plans)
