@@ -96,26 +96,22 @@ pub struct Args {
     pub quiet: bool,
 }
 
-fn default_policies() -> Vec<String> {
-    vec!["write-back".into()]
+/// Serde's `default = "..."` wants one function per field: a one-item list each.
+macro_rules! list_defaults {
+    ($($name:ident => $v:literal),* $(,)?) => {
+        $(fn $name() -> Vec<String> {
+            vec![$v.into()]
+        })*
+    };
 }
-fn default_replacements() -> Vec<String> {
-    vec!["lru".into()]
-}
-fn default_sizes() -> Vec<String> {
-    vec!["64M".into()]
-}
-fn default_cache_devices() -> Vec<String> {
-    vec!["nvdram".into()]
-}
-fn default_backings() -> Vec<String> {
-    vec!["net".into()]
-}
-fn default_fetch() -> Vec<String> {
-    vec!["blocking".into()]
-}
-fn default_admission() -> Vec<String> {
-    vec!["all".into()]
+list_defaults! {
+    default_policies => "write-back",
+    default_replacements => "lru",
+    default_sizes => "64M",
+    default_cache_devices => "nvdram",
+    default_backings => "net",
+    default_fetch => "blocking",
+    default_admission => "all",
 }
 fn default_qd() -> u32 {
     1

@@ -107,6 +107,11 @@ pub fn range<T: Copy + PartialOrd>(v: &[T], f: impl Fn(T) -> String) -> String {
     }
 }
 
+/// The points of a sweep: `quick`'s few under `--quick`, else `full`.
+pub fn quick_or<T: Copy>(quick: bool, few: &[T], full: &[T]) -> Vec<T> {
+    if quick { few } else { full }.to_vec()
+}
+
 #[cfg(test)]
 mod tests {
     use super::{prose_size, range, thousands};

@@ -14,7 +14,7 @@ use nvwc_sim::sweep::Job;
 use nvwc_sim::{default_backing_qd, format_size, Mode, RunResult, SimConfig, TracePlan};
 use nvwc_trace::{Op, TraceRecord};
 
-use super::common::{img, prose_size, range, results, thousands, Args};
+use super::common::{img, prose_size, quick_or, range, results, thousands, Args};
 use super::template::{template, Values};
 use crate::runs::{parse_replacement, scan_plan, track_blocks_of};
 
@@ -328,15 +328,6 @@ fn segment(r: &RunResult) -> f64 {
     r.backing_writes as f64 / r.backing_write_ops.max(1) as f64
 }
 
-/// Figure 2's hot-region fractions of the cache.
-fn fractions(quick: bool) -> Vec<f64> {
-    if quick {
-        vec![0.1, 0.3, 0.5, 0.7, 0.9]
-    } else {
-        vec![0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
-    }
-}
-
 /// Figure 2's runs: the stack policy with a fixed hot region, per trace,
 /// cache size and fraction.
 fn figure2_runs(a: &Args, s: &Setup, ts: &[Planned], fracs: &[f64]) -> Result<Vec<RunResult>> {
@@ -491,7 +482,12 @@ pub fn stack_model(a: &Args) -> Result<String> {
     let s = setup(a)?;
     let ts = plan_traces(a, &s)?;
     let res = table1_runs(a, &s, &ts)?;
-    let fracs = fractions(a.quick);
+    // Figure 2: hot-region fractions of the cache.
+    let fracs = quick_or(
+        a.quick,
+        &[0.1, 0.3, 0.5, 0.7, 0.9],
+        &[0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9],
+    );
     let res2 = figure2_runs(a, &s, &ts, &fracs)?;
     let mut v = Values::new();
     v.set("backing", "hdd-hp97560")

@@ -12,7 +12,7 @@ use nvwc_sim::sweep::Job;
 use nvwc_sim::tradeoff::{CostModel, TradeoffPoint};
 use nvwc_sim::{default_backing_qd, format_size, RunResult, SimConfig, TracePlan};
 
-use super::common::{img, prose_size, results, Args};
+use super::common::{img, prose_size, quick_or, results, Args};
 use super::template::{template, Values};
 use super::write_policies_notes as notes;
 use crate::runs::scan_plan;
@@ -154,15 +154,6 @@ fn figure12(a: &Args, base: &SimConfig, plans: &[Planned]) -> Result<(String, Ve
     Ok((md, r12))
 }
 
-/// Figure 13's cache sizes, as fractions of the working set.
-fn fig13_fractions(quick: bool) -> Vec<f64> {
-    if quick {
-        vec![0.1, 0.4, 1.2]
-    } else {
-        vec![0.05, 0.1, 0.2, 0.4, 0.8, 1.2, 1.6]
-    }
-}
-
 /// Figure 13: every policy on the first trace over a range of cache sizes.
 fn figure13(
     a: &Args,
@@ -234,15 +225,6 @@ fn figure13(
         )?;
     }
     Ok((md, r13))
-}
-
-/// Figure 14's journal transaction sizes, in blocks.
-fn fig14_sizes(quick: bool) -> Vec<u32> {
-    if quick {
-        vec![16, 256, 4096]
-    } else {
-        vec![8, 32, 128, 512, 2048, 8192, 32768]
-    }
 }
 
 /// Figure 14's runs: write-through and write-back as references, then
@@ -463,10 +445,20 @@ pub fn write_policies(a: &Args) -> Result<String> {
     let plans = plan_traces(a, &base, &traces)?;
     let (fig12, r12) = figure12(a, &base, &plans)?;
     let p13 = &plans[0];
-    let fr = fig13_fractions(a.quick);
+    // Figure 13: cache sizes as fractions of the working set.
+    let fr = quick_or(
+        a.quick,
+        &[0.1, 0.4, 1.2],
+        &[0.05, 0.1, 0.2, 0.4, 0.8, 1.2, 1.6],
+    );
     let (fig13, r13) = figure13(a, &base, p13, &fr)?;
     let c14 = ((p13.1.unique_blocks * FIG14_PCT / 100).max(64)) * BS;
-    let ws = fig14_sizes(a.quick);
+    // Figure 14: journal transaction sizes in blocks.
+    let ws = quick_or(
+        a.quick,
+        &[16, 256, 4096],
+        &[8, 32, 128, 512, 2048, 8192, 32768],
+    );
     let r14 = figure14_runs(a, &base, p13, c14, &ws)?;
     let (model, eval, best) = tradeoff(&r14[2..], &ws);
     figure14_plot(a, &r14, &eval, best)?;
