@@ -15,7 +15,7 @@ use nvwc_sim::{default_backing_qd, format_size, RunResult, SimConfig, TracePlan}
 
 use nvwc_trace::{CompactWriter, Op, TraceRecord};
 
-use super::common::{img, prose_size, results, Args};
+use super::common::{img, prose_size, results, thousands, Args};
 use super::template::{template, Values};
 use crate::runs::scan_plan;
 
@@ -84,6 +84,8 @@ fn job(base: &SimConfig, plan: &Arc<TracePlan>, label: String, f: impl Fn(&mut S
 
 /// Cache block size.
 const BS: u64 = 4096;
+/// Figures 10 and 11: writes outstanding (Filebench's threads).
+const QD: u32 = 16;
 
 /// Figure 5: the share of writes that would block, per trace and cache size.
 fn figure5(a: &Args, base: &SimConfig) -> Result<(String, Vec<RunResult>)> {
@@ -176,6 +178,9 @@ fn figure5(a: &Args, base: &SimConfig) -> Result<(String, Vec<RunResult>)> {
     Ok((md, r5))
 }
 
+/// Figure 11's stream in `Streams::synth`: 2 KiB writes, no final FLUSH.
+const FIG11_STREAM: usize = 4;
+
 /// Figure 10's workload: the synthetic streams and the cache around them.
 struct Streams {
     n: u64,
@@ -235,7 +240,7 @@ fn figure10(a: &Args, base: &SimConfig, st: &Streams) -> Result<(String, Vec<Run
         let mut bb = base.clone();
         bb.backing = b.parse::<DeviceSpec>()?;
         bb.backing_qd = default_backing_qd(&bb.backing);
-        bb.qd = 16;
+        bb.qd = QD;
         for (s, flush, p) in &st.synth {
             let plan = plan_of(p, &bb, None)?;
             for (name, m, direct) in MODES {
@@ -319,8 +324,8 @@ fn figure11(a: &Args, base: &SimConfig, st: &Streams) -> Result<(String, Vec<Run
     let mut bb = base.clone();
     bb.backing = "hdd".parse()?;
     bb.backing_qd = default_backing_qd(&bb.backing);
-    bb.qd = 16;
-    let p2k = plan_of(&st.synth[4].2, &bb, None)?;
+    bb.qd = QD;
+    let p2k = plan_of(&st.synth[FIG11_STREAM].2, &bb, None)?;
     let mut jobs = Vec::new();
     for &mem in &mems {
         for (name, m, direct) in MODES {
@@ -380,6 +385,36 @@ fn figure11(a: &Args, base: &SimConfig, st: &Streams) -> Result<(String, Vec<Run
     Ok((md, r11))
 }
 
+/// The stream parameters the prose quotes.
+fn stream_values(v: &mut Values, st: &Streams) {
+    assert!(
+        st.patch_mem > 0 && st.cache % st.patch_mem == 0,
+        "patch memory divides the cache"
+    );
+    v.set("straddle", prose_size(st.sizes[3]))
+        .set("patch_div", st.cache / st.patch_mem)
+        .set("over", st.n * st.sizes[0] / st.patch_mem)
+        .set("smallest", prose_size(st.sizes[0]))
+        .set("control", prose_size(st.sizes[4]))
+        .set("fig11_size", prose_size(st.synth[FIG11_STREAM].0));
+}
+
+/// The numbers of "Beside the paper": lazy over blocking on the disk, acked.
+fn discussion(v: &mut Values, st: &Streams, r10: &[RunResult]) {
+    let ratio = |s: u64| {
+        let b = find(r10, &format!("hdd {s} false blocking")).throughput_iops;
+        find(r10, &format!("hdd {s} false lazy")).throughput_iops / b.max(1e-9)
+    };
+    let max = st.sizes.iter().map(|&s| ratio(s)).fold(0.0, f64::max);
+    let straddle = st.sizes[3];
+    v.set("lazy_max", format!("{max:.0}"))
+        .set(
+            "straddle_fallbacks",
+            thousands(find(r10, &format!("hdd {straddle} false lazy")).patch_fallbacks),
+        )
+        .set("straddle_gain", format!("{:.0}", ratio(straddle)));
+}
+
 /// `nvwc repro non-blocking-writes`: the report's Markdown.
 pub fn non_blocking_writes(a: &Args) -> Result<String> {
     let mut base = SimConfig::new(WritePolicyKind::WriteBack, ReplacementKind::Lru, 0);
@@ -397,7 +432,10 @@ pub fn non_blocking_writes(a: &Args) -> Result<String> {
         .set("cache", format_size(st.cache))
         .set("patch_mem", format_size(st.patch_mem))
         .set("figure10", fig10)
-        .set("figure11", fig11);
+        .set("figure11", fig11)
+        .set("qd", QD);
+    stream_values(&mut v, &st);
+    discussion(&mut v, &st, &r10);
     let json = serde_json::to_string_pretty(&(r5, r10, r11))?;
     std::fs::write(a.out.join("non-blocking-writes.json"), json)?;
     Ok(template!("non-blocking-writes.md").fill(&v)?)
