@@ -16,7 +16,7 @@ use nvwc_sim::app::{self, postgres, redis, AppConfig, AppResult, Policy};
 use nvwc_sim::device::{DeviceSpec, DiskScheduler};
 use nvwc_sim::format_size;
 
-use super::common::{prose_size, Args};
+use super::common::{listed, prose_size, range, thousands, Args};
 use super::template::{template, Values};
 
 const SEC: u64 = 1_000_000_000;
@@ -342,6 +342,7 @@ fn report(out: &Path, quick: bool, when: &str) -> Result<String> {
         .set("write_cache", prose_size(DISK_WRITE_CACHE))
         .set("results", md)
         .set("claims", claims);
+    notes_values(&mut v, out, quick)?;
     Ok(template!("admission.md").fill(&v)?)
 }
 
@@ -581,5 +582,70 @@ fn beside_the_paper(out: &Path, md: &mut String) -> Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// The numbers of "Where ours differs": from the saved runs and the
+/// models' parameters.
+fn notes_values(v: &mut Values, out: &Path, quick: bool) -> Result<()> {
+    let pg = load(out, "postgres").unwrap_or_default();
+    let rd = load(out, "redis").unwrap_or_default();
+    let mut ram: Vec<u64> = pg
+        .iter()
+        .filter(|r| r.nvwc_device == "nvdram")
+        .map(|r| r.nvwc_bytes)
+        .collect();
+    ram.sort_unstable();
+    ram.dedup();
+    let size = |s: Option<&u64>| s.map_or("(not run)".into(), |&s| prose_size(s));
+    let ahead: Vec<String> = ram
+        .iter()
+        .filter(|&&s| thr(&pg, "nvdram", s, "CP+PI+IOI") > thr(&pg, "nvdram", s, "ALL"))
+        .map(|&s| prose_size(s))
+        .collect();
+    let at_max = |p: &str| ram.last().and_then(|&s| get(&pg, "nvdram", s, p));
+    let (max_thr, cached_less) = match (at_max("ALL"), at_max("CP+PI+IOI")) {
+        (Some(a), Some(i)) => (
+            range(&[a.throughput, i.throughput], |x| format!("{x:.0}")),
+            format!(
+                "{:.0} %",
+                (1.0 - i.cached_write_bytes as f64 / a.cached_write_bytes.max(1) as f64) * 100.0
+            ),
+        ),
+        _ => ("(not run)".into(), "(not run)".into()),
+    };
+    let pgp = postgres::PgParams::default();
+    let DeviceSpec::SolidState(ssd) = DeviceSpec::preset("ssd-sata").expect("preset") else {
+        bail!("ssd-sata is a solid-state model");
+    };
+    let pi_over_cp =
+        |s: u64| Some(thr(&rd, "nvdram", s, "CP+PI")? / thr(&rd, "nvdram", s, "CP")?.max(1e-9));
+    let p = plan("postgres", quick)?;
+    v.set("pg_min", size(ram.first()))
+        .set("pg_max", size(ram.last()))
+        .set(
+            "ioi_ahead",
+            if ahead.is_empty() {
+                "no size".into()
+            } else {
+                listed(&ahead)
+            },
+        )
+        .set("pg_max_thr", max_thr)
+        .set(
+            "cpu_bound",
+            format!(
+                "{:.0}",
+                pgp.backends as f64 * SEC as f64 / pgp.txn_cpu as f64
+            ),
+        )
+        .set("pg_cached_less", cached_less)
+        .set("ssd_units", ssd.parallel_units)
+        .set("rd_pi", span(&rd, "nvdram", &pi_over_cp, false))
+        .set("duration", p.duration / SEC)
+        .set("warmup", p.warmup / SEC)
+        .set("ckpt_wal", prose_size(pgp.ckpt_wal))
+        .set("ckpt_s", pgp.ckpt_timeout / SEC)
+        .set("pool_pages", thousands(pgp.pool_pages));
     Ok(())
 }

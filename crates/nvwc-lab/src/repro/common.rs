@@ -112,6 +112,15 @@ pub fn quick_or<T: Copy>(quick: bool, few: &[T], full: &[T]) -> Vec<T> {
     if quick { few } else { full }.to_vec()
 }
 
+/// A list of items in prose: `a`, `a and b`, `a, b and c`, or `none`.
+pub fn listed(v: &[String]) -> String {
+    match v {
+        [] => "none".into(),
+        [a] => a.clone(),
+        [init @ .., last] => format!("{} and {last}", init.join(", ")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{prose_size, range, thousands};

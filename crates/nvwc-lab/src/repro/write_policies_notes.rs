@@ -5,7 +5,7 @@ use nvwc_core::Watermarks;
 use nvwc_sim::tradeoff::TradeoffPoint;
 use nvwc_sim::{format_size, RunResult, TracePlan};
 
-use super::common::{range, thousands};
+use super::common::{listed, range, thousands};
 use super::template::Values;
 
 /// Requests per second, as the prose writes them.
@@ -16,15 +16,6 @@ fn iops(x: f64) -> String {
 /// Megabytes written to the backing store.
 fn mb(r: &RunResult) -> String {
     format!("{:.0}", r.backing_write_bytes as f64 / 1e6)
-}
-
-/// A list of items in prose: `a`, `a and b`, `a, b and c`, or `none`.
-fn listed(v: &[String]) -> String {
-    match v {
-        [] => "none".into(),
-        [a] => a.clone(),
-        [init @ .., last] => format!("{} and {last}", init.join(", ")),
-    }
 }
 
 /// Figure 12: per trace, its label, its plan and its runs under
