@@ -5,16 +5,10 @@ use std::process::ExitCode;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod docs;
-mod mrc;
-mod repro;
-mod repro_adm;
-mod repro_nbw;
-mod sim;
-mod sweep;
-mod trace;
 mod vopr;
 
 use nvwc_harness::{crashtest, grid, loadtest};
+use nvwc_lab::{mrc, repro, sim, sweep, trace};
 use nvwc_server::{self as serve, errors, status};
 
 #[derive(Parser)]

@@ -27,13 +27,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
 use nvwc_core::{AdmissionKind, FetchMode, ReplacementKind, WritePolicyKind};
-use nvwc_sim::plot::{Axis, Chart, LinePlot, Series};
+use nvwc_sim::plot::Chart;
 use nvwc_sim::sweep::default_threads;
-use nvwc_sim::{default_backing_qd, parse_size, AddressMode, SimConfig};
+use nvwc_sim::{default_backing_qd, parse_size, SimConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::sim::{parse_device, parse_replacement, scan, track_blocks_of};
+use crate::runs::{
+    parse_device, parse_replacement, scan_plan, size_charts, track_blocks_of, SizePoint,
+};
 
 /// Arguments of `nvwc sweep`.
 #[derive(clap::Args, Clone, Debug)]
@@ -94,26 +96,22 @@ pub struct Args {
     pub quiet: bool,
 }
 
-fn default_policies() -> Vec<String> {
-    vec!["write-back".into()]
+/// Serde's `default = "..."` wants one function per field: a one-item list each.
+macro_rules! list_defaults {
+    ($($name:ident => $v:literal),* $(,)?) => {
+        $(fn $name() -> Vec<String> {
+            vec![$v.into()]
+        })*
+    };
 }
-fn default_replacements() -> Vec<String> {
-    vec!["lru".into()]
-}
-fn default_sizes() -> Vec<String> {
-    vec!["64M".into()]
-}
-fn default_cache_devices() -> Vec<String> {
-    vec!["nvdram".into()]
-}
-fn default_backings() -> Vec<String> {
-    vec!["net".into()]
-}
-fn default_fetch() -> Vec<String> {
-    vec!["blocking".into()]
-}
-fn default_admission() -> Vec<String> {
-    vec!["all".into()]
+list_defaults! {
+    default_policies => "write-back",
+    default_replacements => "lru",
+    default_sizes => "64M",
+    default_cache_devices => "nvdram",
+    default_backings => "net",
+    default_fetch => "blocking",
+    default_admission => "all",
 }
 fn default_qd() -> u32 {
     1
@@ -241,7 +239,7 @@ impl Spec {
             };
         }
         if let Some(v) = &a.replacement {
-            s.replacements = crate::sim::split_replacements(v);
+            s.replacements = crate::runs::split_replacements(v);
         }
         for (flag, list) in [
             (&a.cache_size, &mut s.cache_sizes),
@@ -434,18 +432,9 @@ impl Plans {
             if !trace.exists() {
                 return Err(format!("trace {} not found", trace.display()));
             }
-            scan(
-                trace,
-                None,
-                &base.backing,
-                base,
-                None,
-                AddressMode::Auto,
-                None,
-                c.limit,
-            )
-            .map(Arc::new)
-            .map_err(|e| format!("{e:#}"))
+            scan_plan(trace, base, c.limit)
+                .map(Arc::new)
+                .map_err(|e| format!("{e:#}"))
         })
         .clone()
     }
@@ -796,57 +785,19 @@ fn summarize(out: &Path, cells: &[Cell], quiet: bool) -> Result<usize> {
 /// Backing writes and throughput against cache size for one trace, one line
 /// per combination of the other swept dimensions.
 fn charts(trace: &str, results: &[(&CellConfig, &Value)]) -> Vec<Chart> {
-    let key = |c: &CellConfig| {
-        format!(
-            "{} / {} / {} / {} / {} / {}",
-            c.write_policy, c.replacement, c.cache_device, c.backing, c.fetch, c.admission
-        )
-    };
-    let mut keys: Vec<String> = Vec::new();
-    for (c, _) in results {
-        let k = key(c);
-        if !keys.contains(&k) {
-            keys.push(k);
-        }
-    }
-    let series = |f: &dyn Fn(&Value) -> f64| -> Vec<Series> {
-        keys.iter()
-            .map(|k| {
-                let mut pts: Vec<(f64, f64)> = results
-                    .iter()
-                    .filter(|(c, _)| &key(c) == k)
-                    .map(|(_, r)| (gu(r, "cache_size_bytes") as f64, f(r)))
-                    .collect();
-                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-                Series {
-                    name: k.clone(),
-                    points: pts,
-                }
-            })
-            .collect()
-    };
-    vec![
-        Chart::Line(LinePlot {
-            title: format!("Backing writes ({trace})"),
-            x_label: "cache size".into(),
-            y_label: "backing block writes".into(),
-            x_axis: Axis::Log2Bytes,
-            y_axis: Axis::Linear,
-            series: series(&|r| gu(r, "backing_writes") as f64),
-            vlines: vec![],
-            y_from_zero: true,
-        }),
-        Chart::Line(LinePlot {
-            title: format!("Throughput ({trace})"),
-            x_label: "cache size".into(),
-            y_label: "requests / s".into(),
-            x_axis: Axis::Log2Bytes,
-            y_axis: Axis::Linear,
-            series: series(&|r| gf(r, "throughput_iops")),
-            vlines: vec![],
-            y_from_zero: true,
-        }),
-    ]
+    let points: Vec<SizePoint> = results
+        .iter()
+        .map(|(c, r)| SizePoint {
+            key: format!(
+                "{} / {} / {} / {} / {} / {}",
+                c.write_policy, c.replacement, c.cache_device, c.backing, c.fetch, c.admission
+            ),
+            cache_bytes: gu(r, "cache_size_bytes") as f64,
+            backing_writes: gu(r, "backing_writes") as f64,
+            throughput: gf(r, "throughput_iops"),
+        })
+        .collect();
+    size_charts(trace, &points)
 }
 
 #[cfg(test)]
