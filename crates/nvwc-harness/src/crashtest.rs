@@ -122,7 +122,7 @@ pub struct Args {
     /// Keep the files of failed trials.
     #[arg(long)]
     pub keep: bool,
-    /// Fault spec for the cache device during the workload (`nvwc-server/src/fault.rs` syntax).
+    /// Fault spec for the cache device during the workload (`fault.rs` syntax).
     #[arg(long)]
     pub fault_cache: Option<String>,
     /// Fault spec for the backing device during the workload.

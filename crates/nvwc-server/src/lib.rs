@@ -4,7 +4,7 @@
 //!
 //! Every export (the default one from `--backing`/`--cache`, and each
 //! `--export`) has its own engine (`nvwc_core::Engine`), run by a
-//! [`host::Host`]: the engine sits in a mutex and is pumped by whichever
+//! `host::Host`: the engine sits in a mutex and is pumped by whichever
 //! thread has work for it. A connection's task runs its request and the
 //! inline cache I/O itself (a cache hit never leaves that thread); syncs, FUA
 //! writes and backing-store commands run on small worker pools, one per
