@@ -92,7 +92,9 @@ mod tests {
         let mut next = 10u64;
         let mut x = 12345u64;
         for step in 0..20_000u64 {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             if x >> 62 != 0 || map.is_empty() {
                 next += 1 + (x >> 40) % 3;
                 ring.insert(next, step);
