@@ -169,9 +169,15 @@ impl LbnIndex {
 }
 
 /// A set of free ids as a bitmap, with amortised O(1) `pop`.
+///
+/// `pop` takes the lowest free id of the first non-empty word at or after
+/// the cursor (cyclically); a second bitmap with one bit per non-empty word
+/// finds that word without scanning empty ones.
 #[derive(Debug, Clone, Default)]
 pub struct FreeSet {
     words: Vec<u64>,
+    /// Bit `w % 64` of `nonempty[w / 64]`: `words[w] != 0`.
+    nonempty: Vec<u64>,
     len: usize,
     cursor: usize,
 }
@@ -180,10 +186,12 @@ impl FreeSet {
     /// `n` ids, all free when `all_free`.
     pub fn new(n: usize, all_free: bool) -> Self {
         let mut s = FreeSet {
-            words: vec![0; n.div_ceil(64)],
+            words: Vec::new(),
+            nonempty: Vec::new(),
             len: 0,
             cursor: 0,
         };
+        s.grow(n);
         if all_free {
             for i in 0..n {
                 s.push(i as u32);
@@ -195,6 +203,7 @@ impl FreeSet {
     pub fn grow(&mut self, n: usize) {
         if n.div_ceil(64) > self.words.len() {
             self.words.resize(n.div_ceil(64), 0);
+            self.nonempty.resize(self.words.len().div_ceil(64), 0);
         }
     }
     pub fn len(&self) -> usize {
@@ -205,7 +214,32 @@ impl FreeSet {
     }
     pub fn clear(&mut self) {
         self.words.iter_mut().for_each(|w| *w = 0);
+        self.nonempty.iter_mut().for_each(|w| *w = 0);
         self.len = 0;
+    }
+    /// Record whether word `w` is non-empty in the summary.
+    fn note(&mut self, w: usize) {
+        let bit = 1u64 << (w % 64);
+        if self.words[w] != 0 {
+            self.nonempty[w / 64] |= bit;
+        } else {
+            self.nonempty[w / 64] &= !bit;
+        }
+    }
+    /// The first non-empty word in `from..to` (word indices), if any.
+    fn first_nonempty(&self, from: usize, to: usize) -> Option<usize> {
+        let mut s = from / 64;
+        let mut mask = !0u64 << (from % 64);
+        while s * 64 < to {
+            let bits = self.nonempty[s] & mask;
+            if bits != 0 {
+                let w = s * 64 + bits.trailing_zeros() as usize;
+                return (w < to).then_some(w);
+            }
+            s += 1;
+            mask = !0;
+        }
+        None
     }
     /// Mark `i` free. Caller guarantees it is not free already.
     pub fn push(&mut self, i: u32) {
@@ -213,6 +247,7 @@ impl FreeSet {
         self.grow(i as usize + 1);
         assert!(self.words[w] & (1 << b) == 0, "id {i} freed twice");
         self.words[w] |= 1 << b;
+        self.note(w);
         self.len += 1;
     }
     /// Take a free id.
@@ -221,17 +256,17 @@ impl FreeSet {
             return None;
         }
         let n = self.words.len();
-        for k in 0..n {
-            let w = (self.cursor + k) % n;
-            if self.words[w] != 0 {
-                let b = self.words[w].trailing_zeros();
-                self.words[w] &= !(1 << b);
-                self.len -= 1;
-                self.cursor = w;
-                return Some((w * 64) as u32 + b);
-            }
-        }
-        unreachable!("free count says non-empty")
+        let w = self
+            .first_nonempty(self.cursor, n)
+            .or_else(|| self.first_nonempty(0, self.cursor))
+            .expect("free count says non-empty");
+        debug_assert!(self.words[w] != 0);
+        let b = self.words[w].trailing_zeros();
+        self.words[w] &= !(1 << b);
+        self.note(w);
+        self.len -= 1;
+        self.cursor = w;
+        Some((w * 64) as u32 + b)
     }
     /// Take `i` if it is free.
     pub fn take(&mut self, i: u32) -> bool {
@@ -239,6 +274,7 @@ impl FreeSet {
         match self.words.get_mut(w) {
             Some(x) if *x & (1 << b) != 0 => {
                 *x &= !(1 << b);
+                self.note(w);
                 self.len -= 1;
                 true
             }
@@ -246,7 +282,7 @@ impl FreeSet {
         }
     }
     pub fn mem_bytes(&self) -> usize {
-        self.words.capacity() * 8
+        (self.words.capacity() + self.nonempty.capacity()) * 8
     }
 }
 
@@ -282,6 +318,39 @@ mod tests {
                     prop_assert_eq!(idx.get(l, |x| k[x as usize]), Some(id));
                 }
                 prop_assert_eq!(idx.len(), model.len());
+            }
+        }
+
+        /// `pop` returns what a plain cyclic scan of the words from the
+        /// cursor would (the order every run of the engine depends on).
+        #[test]
+        fn freeset_pops_in_scan_order(n in 1usize..700, ops in proptest::collection::vec((any::<bool>(), 0u32..700), 1..800)) {
+            let mut fs = FreeSet::new(n, true);
+            let mut words = vec![0u64; n.div_ceil(64)];
+            for i in 0..n { words[i / 64] |= 1 << (i % 64); }
+            let mut cursor = 0usize;
+            for (pop, i) in ops {
+                if pop {
+                    let m = words.len();
+                    let want = (0..m).map(|k| (cursor + k) % m).find(|&w| words[w] != 0).map(|w| {
+                        let b = words[w].trailing_zeros();
+                        words[w] &= !(1 << b);
+                        cursor = w;
+                        (w * 64) as u32 + b
+                    });
+                    prop_assert_eq!(fs.pop(), want);
+                } else if (i as usize) < n {
+                    let (w, b) = (i as usize / 64, i % 64);
+                    if words[w] & (1 << b) == 0 {
+                        words[w] |= 1 << b;
+                        fs.push(i);
+                    } else {
+                        words[w] &= !(1 << b);
+                        prop_assert!(fs.take(i));
+                    }
+                }
+                let ones: u32 = words.iter().map(|w| w.count_ones()).sum();
+                prop_assert_eq!(fs.len(), ones as usize);
             }
         }
 

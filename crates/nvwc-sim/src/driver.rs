@@ -64,6 +64,7 @@ use nvwc_mrc::MixBuildHasher;
 use nvwc_trace::{Op, TraceError, TraceRecord};
 
 use crate::device::{build, DevOp, DevOpKind, DeviceModel, DeviceSpec, Nanos};
+use crate::idring::IdRing;
 use crate::metrics::{IntervalRecord, Latency, RunHistogram, RunResult};
 use crate::SimError;
 
@@ -442,15 +443,15 @@ pub struct Simulator<I: Iterator<Item = Result<TraceRecord, TraceError>>> {
     now: Nanos,
     // Requests.
     next_req: ReqId,
-    pending: Map<u64, Pending>,
-    part_of: Map<ReqId, u64>,
+    pending: IdRing<Pending>,
+    part_of: IdRing<u64>,
     clients: Map<u32, Client>,
     buffered: usize,
     peeked: Option<TraceRecord>,
     open_waiting: VecDeque<(TraceRecord, Nanos)>,
     // Devices.
     next_dev_op: u64,
-    inflight: Map<u64, InFlight>,
+    inflight: IdRing<InFlight>,
     immediate: VecDeque<IoId>,
     /// Backing commands waiting for a device queue slot (writes may merge here).
     bqueue: VecDeque<Queued>,
@@ -529,14 +530,14 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
             pulled: 0,
             now: 0,
             next_req: 1,
-            pending: Map::default(),
-            part_of: Map::default(),
+            pending: IdRing::default(),
+            part_of: IdRing::default(),
             clients: Map::default(),
             buffered: 0,
             peeked: None,
             open_waiting: VecDeque::new(),
             next_dev_op: 1,
-            inflight: Map::default(),
+            inflight: IdRing::default(),
             immediate: VecDeque::new(),
             bqueue: VecDeque::new(),
             backing_outstanding: 0,
@@ -892,9 +893,9 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
     fn on_reply(&mut self, id: ReqId, ok: bool) {
         let parent = self
             .part_of
-            .remove(&id)
+            .remove(id)
             .unwrap_or_else(|| panic!("reply for unknown request {id}"));
-        let p = self.pending.get_mut(&parent).expect("parent request");
+        let p = self.pending.get_mut(parent).expect("parent request");
         p.parts_left -= 1;
         if !ok {
             p.failed = true;
@@ -902,7 +903,7 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
         if p.parts_left > 0 {
             return;
         }
-        let p = self.pending.remove(&parent).expect("parent request");
+        let p = self.pending.remove(parent).expect("parent request");
         let lat = self.now - p.arrived;
         self.last_reply = self.now;
         let c = &mut self.counts;
@@ -1196,7 +1197,7 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
         }
         match self
             .inflight
-            .remove(&id)
+            .remove(id)
             .expect("completion of an unknown device op")
         {
             InFlight::One { io, read_len } => {

@@ -15,6 +15,7 @@ pub mod app;
 pub mod device;
 pub mod driver;
 pub mod hitratio;
+mod idring;
 pub mod metrics;
 pub mod plot;
 pub mod sweep;

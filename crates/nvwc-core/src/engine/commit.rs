@@ -257,6 +257,8 @@ impl<P: Payload> Engine<P> {
     /// next checkpoint writes.
     fn take_snapshot(&mut self) -> Vec<(u32, bool)> {
         let mut snapshot = Vec::with_capacity(self.commits.meta_dirty.len());
+        // Neighbouring slots share a page: insert each run's page once.
+        let mut last_page = None;
         for s in std::mem::take(&mut self.commits.meta_dirty) {
             let slot = &mut self.table.slots[s as usize];
             slot.set_in_meta_dirty(false);
@@ -272,10 +274,11 @@ impl<P: Payload> Engine<P> {
                 slot.set_in_snapshot(true);
             }
             snapshot.push((s, slot.state == SlotState::Valid));
-            self.commits
-                .log
-                .pages
-                .insert(s as u64 / layout::ENTRIES_PER_PAGE);
+            let page = s as u64 / layout::ENTRIES_PER_PAGE;
+            if last_page != Some(page) {
+                self.commits.log.pages.insert(page);
+                last_page = Some(page);
+            }
         }
         snapshot
     }

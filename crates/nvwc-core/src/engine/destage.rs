@@ -229,9 +229,11 @@ impl<P: Payload> Engine<P> {
                 pressure,
                 inflight: self.destage.inflight,
                 limit: self.cfg.max_destage_inflight as usize,
-                ids: Vec::new(),
+                ids: std::mem::take(&mut self.destage.victim_ids),
             };
-            let Some(plan) = self.policy.next_plan(&mut view) else {
+            let next = self.policy.next_plan(&mut view);
+            self.destage.victim_ids = view.ids;
+            let Some(plan) = next else {
                 break;
             };
             if paced {
@@ -343,13 +345,15 @@ impl<P: Payload> Engine<P> {
     }
 
     pub(super) fn plan_copy(&mut self, pid: u32) {
-        let slots = self.destage.plans.get(pid).plan.write.clone();
-        if slots.is_empty() {
+        let pe = self.destage.plans.get(pid);
+        let (n, exact) = (pe.plan.write.len(), pe.plan.exact);
+        if n == 0 {
             return self.plan_copied(pid);
         }
-        let exact = self.destage.plans.get(pid).plan.exact;
-        let blocks = self.destage.plans.get(pid).blocks.clone();
-        for (s, b) in slots.into_iter().zip(blocks) {
+        for i in 0..n {
+            // Issuing a copy leaves the plan as it is (its completions come later).
+            let pe = self.destage.plans.get(pid);
+            let (s, b) = (pe.plan.write[i], pe.blocks[i]);
             let (lo, hi) = if exact {
                 self.range_of(s)
             } else {
@@ -498,11 +502,14 @@ impl<P: Payload> Engine<P> {
         self.stats.destaged_blocks += pe.plan.write.len() as u64;
         // Older versions first, so that each block's shadow count is final
         // when its latest version is considered.
-        let mut per_block: HashMap<u32, u32> = HashMap::new();
-        for &s in &pe.plan.write {
-            let b = self.table.slots[s as usize].block;
-            if b != NIL {
-                *per_block.entry(b).or_default() += 1;
+        // Versions of each block in the plan (only an exact plan asks).
+        let mut per_block: IdMap<u32, u32> = IdMap::default();
+        if pe.plan.exact {
+            for &s in &pe.plan.write {
+                let b = self.table.slots[s as usize].block;
+                if b != NIL {
+                    *per_block.entry(b).or_default() += 1;
+                }
             }
         }
         for &s in &pe.plan.write {
@@ -562,6 +569,9 @@ pub(super) struct DestageState {
     /// flight, and those waiting for the next one.
     pub(super) flush_inflight: Option<Vec<u32>>,
     pub(super) flush_next: Option<Vec<u32>>,
+    /// Scratch list of the replacement policy's destage candidates (kept
+    /// between plans so that planning does not allocate).
+    pub(super) victim_ids: Vec<BlockId>,
     /// Destage copies in flight.
     pub(super) inflight: usize,
     /// Cleaning (destage without space pressure) is running.

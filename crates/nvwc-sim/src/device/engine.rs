@@ -405,6 +405,9 @@ impl<M: Mechanism> Engine<M> {
                     self.busy_count -= 1;
                     self.stats.on_server(t, false);
                     match job.class {
+                        JobClass::Host if self.parts.is_empty() => {
+                            self.emit(t, job.op, job.submitted, started)
+                        }
                         JobClass::Host => match self.parts.get_mut(&job.op.id) {
                             None => self.emit(t, job.op, job.submitted, started),
                             Some(p) => {
