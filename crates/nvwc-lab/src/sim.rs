@@ -104,6 +104,10 @@ pub struct Args {
     /// Journaled: committed transactions merged per checkpoint.
     #[arg(long)]
     pub checkpoint_merge: Option<u32>,
+    /// Journaled: the journal's size bound (most data not yet checkpointed;
+    /// writes wait for room), e.g. 64M; 0 = bounded by the cache only.
+    #[arg(long)]
+    pub journal_size: Option<String>,
     /// Allocate cache blocks on read misses.
     #[arg(long, action = clap::ArgAction::Set)]
     pub read_allocate: Option<bool>,
@@ -187,6 +191,10 @@ pub fn base_config(a: &Args) -> Result<SimConfig> {
     c.tuning.txn_max_age_ns = a.txn_age_ms.map(|m| secs_to_ns(m / 1e3));
     c.tuning.checkpoint_delay_ns = a.checkpoint_delay_ms.map(|m| secs_to_ns(m / 1e3));
     c.tuning.checkpoint_merge_max = a.checkpoint_merge;
+    if let Some(j) = &a.journal_size {
+        let bytes = parse_size(j).map_err(|e| anyhow::anyhow!("--journal-size: {e}"))?;
+        c.tuning.journal_size_blocks = Some(bytes.div_ceil(bs));
+    }
     c.tuning.read_allocate = a.read_allocate;
     c.tuning.patch_mem_bytes = a
         .patch_mem

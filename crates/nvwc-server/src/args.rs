@@ -49,6 +49,12 @@ pub struct Args {
     /// Journaled: close a transaction at this age.
     #[arg(long, default_value_t = 1000)]
     pub(crate) txn_age_ms: u64,
+    /// Journaled: the journal's size, the most data written to the cache
+    /// and not yet checkpointed to the backing store (how stale the backing
+    /// store may be after losing the cache device). A write that would
+    /// exceed it waits for a checkpoint. 0: bounded by the cache only.
+    #[arg(long, default_value = "0", value_parser = parse_size)]
+    pub(crate) journal_size: u64,
     /// Start cleaning above this dirty fraction.
     #[arg(long, default_value_t = 0.9)]
     pub(crate) high_watermark: f64,

@@ -117,6 +117,7 @@ struct Policy {
     full_clean_secs: S<u32>,
     txn_blocks: S<u32>,
     txn_age_ms: S<u64>,
+    journal_size: S<Value>,
     high_watermark: S<f64>,
     low_watermark: S<f64>,
     admission: S<String>,
@@ -309,6 +310,7 @@ fn validate(f: &File) -> Vec<Diag> {
     check_size(&mut d, &f.defaults.size);
     check_size(&mut d, &f.defaults.cache_size);
     check_size(&mut d, &f.policy.patch_mem);
+    check_size(&mut d, &f.policy.journal_size);
     check(&mut d, &f.defaults.write_policy, "write-policy", policy);
     check(&mut d, &f.defaults.replacement, "replacement", repl);
     check(&mut d, &f.policy.fetch, "fetch", |s| s.parse::<FetchMode>());
@@ -586,6 +588,7 @@ pub(super) fn apply(path: &Path, a: &mut Args, given: BTreeSet<String>) -> Resul
     );
     set!("txn_blocks", a.txn_blocks, copied(&p.txn_blocks));
     set!("txn_age_ms", a.txn_age_ms, copied(&p.txn_age_ms));
+    set!("journal_size", a.journal_size, sz(&p.journal_size));
     set!(
         "high_watermark",
         a.high_watermark,

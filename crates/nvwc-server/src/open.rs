@@ -135,6 +135,7 @@ fn engine_config(
     cfg.replacement = repl;
     cfg.journal.txn_max_blocks = a.txn_blocks;
     cfg.journal.txn_max_age_ns = a.txn_age_ms * 1_000_000;
+    cfg.journal.size_blocks = a.journal_size.div_ceil(bs);
     cfg.watermarks = Watermarks {
         high: a.high_watermark,
         low: a.low_watermark,
