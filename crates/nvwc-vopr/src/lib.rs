@@ -48,8 +48,9 @@
 //! metadata at each recovery, `NVWC_VOPR_TRACE_DRAIN=1` every command of
 //! the drain after recovery, `NVWC_VOPR_SECTOR=S` what each crash left at
 //! sector `S` (recovered, backing powered off, backing alive), and
-//! `NVWC_VOPR_ONLY=large,quiesce,timed,rounds` keeps only the named
-//! dimensions above (to find which one a failure needs, or to compare runs).
+//! `NVWC_VOPR_ONLY=large,quiesce,timed,rounds,journal` keeps only the named
+//! dimensions above and the journal bound below (to find which one a
+//! failure needs, or to compare runs).
 //!
 //! Every 512-byte sector written carries `(write id, sector number)`, so the
 //! oracle knows which write each sector came from. The run loop is
@@ -227,9 +228,7 @@ impl Extras {
         let rounds = [0, 0, 0, 0, 0, 0, 1, 1, 1, 2][rng2.gen_range(0..10)];
         let timed_recovery = rng2.gen_bool(0.5);
         let log_pages = [0, 1, 2, 3, 4, 8, 32][rng2.gen_range(0..7)];
-        let on = |k: &str| {
-            std::env::var("NVWC_VOPR_ONLY").map_or(true, |v| v.split(',').any(|x| x == k))
-        };
+        let on = dimension_on;
         Extras {
             large: large.filter(|_| on("large")),
             quiesce: quiesce && on("quiesce"),
@@ -238,6 +237,11 @@ impl Extras {
             log_pages,
         }
     }
+}
+
+/// Is dimension `k` drawn? All are, unless `NVWC_VOPR_ONLY` names the ones to keep.
+fn dimension_on(k: &str) -> bool {
+    std::env::var("NVWC_VOPR_ONLY").map_or(true, |v| v.split(',').any(|x| x == k))
 }
 
 /// Device latencies and error rates drawn for a round after the first.
@@ -330,7 +334,7 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
     // also from a stream of their own: from one block (every write waits for
     // the previous one's checkpoint, and the open transaction is closed
     // early) to most of a small cache.
-    if opts.policy.journaled() {
+    if opts.policy.journaled() && dimension_on("journal") {
         let mut j = ChaCha8Rng::seed_from_u64(seed ^ 0x70C3_A1B0_0D5E_ED11);
         if j.gen_bool(0.5) {
             cfg.journal.size_blocks = [1, 4, 16, 64][j.gen_range(0..4)];
