@@ -47,5 +47,11 @@ fi
 # NVWC_RAY=0 skips).
 scripts/test-ray.sh
 
+# 4d. Every paper reproduction builds, in quick mode (about 15 s; the full
+# reports: scripts/repro-all.sh).
+repro_out=$(mktemp -d)
+scripts/repro-all.sh --quick --out "$repro_out"
+rm -rf "$repro_out"
+
 # 5. Every test (last, so its summary closes the output).
 cargo test --release --workspace --features nvwc/tls
