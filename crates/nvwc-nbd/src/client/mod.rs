@@ -155,42 +155,37 @@ pub struct ExportDetails {
     pub base_allocation: bool,
 }
 
-impl ExportDetails {
-    fn has(&self, f: u16) -> bool {
-        self.flags & f != 0
-    }
+/// One accessor per transmission flag: `$name()` is true if `$flag` is set.
+macro_rules! flag_accessors {
+    ($($(#[$doc:meta])* $name:ident => $flag:ident,)*) => {
+        impl ExportDetails {
+            $(
+                $(#[$doc])*
+                pub fn $name(&self) -> bool {
+                    self.flags & tx_flags::$flag != 0
+                }
+            )*
+        }
+    };
+}
+
+flag_accessors! {
     /// `NBD_FLAG_READ_ONLY`.
-    pub fn read_only(&self) -> bool {
-        self.has(tx_flags::READ_ONLY)
-    }
+    read_only => READ_ONLY,
     /// `NBD_FLAG_SEND_FLUSH`.
-    pub fn can_flush(&self) -> bool {
-        self.has(tx_flags::SEND_FLUSH)
-    }
+    can_flush => SEND_FLUSH,
     /// `NBD_FLAG_SEND_FUA`.
-    pub fn can_fua(&self) -> bool {
-        self.has(tx_flags::SEND_FUA)
-    }
+    can_fua => SEND_FUA,
     /// `NBD_FLAG_SEND_TRIM`.
-    pub fn can_trim(&self) -> bool {
-        self.has(tx_flags::SEND_TRIM)
-    }
+    can_trim => SEND_TRIM,
     /// `NBD_FLAG_SEND_WRITE_ZEROES`.
-    pub fn can_zero(&self) -> bool {
-        self.has(tx_flags::SEND_WRITE_ZEROES)
-    }
+    can_zero => SEND_WRITE_ZEROES,
     /// `NBD_FLAG_SEND_FAST_ZERO`.
-    pub fn can_fast_zero(&self) -> bool {
-        self.has(tx_flags::SEND_FAST_ZERO)
-    }
+    can_fast_zero => SEND_FAST_ZERO,
     /// `NBD_FLAG_SEND_CACHE`.
-    pub fn can_cache(&self) -> bool {
-        self.has(tx_flags::SEND_CACHE)
-    }
+    can_cache => SEND_CACHE,
     /// `NBD_FLAG_CAN_MULTI_CONN`.
-    pub fn can_multi_conn(&self) -> bool {
-        self.has(tx_flags::CAN_MULTI_CONN)
-    }
+    can_multi_conn => CAN_MULTI_CONN,
 }
 
 // ---------------------------------------------------------------------------

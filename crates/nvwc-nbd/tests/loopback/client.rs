@@ -1,0 +1,391 @@
+//! Every command through the client (structured and simple replies),
+//! concurrent processing, in-flight limits and reply order.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use nvwc_nbd::proto::{state, tx_flags, ChunkPayload, Extent};
+use nvwc_nbd::{Client, ClientError, ClientOptions, Server, ServerConfig, WriteZeroesFlags};
+
+use crate::common::*;
+use crate::exports::*;
+use crate::{mem, MIB};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_all_commands_structured() {
+    bounded(async {
+        let m = mem("", MIB);
+        let ts = TestServer::start(vec![m.clone()]).await;
+        let c = Client::connect(&ts.uri("")).await.unwrap();
+        let d = c.info().clone();
+        assert_eq!(c.size(), MIB);
+        assert!(d.structured && d.base_allocation);
+        assert!(d.can_flush() && d.can_fua() && d.can_trim() && d.can_zero());
+        assert!(d.can_fast_zero() && d.can_cache() && d.can_multi_conn() && !d.read_only());
+        assert_eq!(d.flags & tx_flags::SEND_DF, tx_flags::SEND_DF);
+        assert_eq!((d.min_block, d.pref_block, d.max_block), (1, 4096, 1 << 25));
+
+        // Fresh export: one hole+zero extent.
+        assert_eq!(
+            c.block_status(0, 65536, false).await.unwrap(),
+            vec![Extent {
+                len: 65536,
+                flags: state::HOLE | state::ZERO
+            }]
+        );
+
+        let data = random_bytes(10000, 1);
+        c.write(5000, data.clone(), false).await.unwrap();
+        assert_eq!(c.read(5000, 10000).await.unwrap(), data);
+        assert_eq!(m.contents(5000, 10000), data);
+        c.write(0, vec![1u8; 512], true).await.unwrap();
+        assert_eq!(m.stats().fua_writes, 1);
+        c.flush().await.unwrap();
+        assert_eq!(m.stats().flushes, 1);
+
+        // Pages 0..=3 are allocated now (bytes 0..15000).
+        let st = c.block_status(0, 32768, false).await.unwrap();
+        assert_eq!(
+            st,
+            vec![
+                Extent {
+                    len: 16384,
+                    flags: 0
+                },
+                Extent {
+                    len: 16384,
+                    flags: state::HOLE | state::ZERO
+                }
+            ]
+        );
+        let one = c.block_status(0, 32768, true).await.unwrap();
+        assert_eq!(
+            one,
+            vec![Extent {
+                len: 16384,
+                flags: 0
+            }]
+        );
+        let one = c.block_status(20000, 100, true).await.unwrap();
+        assert_eq!(one, vec![Extent { len: 100, flags: 3 }]);
+
+        c.trim(4096, 8192, false).await.unwrap();
+        assert_eq!(c.read(4096, 8192).await.unwrap(), vec![0u8; 8192]);
+        c.write_zeroes(
+            12288,
+            4096,
+            WriteZeroesFlags {
+                fua: true,
+                no_hole: true,
+                fast_zero: true,
+            },
+        )
+        .await
+        .unwrap();
+        assert_eq!(c.read(12288, 4096).await.unwrap(), vec![0u8; 4096]);
+        c.cache(0, 4096).await.unwrap();
+        // Zero-length read is answered by the server itself.
+        assert_eq!(c.read(0, 0).await.unwrap().len(), 0);
+        let s = m.stats();
+        assert_eq!((s.trims, s.zeroes, s.fast_zeroes, s.caches), (1, 1, 1, 1));
+        assert_eq!(s.connects, 1);
+
+        c.disconnect().await.unwrap();
+        assert!(c.is_closed());
+        assert!(matches!(
+            c.read(0, 1).await,
+            Err(ClientError::Disconnected(_))
+        ));
+        // on_disconnect ran after the server closed.
+        for _ in 0..100 {
+            if m.stats().disconnects == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(m.stats().disconnects, 1);
+        ts.server.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_all_commands_simple_replies() {
+    bounded(async {
+        let m = mem("", MIB);
+        let ts = TestServer::start(vec![m.clone()]).await;
+        let opts = ClientOptions {
+            structured_replies: false,
+            ..Default::default()
+        };
+        let c = Client::connect_with(&ts.uri(""), opts).await.unwrap();
+        assert!(!c.info().structured && !c.info().base_allocation);
+        assert_eq!(
+            c.info().flags & tx_flags::SEND_DF,
+            0,
+            "DF only with structured replies"
+        );
+        let data = random_bytes(70000, 2);
+        c.write(100, data.clone(), true).await.unwrap();
+        assert_eq!(c.read(100, 70000).await.unwrap(), data);
+        c.flush().await.unwrap();
+        c.trim(0, 4096, false).await.unwrap();
+        c.write_zeroes(8192, 4096, WriteZeroesFlags::default())
+            .await
+            .unwrap();
+        assert_eq!(c.read(8192, 4096).await.unwrap(), vec![0u8; 4096]);
+        c.cache(0, 100).await.unwrap();
+        assert!(matches!(
+            c.block_status(0, 4096, false).await,
+            Err(ClientError::Unsupported(_))
+        ));
+        c.disconnect().await.unwrap();
+        ts.server.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_are_processed_concurrently() {
+    bounded(async {
+        const N: usize = 8;
+        let e = ProbeExport::barrier(N);
+        let ts = TestServer::start(vec![e]).await;
+        let c = Arc::new(Client::connect(&ts.uri("")).await.unwrap());
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..N as u64 {
+            let c = c.clone();
+            set.spawn(async move { c.read(i * 4096, 4096).await });
+        }
+        // Each read only completes once all N are inside the export at once.
+        let all = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut n = 0;
+            while let Some(r) = set.join_next().await {
+                assert_eq!(r.unwrap().unwrap(), vec![0x5a; 4096]);
+                n += 1;
+            }
+            n
+        })
+        .await
+        .expect("requests were not processed concurrently");
+        assert_eq!(all, N);
+        ts.server.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_limit_is_respected() {
+    bounded(async {
+        let e = ProbeExport::counting();
+        let server = Server::builder()
+            .export(e.clone())
+            .max_in_flight(4)
+            .build()
+            .unwrap();
+        let ts = TestServer::start_with(server).await;
+        let c = Arc::new(Client::connect(&ts.uri("")).await.unwrap());
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..32u64 {
+            let c = c.clone();
+            set.spawn(async move { c.read(i * 512, 512).await });
+        }
+        while let Some(r) = set.join_next().await {
+            r.unwrap().unwrap();
+        }
+        let max = e.max();
+        assert!(max <= 4, "in-flight limit exceeded: {max}");
+        assert!(max >= 2, "requests were not overlapped at all: {max}");
+        ts.server.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_byte_budget_is_respected() {
+    bounded(async {
+        let e = ProbeExport::counting();
+        let server = Server::builder()
+            .export(e.clone())
+            .config(ServerConfig {
+                max_in_flight_bytes: 64 * 1024,
+                ..Default::default()
+            })
+            .build()
+            .unwrap();
+        let ts = TestServer::start_with(server).await;
+        let c = Arc::new(Client::connect(&ts.uri("")).await.unwrap());
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..12u64 {
+            let c = c.clone();
+            set.spawn(async move { c.read(i * 32768, 32768).await.map(|d| d.len()) });
+        }
+        // Larger than the whole budget: admitted alone.
+        let big = c.read(0, 256 * 1024).await.unwrap();
+        assert_eq!(big.len(), 256 * 1024);
+        while let Some(r) = set.join_next().await {
+            assert_eq!(r.unwrap().unwrap(), 32768);
+        }
+        let max = e.max();
+        assert!(
+            max <= 2,
+            "64 KiB budget admits at most two 32 KiB reads, saw {max}"
+        );
+        ts.server.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replies_are_sent_in_completion_order() {
+    bounded(async {
+        let g = GateExport::new(MIB);
+        let ts = TestServer::start(vec![g.clone()]).await;
+        let mut r = Raw::go(&ts.sock, "", true, false).await;
+        r.request(req(0, 0, 1, 0, 512), &[]).await; // blocks at the gate
+        g.entered.notified().await;
+        r.request(req(0, 0, 2, 4096, 512), &[]).await;
+        let (h, p) = r.chunk().await;
+        assert_eq!(
+            h.handle, 2,
+            "the later, faster request must be answered first"
+        );
+        assert!(h.is_done());
+        assert!(matches!(p, ChunkPayload::OffsetData { offset: 4096, .. }));
+        g.open();
+        let (h, p) = r.chunk().await;
+        assert_eq!(h.handle, 1);
+        assert_eq!(
+            p,
+            ChunkPayload::OffsetData {
+                offset: 0,
+                data: Bytes::from(vec![0u8; 512])
+            }
+        );
+        ts.server.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disc_waits_for_in_flight_requests() {
+    bounded(async {
+        let g = GateExport::new(MIB);
+        let ts = TestServer::start(vec![g.clone()]).await;
+        let mut r = Raw::go(&ts.sock, "", false, false).await;
+        r.request(req(0, 0, 7, 0, 16), &[]).await;
+        g.entered.notified().await;
+        r.request(req(2, 0, 8, 0, 0), &[]).await; // NBD_CMD_DISC
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        g.open();
+        let h = r.simple_reply().await;
+        assert_eq!((h.handle, h.error), (7, 0));
+        assert_eq!(r.read_n(16).await, vec![0u8; 16]);
+        r.expect_closed().await;
+        ts.server.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_clients_concurrent_integrity() {
+    bounded(async {
+        let m = mem("", 4 * MIB);
+        let ts = TestServer::start(vec![m.clone()]).await;
+        let mut set = tokio::task::JoinSet::new();
+        for k in 0..4u64 {
+            let uri = ts.uri("");
+            set.spawn(async move {
+                let c = Arc::new(Client::connect(&uri).await.unwrap());
+                let mut inner = tokio::task::JoinSet::new();
+                for i in 0..32u64 {
+                    let c = c.clone();
+                    inner.spawn(async move {
+                        let off = k * MIB + i * 8192;
+                        let d = random_bytes(8192, k * 1000 + i);
+                        c.write(off, d.clone(), i % 3 == 0).await.unwrap();
+                        assert_eq!(c.read(off, 8192).await.unwrap(), d);
+                    });
+                }
+                while let Some(r) = inner.join_next().await {
+                    r.unwrap();
+                }
+                c.flush().await.unwrap();
+                c.disconnect().await.unwrap();
+            });
+        }
+        while let Some(r) = set.join_next().await {
+            r.unwrap();
+        }
+        for k in 0..4u64 {
+            for i in 0..32u64 {
+                assert_eq!(
+                    m.contents(k * MIB + i * 8192, 8192),
+                    random_bytes(8192, k * 1000 + i)
+                );
+            }
+        }
+        ts.server.shutdown().await;
+        assert_eq!(ts.server.connections_accepted(), 4);
+    })
+    .await
+}
+
+/// Large writes (whose next header the server reads unbuffered) pipelined
+/// with small writes, reads and flushes on one connection keep the stream in
+/// sync and the data intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_large_and_small_requests_stay_in_sync() {
+    bounded(async {
+        let m = mem("", 8 * MIB);
+        let ts = TestServer::start(vec![m.clone()]).await;
+        let c = Arc::new(Client::connect(&ts.uri("")).await.unwrap());
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..48u64 {
+            let c = c.clone();
+            set.spawn(async move {
+                let (off, len) = match i % 3 {
+                    0 => (i * 128 * 1024, 64 * 1024),
+                    1 => (i * 128 * 1024 + 70 * 1024, 512),
+                    _ => (i * 128 * 1024 + 80 * 1024, 20 * 1024),
+                };
+                let d = random_bytes(len, 7000 + i);
+                c.write(off, d.clone(), false).await.unwrap();
+                if i % 4 == 0 {
+                    c.flush().await.unwrap();
+                }
+                assert_eq!(c.read(off, len as u32).await.unwrap(), d);
+                (off, len, i)
+            });
+        }
+        let mut done = Vec::new();
+        while let Some(r) = set.join_next().await {
+            done.push(r.unwrap());
+        }
+        for (off, len, i) in done {
+            assert_eq!(m.contents(off, len), random_bytes(len, 7000 + i));
+        }
+        c.disconnect().await.unwrap();
+        ts.server.shutdown().await;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tcp_loopback_listener() {
+    bounded(async {
+        let server = Server::builder().export(mem("", MIB)).build().unwrap();
+        let addr = server.listen_tcp("127.0.0.1:0").await.unwrap();
+        assert!(addr.ip().is_loopback());
+        let c = Client::connect(&format!("nbd://127.0.0.1:{}/", addr.port()))
+            .await
+            .unwrap();
+        c.write(0, vec![9u8; 4096], false).await.unwrap();
+        assert_eq!(c.read(0, 4096).await.unwrap(), vec![9u8; 4096]);
+        c.disconnect().await.unwrap();
+        server.shutdown().await;
+        assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    })
+    .await
+}
