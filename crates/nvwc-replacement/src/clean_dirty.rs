@@ -136,7 +136,31 @@ impl SegmentedLists {
         }
     }
 
+    /// The least recently used clean block not `pinned`.
+    pub(crate) fn victim_clean(&self, pinned: &dyn Fn(BlockId) -> bool) -> Option<BlockId> {
+        self.blocks.victim_clean(pinned)
+    }
+
     pub(crate) fn mem_bytes(&self) -> usize {
         self.blocks.mem_bytes() + self.segs.mem_bytes()
     }
 }
+
+/// The `Replacement` methods a policy passes to its `lists` ([`CleanDirty`]
+/// or [`SegmentedLists`]) unchanged: `set_dirty`, `remove`, `victim_clean`.
+macro_rules! delegate_to_lists {
+    () => {
+        fn set_dirty(&mut self, id: BlockId, dirty: bool) {
+            self.lists.set_dirty(id, dirty);
+        }
+
+        fn remove(&mut self, id: BlockId) {
+            self.lists.remove(id);
+        }
+
+        fn victim_clean(&mut self, pinned: &dyn Fn(BlockId) -> bool) -> Option<BlockId> {
+            self.lists.victim_clean(pinned)
+        }
+    };
+}
+pub(crate) use delegate_to_lists;

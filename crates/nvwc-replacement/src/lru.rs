@@ -9,7 +9,7 @@
 //! it. Per-block state is about 13.5 bytes (u32 slot, u8 list tag, two u32
 //! slot-owner entries, bitset bits); no hash map.
 
-use crate::clean_dirty::CleanDirty;
+use crate::clean_dirty::{delegate_to_lists, CleanDirty};
 use crate::{BlockId, Replacement};
 
 /// Least-recently-used replacement and cleaning.
@@ -50,17 +50,7 @@ impl Replacement for Lru {
         self.lists.touch(id);
     }
 
-    fn set_dirty(&mut self, id: BlockId, dirty: bool) {
-        self.lists.set_dirty(id, dirty);
-    }
-
-    fn remove(&mut self, id: BlockId) {
-        self.lists.remove(id);
-    }
-
-    fn victim_clean(&mut self, pinned: &dyn Fn(BlockId) -> bool) -> Option<BlockId> {
-        self.lists.victim_clean(pinned)
-    }
+    delegate_to_lists!();
 
     fn clean_batch(&mut self, max: usize, busy: &dyn Fn(BlockId) -> bool, out: &mut Vec<BlockId>) {
         out.extend(self.lists.dirty_lru().filter(|&id| !busy(id)).take(max));

@@ -8,7 +8,7 @@
 //! [`crate::lru::Lru`]). Cleaning starts/stops at the watermarks (the trait's
 //! default `should_clean`).
 
-use crate::clean_dirty::SegmentedLists;
+use crate::clean_dirty::{delegate_to_lists, SegmentedLists};
 use crate::segments::SegmentInfo;
 use crate::{BlockId, Replacement};
 
@@ -51,17 +51,7 @@ impl Replacement for Lst {
         self.lists.touch(id, write);
     }
 
-    fn set_dirty(&mut self, id: BlockId, dirty: bool) {
-        self.lists.set_dirty(id, dirty);
-    }
-
-    fn remove(&mut self, id: BlockId) {
-        self.lists.remove(id);
-    }
-
-    fn victim_clean(&mut self, pinned: &dyn Fn(BlockId) -> bool) -> Option<BlockId> {
-        self.lists.blocks.victim_clean(pinned)
-    }
+    delegate_to_lists!();
 
     fn clean_batch(&mut self, max: usize, busy: &dyn Fn(BlockId) -> bool, out: &mut Vec<BlockId>) {
         // A hot region of 0 blocks: every segment is a candidate.

@@ -24,7 +24,7 @@
 
 use nvwc_mrc::{OnlineKnee, OnlineKneeConfig};
 
-use crate::clean_dirty::SegmentedLists;
+use crate::clean_dirty::{delegate_to_lists, SegmentedLists};
 use crate::segments::SegmentInfo;
 use crate::{BlockId, Replacement, Watermarks};
 
@@ -175,17 +175,7 @@ impl Replacement for Stack {
         }
     }
 
-    fn set_dirty(&mut self, id: BlockId, dirty: bool) {
-        self.lists.set_dirty(id, dirty);
-    }
-
-    fn remove(&mut self, id: BlockId) {
-        self.lists.remove(id);
-    }
-
-    fn victim_clean(&mut self, pinned: &dyn Fn(BlockId) -> bool) -> Option<BlockId> {
-        self.lists.blocks.victim_clean(pinned)
-    }
+    delegate_to_lists!();
 
     fn clean_batch(&mut self, max: usize, busy: &dyn Fn(BlockId) -> bool, out: &mut Vec<BlockId>) {
         let knee = self.s_knee();

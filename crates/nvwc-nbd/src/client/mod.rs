@@ -1170,6 +1170,32 @@ async fn read_replies<R: AsyncRead + Unpin>(
     }
 }
 
+/// The part of a read's buffer that a chunk of `n` bytes at `offset`
+/// fills, recorded as received; an error if the request is not a read or
+/// the chunk falls outside it.
+fn read_target<'a>(
+    acc: &'a mut Acc,
+    offset: u64,
+    n: u64,
+    what: &str,
+) -> Result<&'a mut [u8], String> {
+    let Acc::Read {
+        offset: ro,
+        len,
+        buf,
+        ranges,
+    } = acc
+    else {
+        return Err(format!("{what} for a non-read request"));
+    };
+    let start = offset
+        .checked_sub(*ro)
+        .filter(|s| s + n <= u64::from(*len))
+        .ok_or_else(|| format!("{what} outside the requested range"))?;
+    ranges.push((start, n));
+    Ok(&mut buf[start as usize..(start + n) as usize])
+}
+
 fn apply_chunk(
     p: &mut Pending,
     h: &ChunkHeader,
@@ -1200,38 +1226,11 @@ fn apply_chunk(
             }
         }
         ChunkPayload::OffsetData { offset, data } => {
-            let Acc::Read {
-                offset: ro,
-                len,
-                buf,
-                ranges,
-            } = &mut p.acc
-            else {
-                return Err("OFFSET_DATA for a non-read request".into());
-            };
-            let start = offset
-                .checked_sub(*ro)
-                .filter(|s| s + data.len() as u64 <= u64::from(*len))
-                .ok_or("OFFSET_DATA outside the requested range")?;
-            buf[start as usize..start as usize + data.len()].copy_from_slice(&data);
-            ranges.push((start, data.len() as u64));
+            read_target(&mut p.acc, offset, data.len() as u64, "OFFSET_DATA")?
+                .copy_from_slice(&data);
         }
         ChunkPayload::OffsetHole { offset, len: hl } => {
-            let Acc::Read {
-                offset: ro,
-                len,
-                buf,
-                ranges,
-            } = &mut p.acc
-            else {
-                return Err("OFFSET_HOLE for a non-read request".into());
-            };
-            let start = offset
-                .checked_sub(*ro)
-                .filter(|s| s + u64::from(hl) <= u64::from(*len))
-                .ok_or("OFFSET_HOLE outside the requested range")?;
-            buf[start as usize..start as usize + hl as usize].fill(0);
-            ranges.push((start, u64::from(hl)));
+            read_target(&mut p.acc, offset, hl.into(), "OFFSET_HOLE")?.fill(0);
         }
         ChunkPayload::BlockStatus {
             context_id: id,

@@ -5,7 +5,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::error::CodecError;
 
-use super::wire::{assert_wire_string, decode_string, u32_len, Rd};
+use super::wire::{assert_wire_string, decode_string, u32_len, wire_header, Rd, WireInt};
 use super::{opt, IHAVEOPT, NBDMAGIC};
 
 /// Length of the newstyle server greeting: NBDMAGIC, IHAVEOPT, 16-bit flags.
@@ -25,9 +25,9 @@ pub fn encode_server_greeting(handshake_flags: u16) -> [u8; GREETING_LEN] {
 /// Oldstyle servers (second magic `cliserv_magic`) are rejected as `BadMagic`.
 pub fn decode_server_greeting(buf: &[u8]) -> Result<u16, CodecError> {
     let mut r = Rd::new(buf, "server greeting");
-    r.magic_u64(NBDMAGIC)?;
+    r.magic(NBDMAGIC)?;
     r.what = "server greeting (newstyle)";
-    r.magic_u64(IHAVEOPT)?;
+    r.magic(IHAVEOPT)?;
     r.u16()
 }
 
@@ -42,38 +42,13 @@ pub fn decode_client_flags(buf: &[u8]) -> Result<u32, CodecError> {
     Rd::new(buf, "client flags").u32()
 }
 
-/// The fixed 16-byte header of an option request: IHAVEOPT, option, length.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OptionHeader {
+wire_header! {
+    /// The fixed 16-byte header of an option request: IHAVEOPT, option, length.
+    OptionHeader, "option header", magic u64 = IHAVEOPT;
     /// The `NBD_OPT_*` code.
-    pub option: u32,
+    option: u32,
     /// Length of the option data that follows.
-    pub length: u32,
-}
-
-impl OptionHeader {
-    /// Encoded size.
-    pub const LEN: usize = 16;
-
-    /// Encode (with the IHAVEOPT magic).
-    pub fn encode(&self) -> [u8; Self::LEN] {
-        let mut b = [0u8; Self::LEN];
-        let mut w = &mut b[..];
-        w.put_u64(IHAVEOPT);
-        w.put_u32(self.option);
-        w.put_u32(self.length);
-        b
-    }
-
-    /// Decode and check the magic.
-    pub fn decode(buf: &[u8]) -> Result<Self, CodecError> {
-        let mut r = Rd::new(buf, "option header");
-        r.magic_u64(IHAVEOPT)?;
-        Ok(OptionHeader {
-            option: r.u32()?,
-            length: r.u32()?,
-        })
-    }
+    length: u32,
 }
 
 /// Encode a complete option request (header + data) for any option code.

@@ -6,45 +6,18 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::error::CodecError;
 
-use super::wire::{assert_wire_string, decode_string, u32_len, Rd};
+use super::wire::{assert_wire_string, decode_string, u32_len, wire_header, Rd, WireInt};
 use super::{info, OPTION_REPLY_MAGIC};
 
-/// The fixed 20-byte header of an option reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OptionReplyHeader {
+wire_header! {
+    /// The fixed 20-byte header of an option reply.
+    OptionReplyHeader, "option reply header", magic u64 = OPTION_REPLY_MAGIC;
     /// The option being replied to.
-    pub option: u32,
+    option: u32,
     /// `NBD_REP_*`.
-    pub reply_type: u32,
+    reply_type: u32,
     /// Length of the reply data.
-    pub length: u32,
-}
-
-impl OptionReplyHeader {
-    /// Encoded size.
-    pub const LEN: usize = 20;
-
-    /// Encode (with magic).
-    pub fn encode(&self) -> [u8; Self::LEN] {
-        let mut b = [0u8; Self::LEN];
-        let mut w = &mut b[..];
-        w.put_u64(OPTION_REPLY_MAGIC);
-        w.put_u32(self.option);
-        w.put_u32(self.reply_type);
-        w.put_u32(self.length);
-        b
-    }
-
-    /// Decode and check the magic.
-    pub fn decode(buf: &[u8]) -> Result<Self, CodecError> {
-        let mut r = Rd::new(buf, "option reply header");
-        r.magic_u64(OPTION_REPLY_MAGIC)?;
-        Ok(OptionReplyHeader {
-            option: r.u32()?,
-            reply_type: r.u32()?,
-            length: r.u32()?,
-        })
-    }
+    length: u32,
 }
 
 /// Encode a complete option reply.

@@ -1,134 +1,49 @@
 //! Transmission-phase headers: the request header, the simple reply header
 //! and the structured reply chunk header, and telling replies apart by magic.
 
-use bytes::BufMut;
-
 use crate::error::CodecError;
 
-use super::wire::Rd;
+use super::wire::{wire_header, Rd, WireInt};
 use super::{reply_flags, Command, REQUEST_MAGIC, SIMPLE_REPLY_MAGIC, STRUCTURED_REPLY_MAGIC};
 
-/// The 28-byte request header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RequestHeader {
+wire_header! {
+    /// The 28-byte request header.
+    RequestHeader, "request header", magic u32 = REQUEST_MAGIC;
     /// `NBD_CMD_FLAG_*`.
-    pub flags: u16,
+    flags: u16,
     /// Command type.
-    pub command: Command,
+    command: Command,
     /// Opaque cookie echoed in the reply ("handle").
-    pub handle: u64,
+    handle: u64,
     /// Byte offset.
-    pub offset: u64,
+    offset: u64,
     /// Byte length (also the payload length for WRITE).
-    pub length: u32,
+    length: u32,
 }
 
-impl RequestHeader {
-    /// Encoded size.
-    pub const LEN: usize = 28;
-
-    /// Encode (with magic).
-    pub fn encode(&self) -> [u8; Self::LEN] {
-        let mut b = [0u8; Self::LEN];
-        let mut w = &mut b[..];
-        w.put_u32(REQUEST_MAGIC);
-        w.put_u16(self.flags);
-        w.put_u16(u16::from(self.command));
-        w.put_u64(self.handle);
-        w.put_u64(self.offset);
-        w.put_u32(self.length);
-        b
-    }
-
-    /// Decode and check the magic.
-    pub fn decode(buf: &[u8]) -> Result<Self, CodecError> {
-        let mut r = Rd::new(buf, "request header");
-        r.magic_u32(REQUEST_MAGIC)?;
-        Ok(RequestHeader {
-            flags: r.u16()?,
-            command: Command::from(r.u16()?),
-            handle: r.u64()?,
-            offset: r.u64()?,
-            length: r.u32()?,
-        })
-    }
-}
-
-/// The 16-byte simple reply header (READ data, if any, follows).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SimpleReplyHeader {
+wire_header! {
+    /// The 16-byte simple reply header (READ data, if any, follows).
+    SimpleReplyHeader, "simple reply", magic u32 = SIMPLE_REPLY_MAGIC;
     /// 0 or an error value.
-    pub error: u32,
+    error: u32,
     /// Cookie of the request.
-    pub handle: u64,
+    handle: u64,
 }
 
-impl SimpleReplyHeader {
-    /// Encoded size.
-    pub const LEN: usize = 16;
-
-    /// Encode (with magic).
-    pub fn encode(&self) -> [u8; Self::LEN] {
-        let mut b = [0u8; Self::LEN];
-        let mut w = &mut b[..];
-        w.put_u32(SIMPLE_REPLY_MAGIC);
-        w.put_u32(self.error);
-        w.put_u64(self.handle);
-        b
-    }
-
-    /// Decode and check the magic.
-    pub fn decode(buf: &[u8]) -> Result<Self, CodecError> {
-        let mut r = Rd::new(buf, "simple reply");
-        r.magic_u32(SIMPLE_REPLY_MAGIC)?;
-        Ok(SimpleReplyHeader {
-            error: r.u32()?,
-            handle: r.u64()?,
-        })
-    }
-}
-
-/// The 20-byte structured reply chunk header.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ChunkHeader {
+wire_header! {
+    /// The 20-byte structured reply chunk header.
+    ChunkHeader, "structured reply chunk", magic u32 = STRUCTURED_REPLY_MAGIC;
     /// `NBD_REPLY_FLAG_*`.
-    pub flags: u16,
+    flags: u16,
     /// `NBD_REPLY_TYPE_*`.
-    pub kind: u16,
+    kind: u16,
     /// Cookie of the request.
-    pub handle: u64,
+    handle: u64,
     /// Payload length.
-    pub length: u32,
+    length: u32,
 }
 
 impl ChunkHeader {
-    /// Encoded size.
-    pub const LEN: usize = 20;
-
-    /// Encode (with magic).
-    pub fn encode(&self) -> [u8; Self::LEN] {
-        let mut b = [0u8; Self::LEN];
-        let mut w = &mut b[..];
-        w.put_u32(STRUCTURED_REPLY_MAGIC);
-        w.put_u16(self.flags);
-        w.put_u16(self.kind);
-        w.put_u64(self.handle);
-        w.put_u32(self.length);
-        b
-    }
-
-    /// Decode and check the magic.
-    pub fn decode(buf: &[u8]) -> Result<Self, CodecError> {
-        let mut r = Rd::new(buf, "structured reply chunk");
-        r.magic_u32(STRUCTURED_REPLY_MAGIC)?;
-        Ok(ChunkHeader {
-            flags: r.u16()?,
-            kind: r.u16()?,
-            handle: r.u64()?,
-            length: r.u32()?,
-        })
-    }
-
     /// True if `NBD_REPLY_FLAG_DONE` is set.
     pub fn is_done(&self) -> bool {
         self.flags & reply_flags::DONE != 0

@@ -1,9 +1,11 @@
 //! Shared by every codec file: the bounds-checked big-endian reader, the
 //! string rules of the spec ("Conventions") and the helpers that encode them.
 
+use bytes::BufMut;
+
 use crate::error::CodecError;
 
-use super::MAX_STRING_LEN;
+use super::{Command, MAX_STRING_LEN};
 
 /// Bounds-checked big-endian reader over a byte slice.
 pub(super) struct Rd<'a> {
@@ -45,24 +47,19 @@ impl<'a> Rd<'a> {
         a.copy_from_slice(b);
         Ok(u64::from_be_bytes(a))
     }
-    /// A 32-bit magic that MUST be `expected` (else `BadMagic`).
-    pub(super) fn magic_u32(&mut self, expected: u32) -> Result<(), CodecError> {
-        let got = self.u32()?;
-        self.check_magic(expected.into(), got.into())
-    }
-    /// A 64-bit magic that MUST be `expected` (else `BadMagic`).
-    pub(super) fn magic_u64(&mut self, expected: u64) -> Result<(), CodecError> {
-        let got = self.u64()?;
-        self.check_magic(expected, got)
-    }
-    fn check_magic(&self, expected: u64, got: u64) -> Result<(), CodecError> {
+    /// A magic that MUST be `expected` (else `BadMagic`).
+    pub(super) fn magic<T: WireInt + Into<u64> + PartialEq>(
+        &mut self,
+        expected: T,
+    ) -> Result<(), CodecError> {
+        let got = T::get(self)?;
         if got == expected {
             Ok(())
         } else {
             Err(CodecError::BadMagic {
                 what: self.what,
-                expected,
-                got,
+                expected: expected.into(),
+                got: got.into(),
             })
         }
     }
@@ -90,6 +87,87 @@ impl<'a> Rd<'a> {
         }
     }
 }
+
+/// A fixed-size big-endian field of a header.
+pub(super) trait WireInt: Copy + Sized {
+    /// Encoded size.
+    const LEN: usize;
+    /// Append to `w` (which MUST have room).
+    fn put(self, w: &mut &mut [u8]);
+    /// Read from `r`.
+    fn get(r: &mut Rd<'_>) -> Result<Self, CodecError>;
+}
+
+macro_rules! wire_int {
+    ($($t:ty: $put:ident, $get:ident;)*) => {
+        $(impl WireInt for $t {
+            const LEN: usize = std::mem::size_of::<$t>();
+            fn put(self, w: &mut &mut [u8]) {
+                w.$put(self);
+            }
+            fn get(r: &mut Rd<'_>) -> Result<Self, CodecError> {
+                r.$get()
+            }
+        })*
+    };
+}
+
+wire_int! {
+    u16: put_u16, u16;
+    u32: put_u32, u32;
+    u64: put_u64, u64;
+}
+
+impl WireInt for Command {
+    const LEN: usize = 2;
+    fn put(self, w: &mut &mut [u8]) {
+        u16::from(self).put(w);
+    }
+    fn get(r: &mut Rd<'_>) -> Result<Self, CodecError> {
+        r.u16().map(Command::from)
+    }
+}
+
+/// Defines a fixed-size header: the struct, its encoded size `LEN`, and
+/// `encode` / `decode` (the magic first, then each field in order, as its
+/// [`WireInt`]). `decode` checks the magic.
+macro_rules! wire_header {
+    (
+        $(#[$meta:meta])*
+        $name:ident, $what:literal, magic $mty:ty = $magic:expr;
+        $($(#[$fmeta:meta])* $field:ident: $fty:ty,)*
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub struct $name {
+            $($(#[$fmeta])* pub $field: $fty,)*
+        }
+
+        impl $name {
+            /// Encoded size.
+            pub const LEN: usize = <$mty as WireInt>::LEN $(+ <$fty as WireInt>::LEN)*;
+
+            /// Encode (with the magic).
+            pub fn encode(&self) -> [u8; Self::LEN] {
+                let mut b = [0u8; Self::LEN];
+                let mut w = &mut b[..];
+                WireInt::put($magic, &mut w);
+                $(WireInt::put(self.$field, &mut w);)*
+                b
+            }
+
+            /// Decode and check the magic.
+            pub fn decode(buf: &[u8]) -> Result<Self, CodecError> {
+                let mut r = Rd::new(buf, $what);
+                r.magic::<$mty>($magic)?;
+                Ok($name {
+                    $($field: WireInt::get(&mut r)?,)*
+                })
+            }
+        }
+    };
+}
+pub(super) use wire_header;
 
 pub(super) fn decode_string(b: &[u8], what: &'static str) -> Result<String, CodecError> {
     if b.len() > MAX_STRING_LEN {
