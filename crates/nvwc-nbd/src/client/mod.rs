@@ -600,10 +600,7 @@ impl Client {
             .map_err(|_| ClientError::InvalidArgument("write larger than 4 GiB".into()))?;
         self.check_range(offset, len)?;
         self.check_payload(len)?;
-        if fua && !self.details.can_fua() {
-            return Err(ClientError::Unsupported("FUA"));
-        }
-        let flags = if fua { cmd_flags::FUA } else { 0 };
+        let flags = self.fua_flag(fua)?;
         self.submit(Command::Write, flags, offset, len, Some(data), Acc::Other)
             .await
             .map(|_| ())
@@ -624,14 +621,8 @@ impl Client {
         if !self.details.can_trim() {
             return Err(ClientError::Unsupported("trim"));
         }
-        if fua && !self.details.can_fua() {
-            return Err(ClientError::Unsupported("FUA"));
-        }
-        self.check_range(offset, len)?;
-        let flags = if fua { cmd_flags::FUA } else { 0 };
-        self.submit(Command::Trim, flags, offset, len, None, Acc::Other)
-            .await
-            .map(|_| ())
+        let flags = self.fua_flag(fua)?;
+        self.no_data(Command::Trim, flags, offset, len).await
     }
 
     /// `NBD_CMD_WRITE_ZEROES`.
@@ -644,16 +635,9 @@ impl Client {
         if !self.details.can_zero() {
             return Err(ClientError::Unsupported("write zeroes"));
         }
-        if flags.fua && !self.details.can_fua() {
-            return Err(ClientError::Unsupported("FUA"));
-        }
+        let mut f = self.fua_flag(flags.fua)?;
         if flags.fast_zero && !self.details.can_fast_zero() {
             return Err(ClientError::Unsupported("fast zero"));
-        }
-        self.check_range(offset, len)?;
-        let mut f = 0;
-        if flags.fua {
-            f |= cmd_flags::FUA;
         }
         if flags.no_hole {
             f |= cmd_flags::NO_HOLE;
@@ -661,9 +645,7 @@ impl Client {
         if flags.fast_zero {
             f |= cmd_flags::FAST_ZERO;
         }
-        self.submit(Command::WriteZeroes, f, offset, len, None, Acc::Other)
-            .await
-            .map(|_| ())
+        self.no_data(Command::WriteZeroes, f, offset, len).await
     }
 
     /// `NBD_CMD_CACHE` (prefetch hint).
@@ -671,8 +653,28 @@ impl Client {
         if !self.details.can_cache() {
             return Err(ClientError::Unsupported("cache"));
         }
+        self.no_data(Command::Cache, 0, offset, len).await
+    }
+
+    /// `cmd_flags::FUA` if `fua` (which the export MUST support), else 0.
+    fn fua_flag(&self, fua: bool) -> Result<u16, ClientError> {
+        match fua {
+            false => Ok(0),
+            true if self.details.can_fua() => Ok(cmd_flags::FUA),
+            true => Err(ClientError::Unsupported("FUA")),
+        }
+    }
+
+    /// A command that carries no data either way, after the range check.
+    async fn no_data(
+        &self,
+        cmd: Command,
+        flags: u16,
+        offset: u64,
+        len: u32,
+    ) -> Result<(), ClientError> {
         self.check_range(offset, len)?;
-        self.submit(Command::Cache, 0, offset, len, None, Acc::Other)
+        self.submit(cmd, flags, offset, len, None, Acc::Other)
             .await
             .map(|_| ())
     }

@@ -5,7 +5,9 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::error::CodecError;
 
-use super::wire::{assert_wire_string, decode_string, u32_len, wire_header, Rd, WireInt};
+use super::wire::{
+    assert_wire_string, decode_string, put_prefixed_string, u32_len, wire_header, Rd, WireInt,
+};
 use super::{opt, IHAVEOPT, NBDMAGIC};
 
 /// Length of the newstyle server greeting: NBDMAGIC, IHAVEOPT, 16-bit flags.
@@ -77,10 +79,8 @@ pub struct InfoRequest {
 impl InfoRequest {
     /// Encode the option data (not the header).
     pub fn encode_data(&self) -> Bytes {
-        assert_wire_string(&self.name);
         let mut b = BytesMut::with_capacity(4 + self.name.len() + 2 + 2 * self.requests.len());
-        b.put_u32(u32_len(self.name.len()));
-        b.put_slice(self.name.as_bytes());
+        put_prefixed_string(&mut b, &self.name);
         b.put_u16(u16::try_from(self.requests.len()).expect("at most 65535 info requests"));
         for r in &self.requests {
             b.put_u16(*r);
@@ -143,15 +143,11 @@ pub struct MetaContextRequest {
 impl MetaContextRequest {
     /// Encode the option data.
     pub fn encode_data(&self) -> Bytes {
-        assert_wire_string(&self.export);
         let mut b = BytesMut::new();
-        b.put_u32(u32_len(self.export.len()));
-        b.put_slice(self.export.as_bytes());
+        put_prefixed_string(&mut b, &self.export);
         b.put_u32(u32_len(self.queries.len()));
         for q in &self.queries {
-            assert_wire_string(q);
-            b.put_u32(u32_len(q.len()));
-            b.put_slice(q.as_bytes());
+            put_prefixed_string(&mut b, q);
         }
         b.freeze()
     }
@@ -161,14 +157,7 @@ impl MetaContextRequest {
     pub fn decode_data(data: &[u8]) -> Result<Self, CodecError> {
         let what = "meta context option data";
         let mut r = Rd::new(data, what);
-        let name_len = r.u32()? as usize;
-        if name_len > r.remaining() {
-            return Err(CodecError::Malformed {
-                what,
-                reason: format!("export name length {name_len} exceeds option data"),
-            });
-        }
-        let export = r.string(name_len)?;
+        let export = r.prefixed_string("export name")?;
         let n = r.u32()? as usize;
         // Every query needs at least 4 bytes; reject absurd counts before allocating.
         if n > r.remaining() / 4 {
@@ -179,14 +168,7 @@ impl MetaContextRequest {
         }
         let mut queries = Vec::with_capacity(n);
         for _ in 0..n {
-            let ql = r.u32()? as usize;
-            if ql > r.remaining() {
-                return Err(CodecError::Malformed {
-                    what,
-                    reason: format!("query length {ql} exceeds option data"),
-                });
-            }
-            queries.push(r.string(ql)?);
+            queries.push(r.prefixed_string("query")?);
         }
         r.finish()?;
         Ok(MetaContextRequest { export, queries })

@@ -6,7 +6,9 @@ use bytes::{BufMut, Bytes, BytesMut};
 
 use crate::error::CodecError;
 
-use super::wire::{assert_wire_string, decode_string, u32_len, wire_header, Rd, WireInt};
+use super::wire::{
+    assert_wire_string, decode_string, put_prefixed_string, u32_len, wire_header, Rd, WireInt,
+};
 use super::{info, OPTION_REPLY_MAGIC};
 
 wire_header! {
@@ -47,11 +49,9 @@ pub struct ServerEntry {
 impl ServerEntry {
     /// Encode the reply data.
     pub fn encode_data(&self) -> Bytes {
-        assert_wire_string(&self.name);
         assert_wire_string(&self.description);
         let mut b = BytesMut::with_capacity(4 + self.name.len() + self.description.len());
-        b.put_u32(u32_len(self.name.len()));
-        b.put_slice(self.name.as_bytes());
+        put_prefixed_string(&mut b, &self.name);
         b.put_slice(self.description.as_bytes());
         b.freeze()
     }
@@ -60,14 +60,7 @@ impl ServerEntry {
     pub fn decode_data(data: &[u8]) -> Result<Self, CodecError> {
         let what = "NBD_REP_SERVER";
         let mut r = Rd::new(data, what);
-        let n = r.u32()? as usize;
-        if n > r.remaining() {
-            return Err(CodecError::Malformed {
-                what,
-                reason: format!("name length {n} exceeds reply length"),
-            });
-        }
-        let name = r.string(n)?;
+        let name = r.prefixed_string("name")?;
         let description = decode_string(r.rest(), what)?;
         Ok(ServerEntry { name, description })
     }

@@ -1,7 +1,7 @@
 //! Shared by every codec file: the bounds-checked big-endian reader, the
 //! string rules of the spec ("Conventions") and the helpers that encode them.
 
-use bytes::BufMut;
+use bytes::{BufMut, BytesMut};
 
 use crate::error::CodecError;
 
@@ -72,6 +72,18 @@ impl<'a> Rd<'a> {
         }
         let b = self.take(n)?;
         decode_string(b, self.what)
+    }
+    /// A string after its 32-bit length, which MUST stay inside the data
+    /// (`field` names it in the error).
+    pub(super) fn prefixed_string(&mut self, field: &str) -> Result<String, CodecError> {
+        let n = self.u32()? as usize;
+        if n > self.remaining() {
+            return Err(CodecError::Malformed {
+                what: self.what,
+                reason: format!("{field} length {n} exceeds the data"),
+            });
+        }
+        self.string(n)
     }
     pub(super) fn rest(&mut self) -> &'a [u8] {
         std::mem::take(&mut self.buf)
@@ -197,6 +209,14 @@ pub(super) fn assert_wire_string(s: &str) {
         s.len()
     );
     assert!(!s.contains('\0'), "NBD strings MUST NOT contain NUL");
+}
+
+/// Append `s` after its 32-bit length (the encode side of
+/// [`Rd::prefixed_string`]); `s` MUST be a valid NBD string.
+pub(super) fn put_prefixed_string(b: &mut BytesMut, s: &str) {
+    assert_wire_string(s);
+    b.put_u32(u32_len(s.len()));
+    b.put_slice(s.as_bytes());
 }
 
 pub(super) fn u32_len(n: usize) -> u32 {

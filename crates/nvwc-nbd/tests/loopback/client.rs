@@ -17,13 +17,13 @@ use tokio::io::AsyncWriteExt;
 
 use crate::common::*;
 use crate::exports::*;
-use crate::{disconnected, mem, MIB};
+use crate::{disconnected, mem, serve, MIB};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_all_commands_structured() {
     bounded(async {
         let m = mem("", MIB);
-        let ts = TestServer::start(vec![m.clone()]).await;
+        let ts = serve(&m).await;
         let c = Client::connect(&ts.uri("")).await.unwrap();
         let d = c.info().clone();
         assert_eq!(c.size(), MIB);
@@ -115,7 +115,7 @@ async fn client_all_commands_structured() {
 async fn client_all_commands_simple_replies() {
     bounded(async {
         let m = mem("", MIB);
-        let ts = TestServer::start(vec![m.clone()]).await;
+        let ts = serve(&m).await;
         let opts = ClientOptions {
             structured_replies: false,
             ..Default::default()
@@ -242,7 +242,7 @@ async fn in_flight_byte_budget_is_respected() {
 async fn replies_are_sent_in_completion_order() {
     bounded(async {
         let g = GateExport::new(MIB);
-        let ts = TestServer::start(vec![g.clone()]).await;
+        let ts = serve(&g).await;
         let mut r = Raw::go(&ts.sock, "", true, false).await;
         r.request(req(0, 0, 1, 0, 512), &[]).await; // blocks at the gate
         g.entered.notified().await;
@@ -273,7 +273,7 @@ async fn replies_are_sent_in_completion_order() {
 async fn disc_waits_for_in_flight_requests() {
     bounded(async {
         let g = GateExport::new(MIB);
-        let ts = TestServer::start(vec![g.clone()]).await;
+        let ts = serve(&g).await;
         let mut r = Raw::go(&ts.sock, "", false, false).await;
         r.request(req(0, 0, 7, 0, 16), &[]).await;
         g.entered.notified().await;
@@ -293,7 +293,7 @@ async fn disc_waits_for_in_flight_requests() {
 async fn many_clients_concurrent_integrity() {
     bounded(async {
         let m = mem("", 4 * MIB);
-        let ts = TestServer::start(vec![m.clone()]).await;
+        let ts = serve(&m).await;
         let mut set = tokio::task::JoinSet::new();
         for k in 0..4u64 {
             let uri = ts.uri("");
@@ -340,7 +340,7 @@ async fn many_clients_concurrent_integrity() {
 async fn pipelined_large_and_small_requests_stay_in_sync() {
     bounded(async {
         let m = mem("", 8 * MIB);
-        let ts = TestServer::start(vec![m.clone()]).await;
+        let ts = serve(&m).await;
         let c = Arc::new(Client::connect(&ts.uri("")).await.unwrap());
         let mut set = tokio::task::JoinSet::new();
         for i in 0..48u64 {
@@ -395,21 +395,28 @@ async fn tcp_loopback_listener() {
 // Direct writes
 // ---------------------------------------------------------------------------
 
+/// Three 64 KiB writes back to back (handles 0..3, at 0, 64 KiB, 128 KiB),
+/// write `i` carrying `payload(i)`.
+fn large_writes(payload: impl Fn(u64) -> Vec<u8>) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for i in 0..3u64 {
+        bytes.extend_from_slice(&req(1, 0, i, i * 64 * 1024, 64 * 1024).encode());
+        bytes.extend_from_slice(&payload(i));
+    }
+    bytes
+}
+
 /// Pipelined 64 KiB writes with small writes and reads over a unix socket:
 /// the export takes queued payloads directly, and everything reads back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn direct_writes_take_queued_payloads() {
     bounded(async {
         let e = DirectExport::new(16 * MIB, DirectMode::All);
-        let ts = TestServer::start(vec![e.clone()]).await;
+        let ts = serve(&e).await;
         let mut r = Raw::go(&ts.sock, "", false, false).await;
         // Three large writes sent back to back: after the first, each header
         // is read unbuffered and its payload is already queued.
-        let mut bytes = Vec::new();
-        for i in 0..3u64 {
-            bytes.extend_from_slice(&req(1, 0, i, i * 64 * 1024, 64 * 1024).encode());
-            bytes.extend_from_slice(&random_bytes(64 * 1024, 100 + i));
-        }
+        let bytes = large_writes(|i| random_bytes(64 * 1024, 100 + i));
         r.send(&bytes).await;
         for _ in 0..3 {
             assert_eq!(r.simple_reply().await.error, 0);
@@ -452,13 +459,9 @@ async fn direct_writes_take_queued_payloads() {
 async fn direct_write_stopped_half_way_keeps_the_stream_in_sync() {
     bounded(async {
         let e = DirectExport::new(4 * MIB, DirectMode::Half);
-        let ts = TestServer::start(vec![e.clone()]).await;
+        let ts = serve(&e).await;
         let mut r = Raw::go(&ts.sock, "", false, false).await;
-        let mut bytes = Vec::new();
-        for i in 0..3u64 {
-            bytes.extend_from_slice(&req(1, 0, i, i * 64 * 1024, 64 * 1024).encode());
-            bytes.extend_from_slice(&[0x5a; 64 * 1024]);
-        }
+        let mut bytes = large_writes(|_| vec![0x5a; 64 * 1024]);
         // A small write and a read after them must be parsed from the right place.
         bytes.extend_from_slice(&req(1, 0, 10, 3 * MIB, 512).encode());
         bytes.extend_from_slice(&[0x77; 512]);
@@ -493,7 +496,7 @@ async fn direct_write_stopped_half_way_keeps_the_stream_in_sync() {
 async fn declined_and_tcp_writes_take_the_buffered_path() {
     bounded(async {
         let e = DirectExport::new(4 * MIB, DirectMode::Decline);
-        let ts = TestServer::start(vec![e.clone()]).await;
+        let ts = serve(&e).await;
         let c = Client::connect(&ts.uri("")).await.unwrap();
         for i in 0..8u64 {
             let d = random_bytes(64 * 1024, 500 + i);
@@ -529,7 +532,7 @@ async fn declined_and_tcp_writes_take_the_buffered_path() {
 async fn stalled_large_write_payloads_are_read_buffered() {
     bounded(async {
         let e = DirectExport::new(4 * MIB, DirectMode::All);
-        let ts = TestServer::start(vec![e.clone()]).await;
+        let ts = serve(&e).await;
         let mut r = Raw::go(&ts.sock, "", false, false).await;
         // A first large write, so the next header is read unbuffered.
         r.request(req(1, 0, 1, 0, 64 * 1024), &[1; 64 * 1024]).await;

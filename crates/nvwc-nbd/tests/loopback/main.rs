@@ -17,7 +17,8 @@ mod session;
 
 use std::sync::Arc;
 
-use nvwc_nbd::MemoryExport;
+use common::TestServer;
+use nvwc_nbd::{Export, MemoryExport};
 
 pub const MIB: u64 = 1 << 20;
 
@@ -35,4 +36,9 @@ pub async fn disconnected(m: &MemoryExport, n: u64) {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     assert_eq!(m.stats().disconnects, n);
+}
+
+/// A server of the one export `e`.
+pub async fn serve<E: Export>(e: &Arc<E>) -> TestServer {
+    TestServer::start(vec![e.clone()]).await
 }

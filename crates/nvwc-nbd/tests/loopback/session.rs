@@ -19,7 +19,7 @@ use tokio::io::AsyncWriteExt;
 use crate::bad_input::{table_server, READ, WRITE};
 use crate::common::*;
 use crate::exports::*;
-use crate::{disconnected, mem, MIB};
+use crate::{disconnected, mem, serve, MIB};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn list_exports_and_default_export() {
@@ -300,7 +300,7 @@ async fn handshake_timeout_closes_idle_client() {
 async fn graceful_shutdown_finishes_in_flight_and_answers_eshutdown() {
     bounded(async {
         let g = GateExport::new(MIB);
-        let ts = TestServer::start(vec![g.clone()]).await;
+        let ts = serve(&g).await;
         let mut r = Raw::go(&ts.sock, "", true, false).await;
         // A connection idling in the handshake is closed by shutdown.
         let mut idle = Raw::connect(&ts.sock).await;
@@ -384,7 +384,7 @@ async fn client_enforces_size_constraints_locally() {
         i.min_block = 512;
         i.max_block = 65536;
         let plain = Arc::new(MemoryExport::new(i));
-        let ts = TestServer::start(vec![plain.clone()]).await;
+        let ts = serve(&plain).await;
         let c = Client::connect(&ts.uri("")).await.unwrap();
         assert_eq!((c.info().min_block, c.info().max_block), (512, 65536));
         let inval = |r: Result<(), ClientError>| {
@@ -423,7 +423,7 @@ async fn client_enforces_size_constraints_locally() {
 async fn dropped_client_soft_disconnects() {
     bounded(async {
         let m = mem("", MIB);
-        let ts = TestServer::start(vec![m.clone()]).await;
+        let ts = serve(&m).await;
         {
             let c = Client::connect(&ts.uri("")).await.unwrap();
             c.write(0, vec![1u8; 16], false).await.unwrap();
@@ -438,7 +438,7 @@ async fn dropped_client_soft_disconnects() {
 async fn cancelled_request_does_not_break_connection() {
     bounded(async {
         let g = GateExport::new(MIB);
-        let ts = TestServer::start(vec![g.clone()]).await;
+        let ts = serve(&g).await;
         let c = Arc::new(Client::connect(&ts.uri("")).await.unwrap());
         // Start a read that blocks in the export, then drop its future.
         let c2 = c.clone();
