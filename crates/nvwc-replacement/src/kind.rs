@@ -254,16 +254,16 @@ mod tests {
     #[test]
     fn parse_errors() {
         use ParseKindError as E;
-        let unknown_policy = |e: &E| matches!(e, E::UnknownPolicy(_));
-        let unknown_param = |e: &E| matches!(e, E::UnknownParam { .. });
-        let bad_value = |e: &E| matches!(e, E::BadValue { .. });
-        let cases: [(&str, &dyn Fn(&E) -> bool); 6] = [
-            ("fifo", &unknown_policy),
-            ("lru:track=4", &unknown_param),
-            ("lst:track=0", &bad_value),
-            ("lst:track=x", &bad_value),
-            ("stack:knee=5,period=9", &bad_value),
-            ("stack:knee", &bad_value),
+        let unknown_policy: fn(&E) -> bool = |e| matches!(e, E::UnknownPolicy(_));
+        let unknown_param: fn(&E) -> bool = |e| matches!(e, E::UnknownParam { .. });
+        let bad_value: fn(&E) -> bool = |e| matches!(e, E::BadValue { .. });
+        let cases = [
+            ("fifo", unknown_policy),
+            ("lru:track=4", unknown_param),
+            ("lst:track=0", bad_value),
+            ("lst:track=x", bad_value),
+            ("stack:knee=5,period=9", bad_value),
+            ("stack:knee", bad_value),
         ];
         for (s, want) in cases {
             let e = s.parse::<ReplacementKind>().unwrap_err();

@@ -234,13 +234,12 @@ pub fn run_trial(t: &Trial, root: &Path, keep: bool) -> Result<TrialResult> {
     Ok(r)
 }
 
+/// Environment variables for `nvwc serve`.
+type ServerEnv = Vec<(String, String)>;
+
 /// The server's environment for the trial's crash mode, with the injected
 /// faults joined to the host-crash model's rule; and the failpoint armed, if any.
-fn server_env(
-    t: &Trial,
-    dir: &Path,
-    rng: &mut Rng,
-) -> Result<(Vec<(String, String)>, Option<String>)> {
+fn server_env(t: &Trial, dir: &Path, rng: &mut Rng) -> Result<(ServerEnv, Option<String>)> {
     let mut env = Vec::new();
     let mut failpoint = None;
     match t.mode.as_str() {
