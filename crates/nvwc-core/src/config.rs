@@ -142,6 +142,15 @@ pub struct JournalConfig {
     pub checkpoint_delay_ns: u64,
     /// At most this many committed transactions are merged into one checkpoint group.
     pub checkpoint_merge_max: u32,
+    /// The journal's size in blocks (§5.3.2, the allowable staleness): at
+    /// most this many versions are written to the cache and not yet
+    /// checkpointed (dirty, being written, or reserved by an admitted
+    /// write). A write that would grow the journal past it waits until a
+    /// checkpoint makes room, and while one waits, committed transactions
+    /// are checkpointed without `checkpoint_delay_ns` and the open one is
+    /// closed if nothing else can be. 0: no bound but the cache's. A single
+    /// write larger than the bound is admitted alone into an empty journal.
+    pub size_blocks: u64,
 }
 
 impl Default for JournalConfig {
@@ -151,6 +160,7 @@ impl Default for JournalConfig {
             txn_max_age_ns: 1_000_000_000,
             checkpoint_delay_ns: 0,
             checkpoint_merge_max: 1,
+            size_blocks: 0,
         }
     }
 }

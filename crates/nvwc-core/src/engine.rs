@@ -267,6 +267,13 @@ impl<P: Payload> Engine<P> {
             + self.patch.sets.len() as u64
             + u64::from(self.patch.direct_unflushed || self.patch.direct_cover_inflight > 0)
     }
+    /// What a journal bound (`JournalConfig::size_blocks`) counts: dirty
+    /// versions, new versions being written, and slots reserved by
+    /// admitted writes. Under the bound it MUST stay within
+    /// `size_blocks`, except for a single larger write admitted alone.
+    pub fn journal_blocks(&self) -> u64 {
+        self.table.dirty + self.table.writing + self.table.reserved
+    }
     /// Highest durable commit.
     pub fn durable_commit(&self) -> u64 {
         self.commits.durable

@@ -43,6 +43,9 @@ pub struct Stats {
     pub stall_ns: u64,
     /// Write requests that could not be admitted on arrival (waited for space).
     pub admission_stalls: u64,
+    /// Of those, the ones that waited for room in a bounded journal
+    /// (`JournalConfig::size_blocks`), not for cache slots.
+    pub journal_stalls: u64,
     /// Pieces (reads and writes) that waited for another piece of the same
     /// block to finish (a write in flight holds its block, under
     /// write-through until the backing store has it), and the total time

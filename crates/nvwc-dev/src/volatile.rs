@@ -8,7 +8,7 @@
 //! that log before the write completes, so that it outlives a `kill -9`:
 //!
 //! - a plain write completes once its bytes are in the device's *view*
-//!   (the cache file's private mapping, `serve/mapped.rs`; or, for a device
+//!   (the cache file's private mapping, `nvwc-server/src/mapped.rs`; or, for a device
 //!   without one, the layer's overlay of pending records on reads) and its
 //!   record is logged;
 //! - a FLUSH takes the stamp at its issue, writes every record pending then

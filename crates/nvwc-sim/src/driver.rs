@@ -148,6 +148,8 @@ pub struct EngineTuning {
     pub checkpoint_delay_ns: Option<u64>,
     /// Journaled: transactions merged per checkpoint.
     pub checkpoint_merge_max: Option<u32>,
+    /// Journaled: the journal's size bound (blocks, 0 = the cache's).
+    pub journal_size_blocks: Option<u64>,
     /// Allocate cache blocks on read misses.
     pub read_allocate: Option<bool>,
     /// Destage writes in flight.
@@ -278,6 +280,9 @@ impl SimConfig {
         }
         if let Some(v) = t.checkpoint_merge_max {
             c.journal.checkpoint_merge_max = v;
+        }
+        if let Some(v) = t.journal_size_blocks {
+            c.journal.size_blocks = v;
         }
         if let Some(v) = t.read_allocate {
             c.read_allocate = v;

@@ -40,6 +40,10 @@
 //!   state showing writes of a later round may no longer show what an
 //!   earlier crash lost (see `oracle.rs`).
 //!
+//! Also from streams of their own: half the write-back seeds send writes
+//! around a full cache (`bypass_when_full`, some with paced cleaning), and
+//! half the journaled seeds bound the journal (`JournalConfig::size_blocks`).
+//!
 //! Triage aids (environment): `NVWC_VOPR_DUMP=1` prints the recovered
 //! metadata at each recovery, `NVWC_VOPR_TRACE_DRAIN=1` every command of
 //! the drain after recovery, `NVWC_VOPR_SECTOR=S` what each crash left at
@@ -321,6 +325,16 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
     // a seed's run, and at bcache's 40 s time constant.
     if cfg.bypass_when_full {
         cfg.full_clean_secs = [0, 1, 40][full.gen_range(0..3)];
+    }
+    // Half the journaled seeds bound the journal (`JournalConfig::size_blocks`),
+    // also from a stream of their own: from one block (every write waits for
+    // the previous one's checkpoint, and the open transaction is closed
+    // early) to most of a small cache.
+    if opts.policy.journaled() {
+        let mut j = ChaCha8Rng::seed_from_u64(seed ^ 0x70C3_A1B0_0D5E_ED11);
+        if j.gen_bool(0.5) {
+            cfg.journal.size_blocks = [1, 4, 16, 64][j.gen_range(0..4)];
+        }
     }
     let bs = cfg.block_size as u64;
     let layout = Layout::new(&cfg);

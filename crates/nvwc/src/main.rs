@@ -5,22 +5,11 @@ use std::process::ExitCode;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 mod docs;
-mod errors;
-mod fault;
-mod mrc;
-mod notify;
-mod repro;
-mod repro_adm;
-mod repro_nbw;
-mod serve;
-mod sim;
-mod status;
-mod sweep;
-mod tls;
-mod trace;
 mod vopr;
 
 use nvwc_harness::{crashtest, grid, loadtest};
+use nvwc_lab::{mrc, repro, sim, sweep, trace};
+use nvwc_server::{self as serve, errors, status};
 
 #[derive(Parser)]
 #[command(

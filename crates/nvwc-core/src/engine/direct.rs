@@ -31,7 +31,7 @@
 //!   queued or waiting for a slot, and there are free slots for every block
 //!   beyond those already reserved (clean blocks are evicted for them, as
 //!   the buffered path would for this write), and room for all its pieces
-//!   to start;
+//!   to start; under a bounded journal, room in it for every block;
 //! * none of its blocks has a piece in progress or a patch set.
 //!
 //! Under these, every piece reaches `write_piece` at once and, being a full
@@ -151,6 +151,7 @@ impl<P: Payload> Engine<P> {
             || !self.piece_queue.is_empty()
             || !self.alloc_waiters.is_empty()
             || u64::from(self.active_pieces) + n > u64::from(self.max_active)
+            || !self.journal_room(n)
         {
             return false;
         }

@@ -67,8 +67,10 @@ impl<P: Payload> Engine<P> {
         };
         // `admit` runs right after this and takes the queue in order: the
         // write waits exactly when others wait before it or space is short.
+        let journal_full = !self.journal_room(need);
         let waits = !self.admit_queue.is_empty()
-            || (self.table.free.len() as u64) < self.table.reserved + need;
+            || (self.table.free.len() as u64) < self.table.reserved + need
+            || journal_full;
         let keep = self.full_keep();
         let full = waits || (self.table.free.len() as u64) < self.table.reserved + need + keep;
         if full && !bypass && self.bypass.when_full {
@@ -83,6 +85,9 @@ impl<P: Payload> Engine<P> {
         if waits {
             self.stats.admission_stalls += 1;
         }
+        if journal_full {
+            self.stats.journal_stalls += 1;
+        }
         self.admit_queue.push_back(Admit {
             rw: rw(data),
             route: if bypass { Route::Bypass } else { Route::Cache },
@@ -94,8 +99,13 @@ impl<P: Payload> Engine<P> {
 
     pub(super) fn admit(&mut self) -> bool {
         let mut changed = false;
+        let mut journal_wait = false;
         while let Some(a) = self.admit_queue.front() {
             if (self.table.free.len() as u64) < self.table.reserved + a.need {
+                break;
+            }
+            if !self.journal_room(a.need) {
+                journal_wait = true;
                 break;
             }
             let a = self.admit_queue.pop_front().unwrap();
@@ -113,7 +123,25 @@ impl<P: Payload> Engine<P> {
             }
             changed = true;
         }
+        if self.cfg.journal.size_blocks > 0 {
+            self.policy.journal_wait(journal_wait);
+        }
         changed
+    }
+
+    /// Room in a bounded journal (`JournalConfig::size_blocks`) for a
+    /// write needing `need` slots: the versions not yet checkpointed (dirty
+    /// ones, new ones being written, and reservations of admitted writes)
+    /// plus `need` stay within the bound, or the journal is empty (a write
+    /// larger than the whole bound goes alone). Always true without a bound
+    /// and for policies that keep no journal.
+    pub(super) fn journal_room(&self, need: u64) -> bool {
+        let bound = self.cfg.journal.size_blocks;
+        if bound == 0 || !self.policy.kind().journaled() {
+            return true;
+        }
+        let used = self.journal_blocks();
+        used == 0 || used + need <= bound
     }
 
     pub(super) fn release_reservation(&mut self, p: u32) {

@@ -204,6 +204,7 @@ impl<P: Payload> Engine<P> {
         );
         assert!(!slot.disk_valid() && !slot.in_snapshot() && slot.refs == 0);
         slot.state = SlotState::Writing;
+        self.table.writing += 1;
         Some(s)
     }
 
@@ -212,6 +213,7 @@ impl<P: Payload> Engine<P> {
         let slot = &mut self.table.slots[s as usize];
         assert_eq!(slot.state, SlotState::Writing);
         slot.state = SlotState::Free;
+        self.table.writing -= 1;
         self.table.free.push(s);
         self.partial.remove(&s);
     }

@@ -370,6 +370,9 @@ pub(super) struct SlotTable {
     pub(super) reserved: u64,
     /// Dirty versions (not yet on the backing store).
     pub(super) dirty: u64,
+    /// Slots allocated for a new version whose write has not finished
+    /// (`alloc_slot` to `install` or `unalloc_slot`).
+    pub(super) writing: u64,
     /// Blocks with a released version whose entry a durable (or in-flight)
     /// commit may still name, and the count: recovery could bring such a
     /// version back, so the block must not be bypassed until a commit frees
@@ -398,6 +401,7 @@ impl SlotTable {
             retired_pending: 0,
             reserved: 0,
             dirty: 0,
+            writing: 0,
             retired_lbns: HashMap::new(),
             retired_lbn: IdMap::default(),
         }

@@ -410,6 +410,7 @@ impl<P: Payload> Engine<P> {
             slot.set_dirty(dirty);
             slot.block = b;
         }
+        self.table.writing -= 1;
         if dirty {
             self.table.dirty += 1;
         }

@@ -83,6 +83,8 @@ pub struct Journaled {
     ckpt_in_flight: bool,
     awaiting_commit: bool,
     commit_for_ckpt: bool,
+    /// A write waits for room in the bounded journal (`journal_wait`).
+    journal_full: bool,
     now: u64,
     events: VecDeque<PolicyEvent>,
     /// Statistics.
@@ -108,6 +110,7 @@ impl Journaled {
             ckpt_in_flight: false,
             awaiting_commit: false,
             commit_for_ckpt: false,
+            journal_full: false,
             now: 0,
             events: VecDeque::new(),
             forced_closes: 0,
@@ -257,6 +260,9 @@ impl WritePolicy for Journaled {
     fn may_overwrite(&self, old: Group, new: Group) -> bool {
         old == new && self.txns.back().map(|t| t.id) == Some(new)
     }
+    fn journal_wait(&mut self, waiting: bool) {
+        self.journal_full = waiting;
+    }
     fn on_consistency_point(&mut self, now: u64, explicit: bool) {
         self.now = now;
         if self.hints || explicit {
@@ -270,13 +276,12 @@ impl WritePolicy for Journaled {
         }
         let first = self.checkpointed_upto + 1;
         let committed_first = self.txn(first).map(|t| t.state);
+        // Writers wait for slots, or for room in the bounded journal.
+        let pressure = ctx.space_pressure() || self.journal_full;
         let Some(TxnState::Committed { at }) = committed_first else {
             // Nothing to checkpoint. If writers stall and the open transaction
             // holds blocks, close it so it can commit and be checkpointed.
-            if ctx.space_pressure()
-                && self.ready_to_commit().is_none()
-                && self.committing_upto.is_none()
-            {
+            if pressure && self.ready_to_commit().is_none() && self.committing_upto.is_none() {
                 let open_nonempty = self
                     .txns
                     .back()
@@ -292,7 +297,7 @@ impl WritePolicy for Journaled {
             }
             return None;
         };
-        if self.now < at.saturating_add(self.cfg.checkpoint_delay_ns) && !ctx.space_pressure() {
+        if self.now < at.saturating_add(self.cfg.checkpoint_delay_ns) && !pressure {
             return None;
         }
         let mut last = first;
@@ -302,7 +307,12 @@ impl WritePolicy for Journaled {
         let mut id = first;
         while id < first + merge {
             let now = self.now;
-            let delay = self.cfg.checkpoint_delay_ns;
+            // A full journal takes every committed transaction it may merge.
+            let delay = if self.journal_full {
+                0
+            } else {
+                self.cfg.checkpoint_delay_ns
+            };
             match self.txn(id) {
                 Some(t) if matches!(t.state, TxnState::Committed { at } if id == first || now >= at.saturating_add(delay)) =>
                 {

@@ -173,6 +173,12 @@ pub trait WritePolicy: Send {
     fn bypass_ok(&self) -> bool {
         true
     }
+    /// Under a journal bound (`JournalConfig::size_blocks`), after each
+    /// admission round: does a write wait for room in the journal? While
+    /// one does, the policy MUST make progress towards room without
+    /// waiting for time to pass: checkpoint committed transactions now, and
+    /// close the open transaction when nothing else could be checkpointed.
+    fn journal_wait(&mut self, _waiting: bool) {}
     /// A client FLUSH (`explicit == false`) or checkpoint request (`true`) arrived.
     fn on_consistency_point(&mut self, _now: u64, _explicit: bool) {}
     /// The next destage plan, if the policy wants one now.

@@ -96,7 +96,7 @@ pub const POLICIES: [&str; 5] = [
     "journaled-hints",
 ];
 
-/// Failpoints a `failpoint` trial picks from (see `fault.rs`).
+/// Failpoints a `failpoint` trial picks from (see `nvwc-server/src/fault.rs`).
 pub const FAILPOINTS: [&str; 6] = [
     "cache-flush",
     "commit-record",
@@ -142,7 +142,7 @@ pub struct Args {
     /// Keep the files of failed trials.
     #[arg(long)]
     pub keep: bool,
-    /// Fault spec for the cache device during the workload (`fault.rs` syntax).
+    /// Fault spec for the cache device during the workload (`nvwc-server/src/fault.rs` syntax).
     #[arg(long)]
     pub fault_cache: Option<String>,
     /// Fault spec for the backing device during the workload.

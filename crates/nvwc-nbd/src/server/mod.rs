@@ -8,7 +8,7 @@
 //! single writer task in completion order.
 //!
 //! TLS (`NBD_OPT_STARTTLS`) is offered through [`ServerBuilder::tls`] with a
-//! [`TlsAcceptor`] the embedding program supplies (see `tls.rs`).
+//! [`TlsAcceptor`] the embedding program supplies (see `nvwc-server/src/tls.rs`).
 //!
 //! Failure isolation: anything a client does (bad magic, truncated request,
 //! bogus lengths, disconnects) affects only that client's connection.

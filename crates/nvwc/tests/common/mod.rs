@@ -2,6 +2,8 @@
 //! crate, so not every helper is used by each).
 #![allow(dead_code)]
 
+pub mod serve;
+
 use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Stdio};

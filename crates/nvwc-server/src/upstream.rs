@@ -1,0 +1,607 @@
+//! An upstream NBD backing store, and the redo-log region nvwc keeps at its
+//! end so that journaled checkpoints are atomic on a foreign NBD server.
+//!
+//! Layout (`docs/BACKING-FORMAT.md`): with a region, the last `R` bytes of
+//! the upstream export are nvwc's, and nvwc exports only what lies before
+//! them. Let `S` be the upstream size rounded down to 4 KiB:
+//!
+//! * the **trailer**, the 4 KiB block at `S - 4096`, names the region
+//!   (magic, version, upstream size, region start, log length, uuid, CRC).
+//!   It is written once, when the region is created, and never again;
+//! * the **log area**, `[start, S - 4096)`: a 4 KiB log header, then the log
+//!   body (the group's records).
+//!
+//! A checkpoint group is committed as: (1) write the body and the header,
+//! FLUSH; (2) write every record in place, FLUSH; (3) overwrite the header
+//! with zeroes, FLUSH. Crash story: before (1)'s FLUSH returns, the header or
+//! body may be torn or missing: the header's and body's CRCs fail and replay
+//! does nothing; the in-place writes have not started, so the upstream holds
+//! the previous checkpoint. After it, the log is complete: replay (on open,
+//! or `nvwc recover --backing nbd://...`) writes every record again (writing
+//! twice is harmless), FLUSHes, and clears the header. After (3) nothing is
+//! left to replay. A stale header can never be replayed over newer data: it
+//! is cleared and flushed before the engine learns that the group ended.
+
+use std::ops::Deref;
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use nvwc_nbd::Client;
+
+use crate::label::{Label, LABEL_BYTES};
+
+const TRAILER_MAGIC: &[u8; 8] = b"NVWCRGN1";
+const LOG_MAGIC: &[u8; 8] = b"NVWCRLOG";
+const BLOCK: u64 = 4096;
+/// Region start is aligned to this (so every block size up to 1 MiB fits).
+const ALIGN: u64 = 1 << 20;
+/// In-place writes of a group in flight at once.
+const APPLY_DEPTH: usize = 64;
+
+/// Run the futures concurrently; the first error wins (the rest still finish).
+async fn join_all<T, E, F>(futs: Vec<F>) -> Result<(), E>
+where
+    F: std::future::Future<Output = Result<T, E>>,
+{
+    let mut futs: Vec<Option<std::pin::Pin<Box<F>>>> =
+        futs.into_iter().map(|f| Some(Box::pin(f))).collect();
+    let mut err = None;
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for slot in futs.iter_mut() {
+            if let Some(f) = slot {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(r) => {
+                        if let Err(e) = r {
+                            err.get_or_insert(e);
+                        }
+                        *slot = None;
+                    }
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    err.map_or(Ok(()), Err)
+}
+
+/// Where the region is, as read from (or written to) the trailer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RedoRegion {
+    /// First byte of the region = bytes nvwc exports.
+    pub start: u64,
+    /// Bytes of the log area (header + body).
+    pub log_len: u64,
+    /// Offset of the trailer block.
+    pub trailer: u64,
+    pub uuid: u64,
+}
+
+impl RedoRegion {
+    fn encode_trailer(&self, upstream_size: u64) -> Vec<u8> {
+        let mut b = vec![0u8; BLOCK as usize];
+        b[0..8].copy_from_slice(TRAILER_MAGIC);
+        b[8..12].copy_from_slice(&1u32.to_le_bytes());
+        b[16..24].copy_from_slice(&upstream_size.to_le_bytes());
+        b[24..32].copy_from_slice(&self.start.to_le_bytes());
+        b[32..40].copy_from_slice(&self.log_len.to_le_bytes());
+        b[40..48].copy_from_slice(&self.uuid.to_le_bytes());
+        let crc = crc32fast::hash(&b[..48]);
+        b[48..52].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    fn decode_trailer(b: &[u8], trailer: u64) -> Option<RedoRegion> {
+        if b.len() < 52 || &b[0..8] != TRAILER_MAGIC {
+            return None;
+        }
+        let u64at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        if crc32fast::hash(&b[..48]) != u32::from_le_bytes(b[48..52].try_into().expect("4 bytes")) {
+            return None;
+        }
+        let r = RedoRegion {
+            start: u64at(24),
+            log_len: u64at(32),
+            trailer,
+            uuid: u64at(40),
+        };
+        (r.start + r.log_len == trailer && r.log_len > BLOCK).then_some(r)
+    }
+
+    /// Encode a group as a log: header block, then the body padded to 4 KiB.
+    fn encode_log(&self, writes: &[(u64, Bytes)]) -> Vec<u8> {
+        let mut body = Vec::new();
+        for (off, d) in writes {
+            body.extend_from_slice(&off.to_le_bytes());
+            body.extend_from_slice(&(d.len() as u64).to_le_bytes());
+            body.extend_from_slice(d);
+        }
+        let body_len = body.len() as u64;
+        body.resize(body_len.div_ceil(BLOCK) as usize * BLOCK as usize, 0);
+        let mut log = vec![0u8; BLOCK as usize];
+        log[0..8].copy_from_slice(LOG_MAGIC);
+        log[8..16].copy_from_slice(&(writes.len() as u64).to_le_bytes());
+        log[16..24].copy_from_slice(&body_len.to_le_bytes());
+        log[24..28].copy_from_slice(&crc32fast::hash(&body[..body_len as usize]).to_le_bytes());
+        log[28..36].copy_from_slice(&self.uuid.to_le_bytes());
+        let hcrc = crc32fast::hash(&log[..36]);
+        log[36..40].copy_from_slice(&hcrc.to_le_bytes());
+        log.extend_from_slice(&body);
+        log
+    }
+
+    /// Parse a log header: `(records, body_len)` if it is a valid header of this region.
+    fn decode_header(&self, h: &[u8]) -> Option<(u64, u64)> {
+        if &h[0..8] != LOG_MAGIC
+            || crc32fast::hash(&h[..36]) != u32::from_le_bytes(h[36..40].try_into().expect("4"))
+            || u64::from_le_bytes(h[28..36].try_into().expect("8")) != self.uuid
+        {
+            return None;
+        }
+        let n = u64::from_le_bytes(h[8..16].try_into().expect("8"));
+        let body_len = u64::from_le_bytes(h[16..24].try_into().expect("8"));
+        (body_len <= self.log_len - BLOCK).then_some((n, body_len))
+    }
+}
+
+/// Decode a log body into its records (`None` if the CRC or framing is wrong).
+fn decode_body(body: &[u8], n: u64, crc: u32) -> Option<Vec<(u64, Bytes)>> {
+    if crc32fast::hash(body) != crc {
+        return None;
+    }
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    for _ in 0..n {
+        let hdr = body.get(at..at + 16)?;
+        let off = u64::from_le_bytes(hdr[..8].try_into().expect("8"));
+        let len = u64::from_le_bytes(hdr[8..].try_into().expect("8")) as usize;
+        let d = body.get(at + 16..at + 16 + len)?;
+        out.push((off, Bytes::copy_from_slice(d)));
+        at += 16 + len;
+    }
+    (at == body.len()).then_some(out)
+}
+
+/// Bytes of log area a group of `max_group_bytes` in `max_records` records needs.
+pub fn log_bytes_needed(max_group_bytes: u64, max_records: u64) -> u64 {
+    BLOCK + (max_group_bytes + 16 * max_records).div_ceil(BLOCK) * BLOCK
+}
+
+/// The upstream NBD backing store: nvwc's client plus, when present, the redo region.
+pub struct Upstream {
+    client: Client,
+    region: Option<RedoRegion>,
+    /// The log may hold a group that is not fully applied (a commit failed
+    /// after it started writing the log): the next commit finishes that
+    /// group first, because writing a new log over it would make it
+    /// unreplayable while the backing store holds part of it.
+    log_pending: std::sync::atomic::AtomicBool,
+}
+
+impl Deref for Upstream {
+    type Target = Client;
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl Upstream {
+    /// Connect to `uri`. An existing region is always honoured (and a
+    /// pending log replayed); with `want_log_len = Some(n)` and no region, a
+    /// region with `n` bytes of log area is created.
+    pub async fn open(uri: &str, want_log_len: Option<u64>) -> Result<(Upstream, usize)> {
+        let mut up = Upstream::connect(uri).await?;
+        if let Some(want) = want_log_len {
+            up.ensure_region(want).await?;
+        }
+        let replayed = up.replay().await?;
+        Ok((up, replayed))
+    }
+
+    /// Connect to `uri` and find its region, writing nothing.
+    pub async fn connect(uri: &str) -> Result<Upstream> {
+        let client = Client::connect(uri)
+            .await
+            .with_context(|| format!("connecting to {uri}"))?;
+        let mut up = Upstream {
+            client,
+            region: None,
+            log_pending: std::sync::atomic::AtomicBool::new(false),
+        };
+        let aligned = up.client.size() / BLOCK * BLOCK;
+        if aligned >= BLOCK {
+            let t = up.read_all(aligned - BLOCK, BLOCK).await?;
+            up.region = RedoRegion::decode_trailer(&t, aligned - BLOCK);
+        }
+        Ok(up)
+    }
+
+    /// Where a region with `want_log_len` bytes of log area would start
+    /// (the existing region's start if there is one).
+    pub fn planned_start(&self, want_log_len: u64) -> Result<u64> {
+        if let Some(r) = self.region {
+            return Ok(r.start);
+        }
+        let size = self.client.size();
+        let want = want_log_len.div_ceil(BLOCK) * BLOCK;
+        let trailer = (size / BLOCK * BLOCK).saturating_sub(BLOCK);
+        let start = trailer.saturating_sub(want) / ALIGN * ALIGN;
+        if start == 0 {
+            bail!("upstream ({size} bytes) is too small for a {want}-byte redo region");
+        }
+        Ok(start)
+    }
+
+    /// Create a region with `want_log_len` bytes of log area unless there is
+    /// one. Returns whether it created one.
+    pub async fn ensure_region(&mut self, want_log_len: u64) -> Result<bool> {
+        if self.region.is_some() {
+            return Ok(false);
+        }
+        let start = self.planned_start(want_log_len)?;
+        let size = self.client.size();
+        let trailer = size / BLOCK * BLOCK - BLOCK;
+        let r = RedoRegion {
+            start,
+            log_len: trailer - start,
+            trailer,
+            uuid: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1),
+        };
+        // An empty log header first, then the trailer that makes the
+        // region exist: a crash in between leaves no region at all.
+        self.write_all(start, &vec![0u8; BLOCK as usize]).await?;
+        self.client.flush().await?;
+        self.write_all(trailer, &r.encode_trailer(size)).await?;
+        self.client.flush().await?;
+        self.region = Some(r);
+        Ok(true)
+    }
+
+    /// Where the label lives: the second sector of the region's trailer block.
+    fn label_offset(&self) -> Option<u64> {
+        self.region.map(|r| r.trailer + LABEL_BYTES as u64)
+    }
+
+    /// The label in the region, if there is a region and it carries one.
+    pub async fn read_label(&self) -> Result<Option<Label>> {
+        let (Some(at), Some(r)) = (self.label_offset(), self.region) else {
+            return Ok(None);
+        };
+        let b = self.client.read(at, LABEL_BYTES as u32).await?;
+        Ok(Label::decode(&b, at).filter(|l| l.data_len == r.start))
+    }
+
+    /// A label for this upstream (`None` without a region).
+    pub fn label_for(&self, uuid: [u8; 16], cache: u64) -> Option<Label> {
+        Some(Label {
+            uuid,
+            cache,
+            data_len: self.region?.start,
+            offset: self.label_offset()?,
+        })
+    }
+
+    /// Write the label's sector and FLUSH.
+    pub async fn write_label(&self, l: &Label) -> Result<()> {
+        self.client
+            .write(l.offset, Bytes::from(l.encode()), false)
+            .await?;
+        self.client.flush().await?;
+        Ok(())
+    }
+
+    /// The region, if this upstream has one.
+    pub fn region(&self) -> Option<RedoRegion> {
+        self.region
+    }
+
+    /// Bytes nvwc may use: everything before the region.
+    pub fn usable(&self) -> u64 {
+        self.region.map_or(self.client.size(), |r| r.start)
+    }
+
+    fn chunk(&self) -> u64 {
+        u64::from(self.client.info().max_block).clamp(BLOCK, 4 << 20) / BLOCK * BLOCK
+    }
+
+    async fn read_all(&self, off: u64, len: u64) -> Result<Vec<u8>> {
+        let mut out = Vec::with_capacity(len as usize);
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(self.chunk());
+            out.extend_from_slice(&self.client.read(off + at, n as u32).await?);
+            at += n;
+        }
+        Ok(out)
+    }
+
+    async fn write_all(&self, off: u64, data: &[u8]) -> Result<()> {
+        let mut at = 0;
+        while at < data.len() {
+            let n = (data.len() - at).min(self.chunk() as usize);
+            self.client
+                .write(
+                    off + at as u64,
+                    Bytes::copy_from_slice(&data[at..at + n]),
+                    false,
+                )
+                .await?;
+            at += n;
+        }
+        Ok(())
+    }
+
+    /// Write every record in place, [`APPLY_DEPTH`] requests in flight at a
+    /// time (the records of one group may go in any order: the group is
+    /// durable only at the FLUSH that follows).
+    async fn apply(&self, writes: &[(u64, Bytes)]) -> Result<()> {
+        let mut pieces = Vec::new();
+        for (off, d) in writes {
+            let mut at = 0;
+            while at < d.len() {
+                let n = (d.len() - at).min(self.chunk() as usize);
+                pieces.push((off + at as u64, d.slice(at..at + n)));
+                at += n;
+            }
+        }
+        for batch in pieces.chunks(APPLY_DEPTH) {
+            let futs = batch
+                .iter()
+                .map(|(off, d)| self.client.write(*off, d.clone(), false))
+                .collect();
+            join_all(futs).await?;
+        }
+        Ok(())
+    }
+
+    /// Commit a group atomically: log, FLUSH, in place, FLUSH, clear, FLUSH.
+    pub async fn commit_and_apply(&self, writes: &[(u64, Bytes)]) -> Result<()> {
+        let r = self.region.context("no redo region on this upstream")?;
+        let log = r.encode_log(writes);
+        if log.len() as u64 > r.log_len {
+            bail!(
+                "checkpoint group of {} bytes does not fit the {}-byte redo region",
+                log.len(),
+                r.log_len
+            );
+        }
+        use std::sync::atomic::Ordering;
+        // A group an earlier commit logged but could not finish (an upstream
+        // error mid-apply) may be partly in place: finish it before its log
+        // is overwritten. If that fails too, this group is not started.
+        if self.log_pending.load(Ordering::Acquire) {
+            self.replay()
+                .await
+                .context("finishing the previous logged group")?;
+        }
+        self.log_pending.store(true, Ordering::Release);
+        // Body first, header last, in one pass: the CRCs catch any tearing.
+        self.write_all(r.start + BLOCK, &log[BLOCK as usize..])
+            .await?;
+        self.write_all(r.start, &log[..BLOCK as usize]).await?;
+        self.client.flush().await?;
+        self.apply(writes).await?;
+        self.client.flush().await?;
+        self.write_all(r.start, &[0u8; BLOCK as usize]).await?;
+        self.client.flush().await?;
+        self.log_pending.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// Finish a logged group after a crash. Returns how many records it applied.
+    pub async fn replay(&self) -> Result<usize> {
+        let Some(r) = self.region else {
+            return Ok(0);
+        };
+        let h = self.read_all(r.start, BLOCK).await?;
+        let Some((n, body_len)) = r.decode_header(&h) else {
+            return Ok(0);
+        };
+        let crc = u32::from_le_bytes(h[24..28].try_into().expect("4"));
+        let body = self.read_all(r.start + BLOCK, body_len).await?;
+        let Some(writes) = decode_body(&body, n, crc) else {
+            // Torn log: the group never started applying; nothing to do.
+            return Ok(0);
+        };
+        self.apply(&writes).await?;
+        self.client.flush().await?;
+        self.write_all(r.start, &[0u8; BLOCK as usize]).await?;
+        self.client.flush().await?;
+        self.log_pending
+            .store(false, std::sync::atomic::Ordering::Release);
+        Ok(writes.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn region() -> RedoRegion {
+        RedoRegion {
+            start: 63 << 20,
+            log_len: (1 << 20) - BLOCK,
+            trailer: (64 << 20) - BLOCK,
+            uuid: 42,
+        }
+    }
+
+    #[test]
+    fn trailer_round_trip_and_corruption() {
+        let r = region();
+        let t = r.encode_trailer(64 << 20);
+        assert_eq!(RedoRegion::decode_trailer(&t, r.trailer), Some(r));
+        let mut bad = t.clone();
+        bad[30] ^= 1;
+        assert_eq!(RedoRegion::decode_trailer(&bad, r.trailer), None);
+        // A trailer found at another place is not this region's.
+        assert_eq!(RedoRegion::decode_trailer(&t, r.trailer + BLOCK), None);
+    }
+
+    /// Over a real NBD connection (an in-process memory server): a region is
+    /// created once and found again; a group logged but not applied (a crash
+    /// between steps 1 and 2) is replayed on open; a torn log is not; a
+    /// committed group is applied and leaves nothing to replay.
+    /// A 64 MiB in-memory NBD export on a unix socket in `dir`: the server
+    /// (keep it while the test runs), its export, and its URI.
+    async fn memory_server(
+        dir: &std::path::Path,
+    ) -> (
+        nvwc_nbd::Server,
+        std::sync::Arc<nvwc_nbd::MemoryExport>,
+        String,
+    ) {
+        let sock = dir.join("m.sock");
+        let _ = std::fs::remove_file(&sock);
+        let mem = std::sync::Arc::new(nvwc_nbd::MemoryExport::with_size("", 64 << 20));
+        let server = nvwc_nbd::Server::builder()
+            .export(mem.clone())
+            .build()
+            .unwrap();
+        server.listen_unix(&sock).await.unwrap();
+        let uri = format!("nbd+unix:///?socket={}", sock.display());
+        (server, mem, uri)
+    }
+
+    #[test]
+    fn region_over_nbd_replays_logged_groups_only() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let dir = std::env::temp_dir().join(format!("nvwc-region-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let (server, mem, uri) = memory_server(&dir).await;
+
+            // No region unless asked for one.
+            let (up, n) = Upstream::open(&uri, None).await.unwrap();
+            assert_eq!((up.region(), n, up.usable()), (None, 0, 64 << 20));
+            let (up, _) = Upstream::open(&uri, Some(2 << 20)).await.unwrap();
+            let r = up.region().unwrap();
+            assert_eq!(
+                r.start,
+                61 << 20,
+                "2 MiB of log + trailer, aligned down to 1 MiB"
+            );
+            assert_eq!(up.usable(), r.start);
+            // Found again, whatever size is asked for now.
+            let (up, _) = Upstream::open(&uri, Some(8 << 20)).await.unwrap();
+            assert_eq!(up.region(), Some(r));
+
+            // A committed group is applied in place; nothing left to replay.
+            let g1 = vec![
+                (0u64, Bytes::from(vec![1u8; 8192])),
+                (1 << 20, Bytes::from(vec![2u8; 4096])),
+            ];
+            up.commit_and_apply(&g1).await.unwrap();
+            assert_eq!(mem.contents(0, 8192), vec![1u8; 8192]);
+            assert_eq!(up.replay().await.unwrap(), 0);
+
+            // Crash after the log's FLUSH, before any in-place write.
+            let g2 = vec![
+                (4096u64, Bytes::from(vec![3u8; 4096])),
+                (5 << 20, Bytes::from(vec![4u8; 100])),
+            ];
+            let log = r.encode_log(&g2);
+            up.write_all(r.start, &log).await.unwrap();
+            up.flush().await.unwrap();
+            assert_eq!(mem.contents(4096, 4096), vec![1u8; 4096], "not applied yet");
+            let (up, n) = Upstream::open(&uri, None).await.unwrap();
+            assert_eq!(n, 2, "replayed on open");
+            assert_eq!(mem.contents(4096, 4096), vec![3u8; 4096]);
+            assert_eq!(mem.contents(5 << 20, 100), vec![4u8; 100]);
+            assert_eq!(up.replay().await.unwrap(), 0, "the header was cleared");
+
+            // A torn log (its last body block never written) is ignored.
+            let g3 = vec![(0u64, Bytes::from(vec![9u8; 3 * 4096]))];
+            let log = r.encode_log(&g3);
+            let cut = log.len() - BLOCK as usize;
+            up.write_all(r.start, &log[..cut]).await.unwrap();
+            up.write_all(r.start + cut as u64, &vec![0u8; BLOCK as usize])
+                .await
+                .unwrap();
+            let (_up, n) = Upstream::open(&uri, None).await.unwrap();
+            assert_eq!(n, 0);
+            assert_eq!(
+                mem.contents(0, 4096),
+                vec![1u8; 4096],
+                "torn group not applied"
+            );
+            server.shutdown().await;
+            let _ = std::fs::remove_dir_all(&dir);
+        });
+    }
+
+    /// The label lives in the trailer block's second sector: none before a
+    /// region exists, none until written, found again after, and the
+    /// trailer (the region) is untouched by it.
+    #[test]
+    fn label_in_the_region_trailer() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let dir = std::env::temp_dir().join(format!("nvwc-ulabel-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let (server, mem, uri) = memory_server(&dir).await;
+
+            let mut up = Upstream::connect(&uri).await.unwrap();
+            assert_eq!(up.read_label().await.unwrap(), None);
+            assert_eq!(up.label_for([1; 16], 5), None, "no region, no label");
+            assert_eq!(up.planned_start(2 << 20).unwrap(), 61 << 20);
+            assert_eq!(
+                mem.contents(63 << 20, 1 << 20),
+                vec![0u8; 1 << 20],
+                "connect writes nothing"
+            );
+            assert!(up.ensure_region(2 << 20).await.unwrap());
+            let r = up.region().unwrap();
+            assert_eq!(up.read_label().await.unwrap(), None);
+            let l = up.label_for([1; 16], 5).unwrap();
+            assert_eq!((l.offset, l.data_len), (r.trailer + 512, r.start));
+            up.write_label(&l).await.unwrap();
+            let up = Upstream::connect(&uri).await.unwrap();
+            assert_eq!(up.region(), Some(r), "the trailer is intact");
+            assert_eq!(up.read_label().await.unwrap(), Some(l));
+            server.shutdown().await;
+            let _ = std::fs::remove_dir_all(&dir);
+        });
+    }
+
+    #[test]
+    fn log_round_trip_and_torn_logs() {
+        let r = region();
+        let writes = vec![
+            (4096u64, Bytes::from(vec![1u8; 4096])),
+            (1 << 20, Bytes::from(vec![2u8; 100])),
+        ];
+        let log = r.encode_log(&writes);
+        assert_eq!(log.len() % BLOCK as usize, 0);
+        assert!(log.len() as u64 <= log_bytes_needed(4196, 2));
+        let (n, body_len) = r.decode_header(&log[..BLOCK as usize]).unwrap();
+        let crc = u32::from_le_bytes(log[24..28].try_into().unwrap());
+        let body = &log[BLOCK as usize..BLOCK as usize + body_len as usize];
+        assert_eq!(decode_body(body, n, crc).unwrap(), writes);
+        // A torn body fails its CRC.
+        let mut torn = body.to_vec();
+        torn[4200] ^= 1;
+        assert!(decode_body(&torn, n, crc).is_none());
+        // A cleared header is no log; a header of another region is ignored.
+        assert!(r.decode_header(&[0u8; BLOCK as usize]).is_none());
+        let other = RedoRegion { uuid: 7, ..r };
+        assert!(other.decode_header(&log[..BLOCK as usize]).is_none());
+    }
+}
