@@ -6,6 +6,40 @@ use std::str::FromStr;
 pub use nvwc_replacement::Watermarks;
 pub use nvwc_replacement::{KneeSource, ReplacementKind};
 
+/// For an enum whose values have command-line names: `ALL` (every value, in
+/// display order), `name`, `Display`, and `FromStr` by name (else `$err`).
+macro_rules! cli_names {
+    ($ty:ident, $err:ident { $($v:ident => $name:literal,)* }) => {
+        impl $ty {
+            /// Every value, in display order.
+            pub const ALL: [$ty; [$($name),*].len()] = [$($ty::$v),*];
+            /// The command-line name.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($ty::$v => $name,)*
+                }
+            }
+        }
+
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+
+        impl FromStr for $ty {
+            type Err = $err;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                $ty::ALL
+                    .iter()
+                    .copied()
+                    .find(|m| m.name() == s)
+                    .ok_or_else(|| $err(s.to_string()))
+            }
+        }
+    };
+}
+
 /// The write policy (see `docs/ARCHITECTURE.md`).
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub enum WritePolicyKind {
@@ -148,46 +182,17 @@ pub enum FetchMode {
     Lazy,
 }
 
-impl FetchMode {
-    /// Every mode, in display order.
-    pub const ALL: [FetchMode; 4] = [
-        FetchMode::Blocking,
-        FetchMode::Async,
-        FetchMode::AsyncBg,
-        FetchMode::Lazy,
-    ];
-    /// The command-line name.
-    pub fn name(self) -> &'static str {
-        match self {
-            FetchMode::Blocking => "blocking",
-            FetchMode::Async => "async",
-            FetchMode::AsyncBg => "async-bg",
-            FetchMode::Lazy => "lazy",
-        }
-    }
-}
-
-impl fmt::Display for FetchMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+cli_names!(FetchMode, UnknownFetchMode {
+    Blocking => "blocking",
+    Async => "async",
+    AsyncBg => "async-bg",
+    Lazy => "lazy",
+});
 
 /// Error parsing a fetch mode.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown fetch mode {0:?} (expected blocking, async, async-bg or lazy)")]
 pub struct UnknownFetchMode(pub String);
-
-impl FromStr for FetchMode {
-    type Err = UnknownFetchMode;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        FetchMode::ALL
-            .iter()
-            .copied()
-            .find(|m| m.name() == s)
-            .ok_or_else(|| UnknownFetchMode(s.to_string()))
-    }
-}
 
 /// Admission policy: which writes are cached (see [`crate::admission`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -207,50 +212,19 @@ pub enum AdmissionKind {
     CriticalPiIoi,
 }
 
-impl AdmissionKind {
-    /// Every policy, in display order.
-    pub const ALL: [AdmissionKind; 6] = [
-        AdmissionKind::All,
-        AdmissionKind::Sync,
-        AdmissionKind::Wal,
-        AdmissionKind::Critical,
-        AdmissionKind::CriticalPi,
-        AdmissionKind::CriticalPiIoi,
-    ];
-    /// The command-line name.
-    pub fn name(self) -> &'static str {
-        match self {
-            AdmissionKind::All => "all",
-            AdmissionKind::Sync => "sync",
-            AdmissionKind::Wal => "wal",
-            AdmissionKind::Critical => "critical",
-            AdmissionKind::CriticalPi => "critical+pi",
-            AdmissionKind::CriticalPiIoi => "critical+pi+ioi",
-        }
-    }
-}
-
-impl fmt::Display for AdmissionKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+cli_names!(AdmissionKind, UnknownAdmission {
+    All => "all",
+    Sync => "sync",
+    Wal => "wal",
+    Critical => "critical",
+    CriticalPi => "critical+pi",
+    CriticalPiIoi => "critical+pi+ioi",
+});
 
 /// Error parsing an admission policy.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown admission policy {0:?} (expected all, sync, wal, critical, critical+pi or critical+pi+ioi)")]
 pub struct UnknownAdmission(pub String);
-
-impl FromStr for AdmissionKind {
-    type Err = UnknownAdmission;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        AdmissionKind::ALL
-            .iter()
-            .copied()
-            .find(|m| m.name() == s)
-            .ok_or_else(|| UnknownAdmission(s.to_string()))
-    }
-}
 
 /// Error in a configuration.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

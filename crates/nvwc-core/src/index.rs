@@ -49,13 +49,6 @@ const EMPTY: u32 = u32::MAX;
 /// log2 of the run of neighbouring blocks that share a hashed base (see `home`).
 const RUN_SHIFT: u32 = 4;
 
-fn hash(lbn: u64) -> u64 {
-    let mut z = lbn.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
 impl LbnIndex {
     pub fn with_capacity(n: usize) -> Self {
         let size = (n * 4 / 3 + 1).max(16);
@@ -73,7 +66,7 @@ impl LbnIndex {
     /// of the table instead of one line per block.
     fn home(&self, lbn: u64) -> usize {
         let n = self.table.len();
-        let base = ((hash(lbn >> RUN_SHIFT) as u128 * n as u128) >> 64) as usize;
+        let base = ((nvwc_mrc::mix64(lbn >> RUN_SHIFT) as u128 * n as u128) >> 64) as usize;
         let i = base + (lbn & ((1 << RUN_SHIFT) - 1)) as usize;
         if i >= n {
             i - n
@@ -88,8 +81,9 @@ impl LbnIndex {
             i + 1
         }
     }
-    /// The id stored for `lbn`.
-    pub fn get(&self, lbn: u64, key: impl Fn(u32) -> u64) -> Option<u32> {
+    /// The slot holding `lbn`'s id, if any.
+    #[inline]
+    fn find(&self, lbn: u64, key: impl Fn(u32) -> u64) -> Option<usize> {
         let mut i = self.home(lbn);
         loop {
             let id = self.table[i];
@@ -97,10 +91,14 @@ impl LbnIndex {
                 return None;
             }
             if key(id) == lbn {
-                return Some(id);
+                return Some(i);
             }
             i = self.next(i);
         }
+    }
+    /// The id stored for `lbn`.
+    pub fn get(&self, lbn: u64, key: impl Fn(u32) -> u64) -> Option<u32> {
+        self.find(lbn, key).map(|i| self.table[i])
     }
     /// Insert `id` for `lbn`. Caller guarantees `lbn` is absent and `key(id) == lbn`.
     pub fn insert(&mut self, lbn: u64, id: u32, key: impl Fn(u32) -> u64) {
@@ -126,17 +124,7 @@ impl LbnIndex {
     }
     /// Remove `lbn`'s entry, returning its id.
     pub fn remove(&mut self, lbn: u64, key: impl Fn(u32) -> u64) -> Option<u32> {
-        let mut i = self.home(lbn);
-        loop {
-            let id = self.table[i];
-            if id == EMPTY {
-                return None;
-            }
-            if key(id) == lbn {
-                break;
-            }
-            i = self.next(i);
-        }
+        let i = self.find(lbn, &key)?;
         let removed = self.table[i];
         // Backward shift: move later entries of the cluster into the hole when
         // their home position does not lie cyclically in (hole, j].

@@ -1,4 +1,4 @@
-//! The live harnesses' one random generator: splitmix64. Small, fast,
+//! The project's one hand-written random generator: splitmix64. Small, fast,
 //! reproducible from a seed, and good enough for workload mixes, fault
 //! draws and trial plans (the VOPR uses `rand_chacha`).
 
@@ -21,6 +21,13 @@ impl Rng {
         z ^ (z >> 31)
     }
 
+    /// Fill `buf` with the next outputs, little-endian (the last one cut short).
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        for c in buf.chunks_mut(8) {
+            c.copy_from_slice(&self.next_u64().to_le_bytes()[..c.len()]);
+        }
+    }
+
     /// Uniform enough in `0..n` (`0` when `n` is 0).
     pub fn below(&mut self, n: u64) -> u64 {
         self.next_u64() % n.max(1)
@@ -41,5 +48,9 @@ mod tests {
         let mut a = Rng::new(42);
         let mut b = Rng::new(42);
         assert!((0..100).all(|_| a.below(10) == b.below(10)));
+        let mut bytes = [0u8; 12];
+        Rng::new(0).fill(&mut bytes);
+        assert_eq!(bytes[..8], 0xe220_a839_7b1d_cdafu64.to_le_bytes());
+        assert_eq!(bytes[8..], 0x6e78_9e6a_a1b9_65f4u64.to_le_bytes()[..4]);
     }
 }

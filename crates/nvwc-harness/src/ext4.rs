@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::crashtest::{default_dir, seed_now, Args, Rng, Server, ServerCfg};
+use crate::crashtest::{Args, Rng, Server, ServerCfg};
 
 /// What the tools say about running ext4 trials here (None: they can run).
 pub fn missing_tools() -> Option<String> {
@@ -337,13 +337,7 @@ pub fn run(a: &Args) -> Result<std::process::ExitCode> {
     if let Some(why) = missing_tools() {
         bail!("ext4 check cannot run here: {why}");
     }
-    let seed = a.seed.unwrap_or_else(seed_now);
-    let root = a.dir.clone().unwrap_or_else(|| default_dir("ext4"));
-    std::fs::create_dir_all(&root)?;
-    eprintln!(
-        "nvwc crashtest --ext4: seed {seed}, files under {}",
-        root.display()
-    );
+    let (seed, root) = crate::crashtest::seed_and_dir(a, "ext4", "nvwc crashtest --ext4")?;
     let mut bad = false;
     let mut n = 0u64;
     println!("{:<16} {:>6} {:>6}", "policy", "trials", "clean");

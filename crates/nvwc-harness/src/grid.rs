@@ -67,20 +67,8 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
             for i in 0..a.trials {
                 n += 1;
                 let t = Trial {
-                    policy: p.clone(),
-                    mode: mode.to_string(),
-                    trial: i,
-                    seed: crate::crashtest::trial_seed(seed, n),
-                    min_run_ms: 30,
                     max_run_ms: a.max_run_ms,
-                    fault_cache: None,
-                    fault_backing: None,
-                    backing_uri: None,
-                    error_file: None,
-                    server_args: Vec::new(),
-                    cache_size: crate::crashtest::CACHE_SIZE,
-                    max_write_blocks: 4,
-                    workload: crate::crashtest::Workload::Small,
+                    ..Trial::new(p, mode, i, crate::crashtest::trial_seed(seed, n))
                 };
                 let r = run_trial(&t, &root, false)
                     .with_context(|| format!("grid trial {p} {mode} {i} (seed {})", t.seed))?;

@@ -28,6 +28,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
+use nvwc_dev::rng::Rng;
+use nvwc_dev::stamp;
 use nvwc_nbd::Client;
 use serde::Serialize;
 
@@ -114,21 +116,10 @@ impl Op {
     }
 }
 
-use nvwc_dev::rng::Rng;
-
-/// Sector contents for (client, sector, version): a 16-byte tag then a
-/// byte pattern derived from it, so a misplaced or stale sector is caught.
+/// Sector contents for (client, sector, version): a self-identifying
+/// sector ([`stamp`]), so a misplaced or stale sector is caught.
 fn fill_sector(buf: &mut [u8], client: u32, sector: u64, version: u32) {
-    buf[0..4].copy_from_slice(&client.to_le_bytes());
-    buf[4..12].copy_from_slice(&sector.to_le_bytes());
-    buf[12..16].copy_from_slice(&version.to_le_bytes());
-    let seed = (sector as u32)
-        .wrapping_mul(31)
-        .wrapping_add(version.wrapping_mul(17))
-        .wrapping_add(client);
-    for (i, b) in buf[16..].iter_mut().enumerate() {
-        *b = (seed.wrapping_add(i as u32 * 7) >> 3) as u8;
-    }
+    stamp::fill(buf, client.into(), version.into(), sector);
 }
 
 /// Request size: 512 B × 2^k (k uniform in 0..=11, so 512 B .. 1 MiB),

@@ -24,4 +24,6 @@ pub use histogram::{Histogram, Mrc};
 pub use kneedle::{kneedle, most_prominent, CurveShape, Knee, DEFAULT_SENSITIVITY};
 pub use mattson::StackDistance;
 pub use online::{KneeSelect, OnlineKnee, OnlineKneeConfig};
-pub use shards::{ShardsFixedRate, ShardsFixedSize, DEFAULT_MAX_BUCKETS};
+pub use shards::{
+    FixedRate, FixedSize, Shards, ShardsFixedRate, ShardsFixedSize, DEFAULT_MAX_BUCKETS,
+};

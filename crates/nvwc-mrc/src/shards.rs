@@ -43,94 +43,21 @@ fn threshold_of(rate: f64) -> u64 {
     }
 }
 
-/// Fixed-rate SHARDS.
+/// SHARDS over sample set `S`: [`ShardsFixedRate`] or [`ShardsFixedSize`].
+/// The sampling, the scaled histogram and the curve are the same for both;
+/// only how the threshold is set differs.
 #[derive(Clone, Debug)]
-pub struct ShardsFixedRate {
+pub struct Shards<S> {
     threshold: u64,
-    scale: f64,
     refs: u64,
     sd: StackDistance,
     hist: Histogram,
     adjust: bool,
+    set: S,
 }
 
-impl ShardsFixedRate {
-    /// Samples keys at rate `rate` (caller guarantees `0 < rate <= 1`), with a
-    /// histogram of at most [`DEFAULT_MAX_BUCKETS`] buckets and `SHARDS_adj` on.
-    pub fn new(rate: f64) -> Self {
-        let threshold = threshold_of(rate);
-        ShardsFixedRate {
-            threshold,
-            scale: 1.0 / rate_of(threshold),
-            refs: 0,
-            sd: StackDistance::new(),
-            hist: Histogram::bounded(DEFAULT_MAX_BUCKETS),
-            adjust: true,
-        }
-    }
-
-    /// Replaces the histogram bound (must be called before any access).
-    pub fn with_max_buckets(mut self, max_buckets: usize) -> Self {
-        assert_eq!(self.refs, 0, "with_max_buckets after accesses");
-        self.hist = Histogram::bounded(max_buckets);
-        self
-    }
-
-    /// Enables or disables the `SHARDS_adj` correction (default: on).
-    pub fn with_adjustment(mut self, on: bool) -> Self {
-        self.adjust = on;
-        self
-    }
-
-    /// The effective sampling rate.
-    pub fn rate(&self) -> f64 {
-        rate_of(self.threshold)
-    }
-
-    /// References seen (sampled or not).
-    pub fn references(&self) -> u64 {
-        self.refs
-    }
-
-    /// Distinct sampled keys tracked.
-    pub fn sampled_keys(&self) -> usize {
-        self.sd.distinct()
-    }
-
-    /// Feeds one reference. The unsampled path is one hash and one compare.
-    #[inline(always)]
-    pub fn access(&mut self, key: u64) {
-        self.refs += 1;
-        if mix64(key) <= self.threshold {
-            self.sample(key);
-        }
-    }
-
-    #[inline(never)]
-    fn sample(&mut self, key: u64) {
-        let d = self.sd.access(key);
-        self.hist.record(d.map(|d| (d as f64 * self.scale) as u64));
-    }
-
-    /// The (adjusted) histogram of scaled distances.
-    pub fn histogram(&self) -> Histogram {
-        let mut h = self.hist.clone();
-        if self.adjust {
-            h.adjust_first(self.refs as f64 * self.rate() - h.total());
-        }
-        h
-    }
-
-    /// The estimated miss-ratio curve at every histogram bucket boundary.
-    pub fn mrc(&self) -> Mrc {
-        self.histogram().mrc()
-    }
-
-    /// Bytes of heap memory held.
-    pub fn mem_bytes(&self) -> usize {
-        self.sd.mem_bytes() + self.hist.mem_bytes()
-    }
-}
+/// Fixed-rate SHARDS: the threshold never moves.
+pub type ShardsFixedRate = Shards<FixedRate>;
 
 /// Fixed-size SHARDS: at most `s_max` sampled keys, whatever the trace.
 ///
@@ -138,30 +65,29 @@ impl ShardsFixedRate {
 /// exceed `s_max`, the key with the largest hash is evicted and the threshold
 /// drops to just below that hash; the histogram is rescaled by `R_new / R_old`
 /// so all of it reflects the current rate.
+pub type ShardsFixedSize = Shards<FixedSize>;
+
+/// The sample set of [`ShardsFixedRate`]: every key under a fixed threshold.
 #[derive(Clone, Debug)]
-pub struct ShardsFixedSize {
-    threshold: u64,
+pub struct FixedRate;
+
+/// The sample set of [`ShardsFixedSize`]: at most `s_max` keys.
+#[derive(Clone, Debug)]
+pub struct FixedSize {
     s_max: usize,
-    refs: u64,
-    sd: StackDistance,
     /// Sampled keys by hash (max-heap); exactly the keys tracked by `sd`.
     heap: BinaryHeap<(u64, u64)>,
-    hist: Histogram,
-    adjust: bool,
 }
 
-impl ShardsFixedSize {
-    /// Keeps at most `s_max` sampled keys (caller guarantees `s_max >= 1`).
-    pub fn new(s_max: usize) -> Self {
-        assert!(s_max >= 1, "s_max must be at least 1");
-        ShardsFixedSize {
-            threshold: u64::MAX,
-            s_max,
+impl<S> Shards<S> {
+    fn with_set(threshold: u64, set: S) -> Self {
+        Shards {
+            threshold,
             refs: 0,
             sd: StackDistance::new(),
-            heap: BinaryHeap::with_capacity(s_max + 1),
             hist: Histogram::bounded(DEFAULT_MAX_BUCKETS),
             adjust: true,
+            set,
         }
     }
 
@@ -188,43 +114,17 @@ impl ShardsFixedSize {
         self.refs
     }
 
-    /// Distinct sampled keys tracked (always `<= s_max`).
+    /// Distinct sampled keys tracked (for fixed size, always `<= s_max`).
     pub fn sampled_keys(&self) -> usize {
         self.sd.distinct()
     }
 
-    /// Feeds one reference.
-    #[inline(always)]
-    pub fn access(&mut self, key: u64) {
-        self.refs += 1;
-        let h = mix64(key);
-        if h <= self.threshold {
-            self.sample(key, h);
-        }
-    }
-
-    #[inline(never)]
-    fn sample(&mut self, key: u64, h: u64) {
+    /// Records a sampled key's scaled distance; returns whether it is new.
+    fn record(&mut self, key: u64) -> bool {
         let d = self.sd.access(key);
         let scale = 1.0 / self.rate();
         self.hist.record(d.map(|d| (d as f64 * scale) as u64));
-        if d.is_none() {
-            self.heap.push((h, key));
-            if self.heap.len() > self.s_max {
-                self.lower_threshold();
-            }
-        }
-    }
-
-    fn lower_threshold(&mut self) {
-        let old = self.rate();
-        let (h, k) = self.heap.pop().expect("heap is over s_max");
-        let removed = self.sd.remove(k);
-        assert!(removed, "sampled key missing from the stack");
-        // Keys hash to distinct values (mix64 is bijective): sample iff hash < h.
-        self.threshold = h - 1;
-        self.hist.scale(self.rate() / old);
-        debug_assert_eq!(self.heap.len(), self.sd.distinct());
+        d.is_none()
     }
 
     /// The (adjusted) histogram of scaled distances.
@@ -240,10 +140,77 @@ impl ShardsFixedSize {
     pub fn mrc(&self) -> Mrc {
         self.histogram().mrc()
     }
+}
+
+impl Shards<FixedRate> {
+    /// Samples keys at rate `rate` (caller guarantees `0 < rate <= 1`), with a
+    /// histogram of at most [`DEFAULT_MAX_BUCKETS`] buckets and `SHARDS_adj` on.
+    pub fn new(rate: f64) -> Self {
+        Self::with_set(threshold_of(rate), FixedRate)
+    }
+
+    /// Feeds one reference. The unsampled path is one hash and one compare.
+    #[inline(always)]
+    pub fn access(&mut self, key: u64) {
+        self.refs += 1;
+        if mix64(key) <= self.threshold {
+            self.sample(key);
+        }
+    }
+
+    #[inline(never)]
+    fn sample(&mut self, key: u64) {
+        self.record(key);
+    }
 
     /// Bytes of heap memory held.
     pub fn mem_bytes(&self) -> usize {
-        self.sd.mem_bytes() + self.hist.mem_bytes() + self.heap.capacity() * 16
+        self.sd.mem_bytes() + self.hist.mem_bytes()
+    }
+}
+
+impl Shards<FixedSize> {
+    /// Keeps at most `s_max` sampled keys (caller guarantees `s_max >= 1`).
+    pub fn new(s_max: usize) -> Self {
+        assert!(s_max >= 1, "s_max must be at least 1");
+        let heap = BinaryHeap::with_capacity(s_max + 1);
+        Self::with_set(u64::MAX, FixedSize { s_max, heap })
+    }
+
+    /// Feeds one reference.
+    #[inline(always)]
+    pub fn access(&mut self, key: u64) {
+        self.refs += 1;
+        let h = mix64(key);
+        if h <= self.threshold {
+            self.sample(key, h);
+        }
+    }
+
+    #[inline(never)]
+    fn sample(&mut self, key: u64, h: u64) {
+        if self.record(key) {
+            self.set.heap.push((h, key));
+            if self.set.heap.len() > self.set.s_max {
+                self.lower_threshold();
+            }
+        }
+    }
+
+    fn lower_threshold(&mut self) {
+        let old = self.rate();
+        let (h, k) = self.set.heap.pop().expect("heap is over s_max");
+        let removed = self.sd.remove(k);
+        assert!(removed, "sampled key missing from the stack");
+        // Keys hash to distinct values (mix64 is bijective): sample iff hash < h.
+        self.threshold = h - 1;
+        self.hist.scale(self.rate() / old);
+        debug_assert_eq!(self.set.heap.len(), self.sd.distinct());
+    }
+
+    /// Bytes of heap memory held.
+    pub fn mem_bytes(&self) -> usize {
+        self.sd.mem_bytes() + self.hist.mem_bytes() + self.set.heap.capacity() * 16
     }
 }
 

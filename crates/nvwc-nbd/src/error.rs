@@ -2,43 +2,62 @@
 
 use std::fmt;
 
-/// The error values that may travel in the `error` field of an NBD reply
-/// (spec section "Error values"). Only these values are portable; every other
-/// failure MUST be mapped onto one of them before it reaches the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum ErrorCode {
+/// Defines [`ErrorCode`] from one table: each code's variant, wire value,
+/// spec name and the [`NbdError`] constructor named after it.
+macro_rules! error_codes {
+    ($($(#[$doc:meta])* $variant:ident = $value:literal, $name:literal, $ctor:ident;)*) => {
+        /// The error values that may travel in the `error` field of an NBD reply
+        /// (spec section "Error values"). Only these values are portable; every other
+        /// failure MUST be mapped onto one of them before it reaches the wire.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        #[repr(u32)]
+        pub enum ErrorCode {
+            $($(#[$doc])* $variant = $value,)*
+        }
+
+        impl ErrorCode {
+            /// All defined codes, in wire-value order.
+            pub const ALL: [ErrorCode; [$($value),*].len()] = [$(ErrorCode::$variant),*];
+
+            /// The spec's name, e.g. `NBD_EIO`.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $(ErrorCode::$variant => $name,)*
+                }
+            }
+        }
+
+        impl NbdError {
+            $(
+                #[doc = concat!("`", $name, "`.")]
+                pub fn $ctor(message: impl Into<String>) -> Self {
+                    Self::new(ErrorCode::$variant, message)
+                }
+            )*
+        }
+    };
+}
+
+error_codes! {
     /// `NBD_EPERM` (1): operation not permitted (e.g. write to a read-only export).
-    Perm = 1,
+    Perm = 1, "NBD_EPERM", perm;
     /// `NBD_EIO` (5): input/output error.
-    Io = 5,
+    Io = 5, "NBD_EIO", io;
     /// `NBD_ENOMEM` (12): cannot allocate memory.
-    NoMem = 12,
+    NoMem = 12, "NBD_ENOMEM", nomem;
     /// `NBD_EINVAL` (22): invalid argument (bad range, flags, command...).
-    Inval = 22,
+    Inval = 22, "NBD_EINVAL", inval;
     /// `NBD_ENOSPC` (28): no space left (write beyond the end of the export).
-    NoSpc = 28,
+    NoSpc = 28, "NBD_ENOSPC", nospc;
     /// `NBD_EOVERFLOW` (75): value too large.
-    Overflow = 75,
+    Overflow = 75, "NBD_EOVERFLOW", overflow;
     /// `NBD_ENOTSUP` (95): operation not supported (fast zero).
-    NotSup = 95,
+    NotSup = 95, "NBD_ENOTSUP", notsup;
     /// `NBD_ESHUTDOWN` (108): server is shutting down.
-    Shutdown = 108,
+    Shutdown = 108, "NBD_ESHUTDOWN", shutdown;
 }
 
 impl ErrorCode {
-    /// All defined codes, in wire-value order.
-    pub const ALL: [ErrorCode; 8] = [
-        ErrorCode::Perm,
-        ErrorCode::Io,
-        ErrorCode::NoMem,
-        ErrorCode::Inval,
-        ErrorCode::NoSpc,
-        ErrorCode::Overflow,
-        ErrorCode::NotSup,
-        ErrorCode::Shutdown,
-    ];
-
     /// The value sent on the wire. Always nonzero.
     pub fn to_wire(self) -> u32 {
         self as u32
@@ -48,20 +67,6 @@ impl ErrorCode {
     /// spec does not define; a client SHOULD treat the latter as `EINVAL`.
     pub fn from_wire(v: u32) -> Option<ErrorCode> {
         ErrorCode::ALL.iter().copied().find(|c| c.to_wire() == v)
-    }
-
-    /// The spec's name, e.g. `NBD_EIO`.
-    pub fn name(self) -> &'static str {
-        match self {
-            ErrorCode::Perm => "NBD_EPERM",
-            ErrorCode::Io => "NBD_EIO",
-            ErrorCode::NoMem => "NBD_ENOMEM",
-            ErrorCode::Inval => "NBD_EINVAL",
-            ErrorCode::NoSpc => "NBD_ENOSPC",
-            ErrorCode::Overflow => "NBD_EOVERFLOW",
-            ErrorCode::NotSup => "NBD_ENOTSUP",
-            ErrorCode::Shutdown => "NBD_ESHUTDOWN",
-        }
     }
 }
 
@@ -92,34 +97,6 @@ impl NbdError {
             code,
             message: message.into(),
         }
-    }
-    /// `NBD_EPERM`.
-    pub fn perm(message: impl Into<String>) -> Self {
-        Self::new(ErrorCode::Perm, message)
-    }
-    /// `NBD_EIO`.
-    pub fn io(message: impl Into<String>) -> Self {
-        Self::new(ErrorCode::Io, message)
-    }
-    /// `NBD_EINVAL`.
-    pub fn inval(message: impl Into<String>) -> Self {
-        Self::new(ErrorCode::Inval, message)
-    }
-    /// `NBD_ENOSPC`.
-    pub fn nospc(message: impl Into<String>) -> Self {
-        Self::new(ErrorCode::NoSpc, message)
-    }
-    /// `NBD_EOVERFLOW`.
-    pub fn overflow(message: impl Into<String>) -> Self {
-        Self::new(ErrorCode::Overflow, message)
-    }
-    /// `NBD_ENOTSUP`.
-    pub fn notsup(message: impl Into<String>) -> Self {
-        Self::new(ErrorCode::NotSup, message)
-    }
-    /// `NBD_ESHUTDOWN`.
-    pub fn shutdown(message: impl Into<String>) -> Self {
-        Self::new(ErrorCode::Shutdown, message)
     }
 }
 

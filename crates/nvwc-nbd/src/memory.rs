@@ -134,54 +134,77 @@ impl MemoryExport {
     /// `keep_allocated`, zero-filled), partial pages are zero-filled.
     fn zero_range(&self, offset: u64, len: u64, keep_allocated: bool) {
         let mut pages = self.pages.lock().expect("poisoned");
-        let end = offset + len;
-        let mut pos = offset;
-        while pos < end {
-            let page = pos / PAGE_SIZE;
-            let in_page = (pos % PAGE_SIZE) as usize;
-            let n = ((PAGE_SIZE as usize - in_page) as u64).min(end - pos) as usize;
-            if n == PAGE_SIZE as usize && !keep_allocated {
-                pages.remove(&page);
+        for s in spans(offset, len) {
+            if s.whole() && !keep_allocated {
+                pages.remove(&s.page);
             } else if keep_allocated {
-                let p = pages
-                    .entry(page)
-                    .or_insert_with(|| vec![0u8; PAGE_SIZE as usize].into_boxed_slice());
-                p[in_page..in_page + n].fill(0);
-            } else if let Some(p) = pages.get_mut(&page) {
-                p[in_page..in_page + n].fill(0);
+                page_mut(&mut pages, s.page)[s.range()].fill(0);
+            } else if let Some(p) = pages.get_mut(&s.page) {
+                p[s.range()].fill(0);
             }
-            pos += n as u64;
         }
     }
 }
 
+/// The part of one page a byte range covers.
+struct Span {
+    page: u64,
+    /// Offset in the page.
+    at: usize,
+    /// Offset in the range.
+    done: usize,
+    len: usize,
+}
+
+impl Span {
+    fn range(&self) -> std::ops::Range<usize> {
+        self.at..self.at + self.len
+    }
+    fn whole(&self) -> bool {
+        self.len == PAGE_SIZE as usize
+    }
+}
+
+/// The pages `[offset, offset+len)` covers, in order.
+fn spans(offset: u64, len: u64) -> impl Iterator<Item = Span> {
+    let mut done = 0u64;
+    std::iter::from_fn(move || {
+        (done < len).then(|| {
+            let pos = offset + done;
+            let at = (pos % PAGE_SIZE) as usize;
+            let n = (PAGE_SIZE - at as u64).min(len - done);
+            let s = Span {
+                page: pos / PAGE_SIZE,
+                at,
+                done: done as usize,
+                len: n as usize,
+            };
+            done += n;
+            s
+        })
+    })
+}
+
+/// Page `page`, allocated (zeroed) if it was not.
+fn page_mut(pages: &mut BTreeMap<u64, Box<[u8]>>, page: u64) -> &mut [u8] {
+    pages
+        .entry(page)
+        .or_insert_with(|| vec![0u8; PAGE_SIZE as usize].into_boxed_slice())
+}
+
 fn copy_out(pages: &BTreeMap<u64, Box<[u8]>>, offset: u64, out: &mut [u8]) {
-    let mut done = 0usize;
-    while done < out.len() {
-        let pos = offset + done as u64;
-        let page = pos / PAGE_SIZE;
-        let in_page = (pos % PAGE_SIZE) as usize;
-        let n = (PAGE_SIZE as usize - in_page).min(out.len() - done);
-        match pages.get(&page) {
-            Some(p) => out[done..done + n].copy_from_slice(&p[in_page..in_page + n]),
-            None => out[done..done + n].fill(0),
+    for s in spans(offset, out.len() as u64) {
+        let to = &mut out[s.done..s.done + s.len];
+        match pages.get(&s.page) {
+            Some(p) => to.copy_from_slice(&p[s.range()]),
+            None => to.fill(0),
         }
-        done += n;
     }
 }
 
 fn copy_in(pages: &mut BTreeMap<u64, Box<[u8]>>, offset: u64, data: &[u8]) {
-    let mut done = 0usize;
-    while done < data.len() {
-        let pos = offset + done as u64;
-        let page = pos / PAGE_SIZE;
-        let in_page = (pos % PAGE_SIZE) as usize;
-        let n = (PAGE_SIZE as usize - in_page).min(data.len() - done);
-        let p = pages
-            .entry(page)
-            .or_insert_with(|| vec![0u8; PAGE_SIZE as usize].into_boxed_slice());
-        p[in_page..in_page + n].copy_from_slice(&data[done..done + n]);
-        done += n;
+    for s in spans(offset, data.len() as u64) {
+        page_mut(pages, s.page)[s.range()].copy_from_slice(&data[s.done..s.done + s.len]);
     }
 }
 

@@ -253,30 +253,22 @@ mod tests {
 
     #[test]
     fn parse_errors() {
-        assert!(matches!(
-            "fifo".parse::<ReplacementKind>(),
-            Err(ParseKindError::UnknownPolicy(_))
-        ));
-        assert!(matches!(
-            "lru:track=4".parse::<ReplacementKind>(),
-            Err(ParseKindError::UnknownParam { .. })
-        ));
-        assert!(matches!(
-            "lst:track=0".parse::<ReplacementKind>(),
-            Err(ParseKindError::BadValue { .. })
-        ));
-        assert!(matches!(
-            "lst:track=x".parse::<ReplacementKind>(),
-            Err(ParseKindError::BadValue { .. })
-        ));
-        assert!(matches!(
-            "stack:knee=5,period=9".parse::<ReplacementKind>(),
-            Err(ParseKindError::BadValue { .. })
-        ));
-        assert!(matches!(
-            "stack:knee".parse::<ReplacementKind>(),
-            Err(ParseKindError::BadValue { .. })
-        ));
+        use ParseKindError as E;
+        let unknown_policy: fn(&E) -> bool = |e| matches!(e, E::UnknownPolicy(_));
+        let unknown_param: fn(&E) -> bool = |e| matches!(e, E::UnknownParam { .. });
+        let bad_value: fn(&E) -> bool = |e| matches!(e, E::BadValue { .. });
+        let cases = [
+            ("fifo", unknown_policy),
+            ("lru:track=4", unknown_param),
+            ("lst:track=0", bad_value),
+            ("lst:track=x", bad_value),
+            ("stack:knee=5,period=9", bad_value),
+            ("stack:knee", bad_value),
+        ];
+        for (s, want) in cases {
+            let e = s.parse::<ReplacementKind>().unwrap_err();
+            assert!(want(&e), "{s}: {e:?}");
+        }
     }
 
     #[test]

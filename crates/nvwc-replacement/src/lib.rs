@@ -33,6 +33,7 @@
 #![warn(missing_docs)]
 
 pub mod arc;
+mod clean_dirty;
 mod kind;
 mod lists;
 pub mod lru;

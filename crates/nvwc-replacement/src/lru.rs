@@ -9,41 +9,31 @@
 //! it. Per-block state is about 13.5 bytes (u32 slot, u8 list tag, two u32
 //! slot-owner entries, bitset bits); no hash map.
 
-use crate::lists::TsLists;
+use crate::clean_dirty::{delegate_to_lists, CleanDirty};
 use crate::{BlockId, Replacement};
-
-const CLEAN: usize = 0;
-const DIRTY: usize = 1;
 
 /// Least-recently-used replacement and cleaning.
 #[derive(Clone, Debug)]
 pub struct Lru {
-    lists: TsLists,
+    lists: CleanDirty,
 }
 
 impl Lru {
     /// A policy for block ids `0..capacity_blocks`.
     pub fn new(capacity_blocks: usize) -> Self {
         Lru {
-            lists: TsLists::new(capacity_blocks, 2),
+            lists: CleanDirty::new(capacity_blocks),
         }
     }
 
     /// Number of tracked clean blocks.
     pub fn clean_len(&self) -> usize {
-        self.lists.len(CLEAN)
+        self.lists.len(false)
     }
 
     /// Number of tracked dirty blocks.
     pub fn dirty_len(&self) -> usize {
-        self.lists.len(DIRTY)
-    }
-
-    fn list_of(&self, id: BlockId) -> usize {
-        match self.lists.list_of(id) {
-            Some(l) => l,
-            None => panic!("BlockId {} is not tracked", id.0),
-        }
+        self.lists.len(true)
     }
 }
 
@@ -53,31 +43,17 @@ impl Replacement for Lru {
     }
 
     fn insert(&mut self, id: BlockId, _lbn: u64, dirty: bool) {
-        self.lists.push_mru(id, if dirty { DIRTY } else { CLEAN });
+        self.lists.insert(id, dirty);
     }
 
     fn touch(&mut self, id: BlockId, _write: bool) {
-        let l = self.list_of(id);
-        self.lists.touch(id, l);
+        self.lists.touch(id);
     }
 
-    fn set_dirty(&mut self, id: BlockId, dirty: bool) {
-        let l = self.list_of(id);
-        let to = if dirty { DIRTY } else { CLEAN };
-        assert_ne!(l, to, "set_dirty({}, {dirty}) without a state change", id.0);
-        self.lists.move_sorted(id, to);
-    }
-
-    fn remove(&mut self, id: BlockId) {
-        self.lists.remove(id);
-    }
-
-    fn victim_clean(&mut self, pinned: &dyn Fn(BlockId) -> bool) -> Option<BlockId> {
-        self.lists.iter_lru(CLEAN).find(|&id| !pinned(id))
-    }
+    delegate_to_lists!();
 
     fn clean_batch(&mut self, max: usize, busy: &dyn Fn(BlockId) -> bool, out: &mut Vec<BlockId>) {
-        out.extend(self.lists.iter_lru(DIRTY).filter(|&id| !busy(id)).take(max));
+        out.extend(self.lists.dirty_lru().filter(|&id| !busy(id)).take(max));
     }
 
     fn mem_bytes(&self) -> usize {

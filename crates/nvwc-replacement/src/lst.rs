@@ -8,18 +8,14 @@
 //! [`crate::lru::Lru`]). Cleaning starts/stops at the watermarks (the trait's
 //! default `should_clean`).
 
-use crate::lists::TsLists;
-use crate::segments::{SegmentIndex, SegmentInfo};
+use crate::clean_dirty::{delegate_to_lists, SegmentedLists};
+use crate::segments::SegmentInfo;
 use crate::{BlockId, Replacement};
-
-const CLEAN: usize = 0;
-const DIRTY: usize = 1;
 
 /// Largest-segment-per-track cleaning with LRU eviction of clean blocks.
 #[derive(Clone, Debug)]
 pub struct Lst {
-    lists: TsLists,
-    segs: SegmentIndex,
+    lists: SegmentedLists,
 }
 
 impl Lst {
@@ -27,26 +23,18 @@ impl Lst {
     /// blocks (caller guarantees `track_blocks >= 1`).
     pub fn new(capacity_blocks: usize, track_blocks: u64) -> Self {
         Lst {
-            lists: TsLists::new(capacity_blocks, 2),
-            segs: SegmentIndex::new(capacity_blocks, track_blocks),
+            lists: SegmentedLists::new(capacity_blocks, track_blocks),
         }
     }
 
     /// Track size in blocks.
     pub fn track_blocks(&self) -> u64 {
-        self.segs.track_blocks()
+        self.lists.segs.track_blocks()
     }
 
     /// Current dirty segments, least recently written first.
     pub fn segments(&self) -> Vec<SegmentInfo> {
-        self.segs.segments()
-    }
-
-    fn list_of(&self, id: BlockId) -> usize {
-        match self.lists.list_of(id) {
-            Some(l) => l,
-            None => panic!("BlockId {} is not tracked", id.0),
-        }
+        self.lists.segs.segments()
     }
 }
 
@@ -56,56 +44,22 @@ impl Replacement for Lst {
     }
 
     fn insert(&mut self, id: BlockId, lbn: u64, dirty: bool) {
-        self.lists.push_mru(id, if dirty { DIRTY } else { CLEAN });
-        self.segs.set_lbn(id, lbn);
-        if dirty {
-            self.segs.add_dirty(id);
-        }
+        self.lists.insert(id, lbn, dirty);
     }
 
     fn touch(&mut self, id: BlockId, write: bool) {
-        let l = self.list_of(id);
-        self.lists.touch(id, l);
-        if write && l == DIRTY {
-            self.segs.rewrite(id);
-        }
+        self.lists.touch(id, write);
     }
 
-    fn set_dirty(&mut self, id: BlockId, dirty: bool) {
-        let l = self.list_of(id);
-        assert_ne!(
-            l == DIRTY,
-            dirty,
-            "set_dirty({}, {dirty}) without a state change",
-            id.0
-        );
-        self.lists
-            .move_sorted(id, if dirty { DIRTY } else { CLEAN });
-        if dirty {
-            self.segs.add_dirty(id);
-        } else {
-            self.segs.remove_dirty(id);
-        }
-    }
-
-    fn remove(&mut self, id: BlockId) {
-        if self.list_of(id) == DIRTY {
-            self.segs.remove_dirty(id);
-        }
-        self.lists.remove(id);
-    }
-
-    fn victim_clean(&mut self, pinned: &dyn Fn(BlockId) -> bool) -> Option<BlockId> {
-        self.lists.iter_lru(CLEAN).find(|&id| !pinned(id))
-    }
+    delegate_to_lists!();
 
     fn clean_batch(&mut self, max: usize, busy: &dyn Fn(BlockId) -> bool, out: &mut Vec<BlockId>) {
         // A hot region of 0 blocks: every segment is a candidate.
-        self.segs.clean_batch(0, max, busy, out);
+        self.lists.segs.clean_batch(0, max, busy, out);
     }
 
     fn mem_bytes(&self) -> usize {
-        self.lists.mem_bytes() + self.segs.mem_bytes()
+        self.lists.mem_bytes()
     }
 }
 
@@ -118,7 +72,7 @@ mod tests {
     }
 
     fn lbns(p: &Lst, v: &[BlockId]) -> Vec<u64> {
-        v.iter().map(|&b| p.segs.lbn(b)).collect()
+        v.iter().map(|&b| p.lists.segs.lbn(b)).collect()
     }
 
     #[test]
@@ -151,7 +105,7 @@ mod tests {
         out.clear();
         p.clean_batch(64, &none, &mut out);
         assert_eq!(lbns(&p, &out), vec![16, 17, 18, 19]);
-        p.segs.check();
+        p.lists.segs.check();
     }
 
     #[test]
@@ -193,6 +147,6 @@ mod tests {
         let mut spans: Vec<_> = p.segments().iter().map(|s| (s.start, s.len)).collect();
         spans.sort();
         assert_eq!(spans, vec![(10, 2), (14, 1)]);
-        p.segs.check();
+        p.lists.segs.check();
     }
 }

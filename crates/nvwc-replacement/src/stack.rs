@@ -24,12 +24,9 @@
 
 use nvwc_mrc::{OnlineKnee, OnlineKneeConfig};
 
-use crate::lists::TsLists;
-use crate::segments::{SegmentIndex, SegmentInfo};
+use crate::clean_dirty::{delegate_to_lists, SegmentedLists};
+use crate::segments::SegmentInfo;
 use crate::{BlockId, Replacement, Watermarks};
-
-const CLEAN: usize = 0;
-const DIRTY: usize = 1;
 
 /// Default recomputation period of the online knee (writes).
 pub const DEFAULT_KNEE_PERIOD: u64 = 65_536;
@@ -70,8 +67,7 @@ enum Knee {
 /// Stack-model cleaning: largest cold segment first, hot region kept.
 #[derive(Clone, Debug)]
 pub struct Stack {
-    lists: TsLists,
-    segs: SegmentIndex,
+    lists: SegmentedLists,
     knee: Knee,
     capacity: u64,
 }
@@ -111,8 +107,7 @@ impl Stack {
 
     fn build(capacity_blocks: usize, track_blocks: u64, knee: Knee) -> Self {
         Stack {
-            lists: TsLists::new(capacity_blocks, 2),
-            segs: SegmentIndex::new(capacity_blocks, track_blocks),
+            lists: SegmentedLists::new(capacity_blocks, track_blocks),
             knee,
             capacity: capacity_blocks as u64,
         }
@@ -137,18 +132,18 @@ impl Stack {
 
     /// Whether a cold segment exists (dirty blocks in segments exceed `s_knee`).
     pub fn cold_exists(&self) -> bool {
-        self.segs.total() > self.s_knee()
+        self.lists.segs.total() > self.s_knee()
     }
 
     /// Dirty segments, least recently written first.
     pub fn segments(&self) -> Vec<SegmentInfo> {
-        self.segs.segments()
+        self.lists.segs.segments()
     }
 
     /// Whether a segment starting at `start` is currently hot (O(segments);
     /// for tests and diagnostics).
     pub fn is_hot(&self, start: u64) -> bool {
-        let (b, _) = self.segs.hot_boundary(self.s_knee());
+        let (b, _) = self.lists.segs.hot_boundary(self.s_knee());
         self.segments()
             .iter()
             .any(|s| s.start == start && s.time as usize >= b)
@@ -159,13 +154,6 @@ impl Stack {
             o.access(lbn);
         }
     }
-
-    fn list_of(&self, id: BlockId) -> usize {
-        match self.lists.list_of(id) {
-            Some(l) => l,
-            None => panic!("BlockId {} is not tracked", id.0),
-        }
-    }
 }
 
 impl Replacement for Stack {
@@ -174,56 +162,24 @@ impl Replacement for Stack {
     }
 
     fn insert(&mut self, id: BlockId, lbn: u64, dirty: bool) {
-        self.lists.push_mru(id, if dirty { DIRTY } else { CLEAN });
-        self.segs.set_lbn(id, lbn);
+        self.lists.insert(id, lbn, dirty);
         if dirty {
-            self.segs.add_dirty(id);
             self.feed(lbn);
         }
     }
 
     fn touch(&mut self, id: BlockId, write: bool) {
-        let l = self.list_of(id);
-        self.lists.touch(id, l);
+        self.lists.touch(id, write);
         if write {
-            if l == DIRTY {
-                self.segs.rewrite(id);
-            }
-            self.feed(self.segs.lbn(id));
+            self.feed(self.lists.segs.lbn(id));
         }
     }
 
-    fn set_dirty(&mut self, id: BlockId, dirty: bool) {
-        let l = self.list_of(id);
-        assert_ne!(
-            l == DIRTY,
-            dirty,
-            "set_dirty({}, {dirty}) without a state change",
-            id.0
-        );
-        self.lists
-            .move_sorted(id, if dirty { DIRTY } else { CLEAN });
-        if dirty {
-            self.segs.add_dirty(id);
-        } else {
-            self.segs.remove_dirty(id);
-        }
-    }
-
-    fn remove(&mut self, id: BlockId) {
-        if self.list_of(id) == DIRTY {
-            self.segs.remove_dirty(id);
-        }
-        self.lists.remove(id);
-    }
-
-    fn victim_clean(&mut self, pinned: &dyn Fn(BlockId) -> bool) -> Option<BlockId> {
-        self.lists.iter_lru(CLEAN).find(|&id| !pinned(id))
-    }
+    delegate_to_lists!();
 
     fn clean_batch(&mut self, max: usize, busy: &dyn Fn(BlockId) -> bool, out: &mut Vec<BlockId>) {
         let knee = self.s_knee();
-        self.segs.clean_batch(knee, max, busy, out);
+        self.lists.segs.clean_batch(knee, max, busy, out);
     }
 
     fn should_clean(&self, dirty: u64, capacity: u64, active: bool, wm: Watermarks) -> bool {
@@ -240,7 +196,7 @@ impl Replacement for Stack {
             Knee::Online(o) => o.mem_bytes(),
             Knee::Fixed(_) => 0,
         };
-        self.lists.mem_bytes() + self.segs.mem_bytes() + knee
+        self.lists.mem_bytes() + knee
     }
 }
 
@@ -269,7 +225,8 @@ mod tests {
         // Oldest to newest: A=2 @0, B=3 @16, C=8 @32 (largest, hot), D=2 @48 (hot).
         write_runs(&mut p, &[(0, 2), (16, 3), (32, 8), (48, 2)], 0);
         assert!(p.is_hot(32) && p.is_hot(48) && !p.is_hot(16) && !p.is_hot(0));
-        let lbns = |p: &Stack, v: &[BlockId]| v.iter().map(|&b| p.segs.lbn(b)).collect::<Vec<_>>();
+        let lbns =
+            |p: &Stack, v: &[BlockId]| v.iter().map(|&b| p.lists.segs.lbn(b)).collect::<Vec<_>>();
         let mut out = Vec::new();
         p.clean_batch(64, &none, &mut out);
         assert_eq!(
@@ -350,7 +307,7 @@ mod tests {
             };
             if let Some(&id) = id_of.get(&lbn) {
                 p.touch(BlockId(id), true);
-                if !p.segs.is_dirty(BlockId(id)) {
+                if !p.lists.segs.is_dirty(BlockId(id)) {
                     p.set_dirty(BlockId(id), true);
                 }
                 continue;
@@ -362,7 +319,7 @@ mod tests {
                     p.set_dirty(b, false);
                 }
                 let v = p.victim_clean(&none).expect("a clean block");
-                id_of.remove(&p.segs.lbn(v));
+                id_of.remove(&p.lists.segs.lbn(v));
                 p.remove(v);
                 free.push(v.0);
             }

@@ -349,11 +349,9 @@ mod tests {
     fn block_set_matches_naive_set() {
         let mut s = BlockSet::default();
         let mut naive = std::collections::HashSet::new();
-        let mut x: u64 = 12345;
+        let mut rng = nvwc_dev::rng::Rng::new(12345);
         for _ in 0..2000 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            let x = rng.next_u64();
             let dev = (x >> 60) as u32 % 2;
             let start = (x >> 20) % 500;
             let len = (x >> 40) % 9;

@@ -3,7 +3,7 @@
 //! check allows.
 //!
 //! Every 512-byte sector a write carries is stamped `(write id, sector)`
-//! ([`stamp`]), so a sector read back names the write it came from
+//! ([`stamp`], a self-identifying sector of `nvwc_dev::stamp`), so a sector read back names the write it came from
 //! ([`decode`]). Write 0 ([`INIT`]) is the initial contents.
 //!
 //! **Two views of a sector.** The *client view* (checks (a) and (b)) is what
@@ -21,19 +21,23 @@
 
 use std::collections::HashMap;
 
+use nvwc_dev::stamp::Stamp;
+
 pub(crate) use crate::disk::SECTOR;
 
-const MAGIC: u64 = 0x5EC7_0B5E_AAAA_0001;
+/// The run every VOPR sector carries (writes differ by version: their id).
+const RUN: u64 = 0x5EC7_0B5E_AAAA_0001;
 /// The initial contents of every sector.
 pub(crate) const INIT: u32 = 0;
 
 /// Fill `buf` (one sector) with the stamp of write `w` at `sector`.
 pub(crate) fn stamp(buf: &mut [u8], w: u32, sector: u64) {
-    buf[0..8].copy_from_slice(&MAGIC.to_le_bytes());
-    buf[8..16].copy_from_slice(&(w as u64).to_le_bytes());
-    buf[16..24].copy_from_slice(&sector.to_le_bytes());
-    let fill = (w as u8).wrapping_mul(31).wrapping_add(sector as u8) | 1;
-    buf[24..SECTOR].fill(fill);
+    Stamp {
+        run: RUN,
+        version: w.into(),
+        sector,
+    }
+    .write(buf);
 }
 
 /// A decoded sector.
@@ -49,17 +53,10 @@ pub(crate) fn decode(buf: &[u8], sector: u64) -> Val {
     if buf.iter().all(|&b| b == 0) {
         return Val::Zero;
     }
-    let m = u64::from_le_bytes(buf[0..8].try_into().unwrap());
-    let w = u64::from_le_bytes(buf[8..16].try_into().unwrap());
-    let s = u64::from_le_bytes(buf[16..24].try_into().unwrap());
-    if m != MAGIC || s != sector || w > u32::MAX as u64 {
-        return Val::Garbage;
+    match nvwc_dev::stamp::read(buf, sector) {
+        Some(s) if s.run == RUN => u32::try_from(s.version).map_or(Val::Garbage, Val::W),
+        _ => Val::Garbage,
     }
-    let fill = (w as u8).wrapping_mul(31).wrapping_add(sector as u8) | 1;
-    if buf[24..].iter().any(|&b| b != fill) {
-        return Val::Garbage;
-    }
-    Val::W(w as u32)
 }
 
 /// Sector `s` of an image.

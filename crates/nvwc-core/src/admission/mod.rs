@@ -21,8 +21,6 @@ use crate::types::Tag;
 
 pub mod all;
 pub mod critical;
-pub mod critical_pi;
-pub mod critical_pi_ioi;
 pub mod sync;
 pub mod wal;
 
@@ -55,9 +53,9 @@ pub fn build(kind: AdmissionKind, wal_ranges: &[(u64, u64)]) -> Box<dyn Admissio
         AdmissionKind::All => Box::new(all::All),
         AdmissionKind::Sync => Box::new(sync::Sync),
         AdmissionKind::Wal => Box::new(wal::Wal::new(wal_ranges)),
-        AdmissionKind::Critical => Box::new(critical::Critical),
-        AdmissionKind::CriticalPi => Box::new(critical_pi::CriticalPi),
-        AdmissionKind::CriticalPiIoi => Box::new(critical_pi_ioi::CriticalPiIoi),
+        AdmissionKind::Critical | AdmissionKind::CriticalPi | AdmissionKind::CriticalPiIoi => {
+            Box::new(critical::Critical::new(kind))
+        }
     }
 }
 

@@ -155,42 +155,37 @@ pub struct ExportDetails {
     pub base_allocation: bool,
 }
 
-impl ExportDetails {
-    fn has(&self, f: u16) -> bool {
-        self.flags & f != 0
-    }
+/// One accessor per transmission flag: `$name()` is true if `$flag` is set.
+macro_rules! flag_accessors {
+    ($($(#[$doc:meta])* $name:ident => $flag:ident,)*) => {
+        impl ExportDetails {
+            $(
+                $(#[$doc])*
+                pub fn $name(&self) -> bool {
+                    self.flags & tx_flags::$flag != 0
+                }
+            )*
+        }
+    };
+}
+
+flag_accessors! {
     /// `NBD_FLAG_READ_ONLY`.
-    pub fn read_only(&self) -> bool {
-        self.has(tx_flags::READ_ONLY)
-    }
+    read_only => READ_ONLY,
     /// `NBD_FLAG_SEND_FLUSH`.
-    pub fn can_flush(&self) -> bool {
-        self.has(tx_flags::SEND_FLUSH)
-    }
+    can_flush => SEND_FLUSH,
     /// `NBD_FLAG_SEND_FUA`.
-    pub fn can_fua(&self) -> bool {
-        self.has(tx_flags::SEND_FUA)
-    }
+    can_fua => SEND_FUA,
     /// `NBD_FLAG_SEND_TRIM`.
-    pub fn can_trim(&self) -> bool {
-        self.has(tx_flags::SEND_TRIM)
-    }
+    can_trim => SEND_TRIM,
     /// `NBD_FLAG_SEND_WRITE_ZEROES`.
-    pub fn can_zero(&self) -> bool {
-        self.has(tx_flags::SEND_WRITE_ZEROES)
-    }
+    can_zero => SEND_WRITE_ZEROES,
     /// `NBD_FLAG_SEND_FAST_ZERO`.
-    pub fn can_fast_zero(&self) -> bool {
-        self.has(tx_flags::SEND_FAST_ZERO)
-    }
+    can_fast_zero => SEND_FAST_ZERO,
     /// `NBD_FLAG_SEND_CACHE`.
-    pub fn can_cache(&self) -> bool {
-        self.has(tx_flags::SEND_CACHE)
-    }
+    can_cache => SEND_CACHE,
     /// `NBD_FLAG_CAN_MULTI_CONN`.
-    pub fn can_multi_conn(&self) -> bool {
-        self.has(tx_flags::CAN_MULTI_CONN)
-    }
+    can_multi_conn => CAN_MULTI_CONN,
 }
 
 // ---------------------------------------------------------------------------
@@ -605,10 +600,7 @@ impl Client {
             .map_err(|_| ClientError::InvalidArgument("write larger than 4 GiB".into()))?;
         self.check_range(offset, len)?;
         self.check_payload(len)?;
-        if fua && !self.details.can_fua() {
-            return Err(ClientError::Unsupported("FUA"));
-        }
-        let flags = if fua { cmd_flags::FUA } else { 0 };
+        let flags = self.fua_flag(fua)?;
         self.submit(Command::Write, flags, offset, len, Some(data), Acc::Other)
             .await
             .map(|_| ())
@@ -629,14 +621,8 @@ impl Client {
         if !self.details.can_trim() {
             return Err(ClientError::Unsupported("trim"));
         }
-        if fua && !self.details.can_fua() {
-            return Err(ClientError::Unsupported("FUA"));
-        }
-        self.check_range(offset, len)?;
-        let flags = if fua { cmd_flags::FUA } else { 0 };
-        self.submit(Command::Trim, flags, offset, len, None, Acc::Other)
-            .await
-            .map(|_| ())
+        let flags = self.fua_flag(fua)?;
+        self.no_data(Command::Trim, flags, offset, len).await
     }
 
     /// `NBD_CMD_WRITE_ZEROES`.
@@ -649,16 +635,9 @@ impl Client {
         if !self.details.can_zero() {
             return Err(ClientError::Unsupported("write zeroes"));
         }
-        if flags.fua && !self.details.can_fua() {
-            return Err(ClientError::Unsupported("FUA"));
-        }
+        let mut f = self.fua_flag(flags.fua)?;
         if flags.fast_zero && !self.details.can_fast_zero() {
             return Err(ClientError::Unsupported("fast zero"));
-        }
-        self.check_range(offset, len)?;
-        let mut f = 0;
-        if flags.fua {
-            f |= cmd_flags::FUA;
         }
         if flags.no_hole {
             f |= cmd_flags::NO_HOLE;
@@ -666,9 +645,7 @@ impl Client {
         if flags.fast_zero {
             f |= cmd_flags::FAST_ZERO;
         }
-        self.submit(Command::WriteZeroes, f, offset, len, None, Acc::Other)
-            .await
-            .map(|_| ())
+        self.no_data(Command::WriteZeroes, f, offset, len).await
     }
 
     /// `NBD_CMD_CACHE` (prefetch hint).
@@ -676,8 +653,28 @@ impl Client {
         if !self.details.can_cache() {
             return Err(ClientError::Unsupported("cache"));
         }
+        self.no_data(Command::Cache, 0, offset, len).await
+    }
+
+    /// `cmd_flags::FUA` if `fua` (which the export MUST support), else 0.
+    fn fua_flag(&self, fua: bool) -> Result<u16, ClientError> {
+        match fua {
+            false => Ok(0),
+            true if self.details.can_fua() => Ok(cmd_flags::FUA),
+            true => Err(ClientError::Unsupported("FUA")),
+        }
+    }
+
+    /// A command that carries no data either way, after the range check.
+    async fn no_data(
+        &self,
+        cmd: Command,
+        flags: u16,
+        offset: u64,
+        len: u32,
+    ) -> Result<(), ClientError> {
         self.check_range(offset, len)?;
-        self.submit(Command::Cache, 0, offset, len, None, Acc::Other)
+        self.submit(cmd, flags, offset, len, None, Acc::Other)
             .await
             .map(|_| ())
     }
@@ -1175,6 +1172,32 @@ async fn read_replies<R: AsyncRead + Unpin>(
     }
 }
 
+/// The part of a read's buffer that a chunk of `n` bytes at `offset`
+/// fills, recorded as received; an error if the request is not a read or
+/// the chunk falls outside it.
+fn read_target<'a>(
+    acc: &'a mut Acc,
+    offset: u64,
+    n: u64,
+    what: &str,
+) -> Result<&'a mut [u8], String> {
+    let Acc::Read {
+        offset: ro,
+        len,
+        buf,
+        ranges,
+    } = acc
+    else {
+        return Err(format!("{what} for a non-read request"));
+    };
+    let start = offset
+        .checked_sub(*ro)
+        .filter(|s| s + n <= u64::from(*len))
+        .ok_or_else(|| format!("{what} outside the requested range"))?;
+    ranges.push((start, n));
+    Ok(&mut buf[start as usize..(start + n) as usize])
+}
+
 fn apply_chunk(
     p: &mut Pending,
     h: &ChunkHeader,
@@ -1205,38 +1228,11 @@ fn apply_chunk(
             }
         }
         ChunkPayload::OffsetData { offset, data } => {
-            let Acc::Read {
-                offset: ro,
-                len,
-                buf,
-                ranges,
-            } = &mut p.acc
-            else {
-                return Err("OFFSET_DATA for a non-read request".into());
-            };
-            let start = offset
-                .checked_sub(*ro)
-                .filter(|s| s + data.len() as u64 <= u64::from(*len))
-                .ok_or("OFFSET_DATA outside the requested range")?;
-            buf[start as usize..start as usize + data.len()].copy_from_slice(&data);
-            ranges.push((start, data.len() as u64));
+            read_target(&mut p.acc, offset, data.len() as u64, "OFFSET_DATA")?
+                .copy_from_slice(&data);
         }
         ChunkPayload::OffsetHole { offset, len: hl } => {
-            let Acc::Read {
-                offset: ro,
-                len,
-                buf,
-                ranges,
-            } = &mut p.acc
-            else {
-                return Err("OFFSET_HOLE for a non-read request".into());
-            };
-            let start = offset
-                .checked_sub(*ro)
-                .filter(|s| s + u64::from(hl) <= u64::from(*len))
-                .ok_or("OFFSET_HOLE outside the requested range")?;
-            buf[start as usize..start as usize + hl as usize].fill(0);
-            ranges.push((start, u64::from(hl)));
+            read_target(&mut p.acc, offset, hl.into(), "OFFSET_HOLE")?.fill(0);
         }
         ChunkPayload::BlockStatus {
             context_id: id,

@@ -369,24 +369,7 @@ impl Server {
         }
         let listener = TcpListener::bind(addr).await?;
         let local = listener.local_addr()?;
-        let server = self.clone();
-        let guard = ActiveGuard::new(&self.inner);
-        let mut shutdown = self.inner.shutdown.subscribe();
-        tokio::spawn(async move {
-            let _guard = guard;
-            loop {
-                tokio::select! {
-                    _ = async { let _ = shutdown.wait_for(|s| *s).await; } => break,
-                    r = listener.accept() => match r {
-                        Ok((sock, peer)) => {
-                            let _ = sock.set_nodelay(true);
-                            server.serve_connection_from(sock, peer.to_string());
-                        }
-                        Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
-                    },
-                }
-            }
-        });
+        self.spawn_accept_loop(Listener::Tcp(listener));
         Ok(local)
     }
 
@@ -399,6 +382,12 @@ impl Server {
         let path = path.as_ref().to_path_buf();
         let listener = UnixListener::bind(&path)?;
         self.inner.unix_paths.lock().expect("poisoned").push(path);
+        self.spawn_accept_loop(Listener::Unix(listener));
+        Ok(())
+    }
+
+    /// Accept connections on `listener` in the background until shutdown.
+    fn spawn_accept_loop(&self, listener: Listener) {
         let server = self.clone();
         let guard = ActiveGuard::new(&self.inner);
         let mut shutdown = self.inner.shutdown.subscribe();
@@ -407,19 +396,12 @@ impl Server {
             loop {
                 tokio::select! {
                     _ = async { let _ = shutdown.wait_for(|s| *s).await; } => break,
-                    r = listener.accept() => match r {
-                        Ok((sock, _peer)) => {
-                            // A second handle on the socket, for direct writes
-                            // (`Export::write_direct`); without it, none.
-                            let direct = std::os::fd::AsFd::as_fd(&sock).try_clone_to_owned().ok();
-                            server.spawn_connection(sock, "unix".to_string(), direct);
-                        }
-                        Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                    r = listener.accept(&server) => if r.is_err() {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
                     },
                 }
             }
         });
-        Ok(())
     }
 
     /// Serve one already-connected stream in a background task. Returns the
@@ -497,4 +479,31 @@ impl Server {
 
 fn shutting_down_err() -> std::io::Error {
     std::io::Error::other("server is shutting down")
+}
+
+/// A bound listener of either kind.
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+impl Listener {
+    /// Accept one connection and start serving it: TCP sockets get
+    /// `TCP_NODELAY`; unix sockets a second handle for direct writes
+    /// (`Export::write_direct`; without it, none).
+    async fn accept(&self, server: &Server) -> std::io::Result<()> {
+        match self {
+            Listener::Tcp(l) => {
+                let (sock, peer) = l.accept().await?;
+                let _ = sock.set_nodelay(true);
+                server.serve_connection_from(sock, peer.to_string());
+            }
+            Listener::Unix(l) => {
+                let (sock, _peer) = l.accept().await?;
+                let direct = std::os::fd::AsFd::as_fd(&sock).try_clone_to_owned().ok();
+                server.spawn_connection(sock, "unix".to_string(), direct);
+            }
+        }
+        Ok(())
+    }
 }

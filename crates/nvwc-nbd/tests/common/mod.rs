@@ -297,16 +297,9 @@ pub async fn run_tool_in(cwd: &Path, tool: &str, args: &[&str]) -> ToolOutput {
     }
 }
 
-/// Deterministic pseudo-random bytes (xorshift64*).
+/// Deterministic pseudo-random bytes (`nvwc_dev::rng`, seeded with `seed`).
 pub fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        out.extend_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
-    }
-    out.truncate(len);
+    let mut out = vec![0u8; len];
+    nvwc_dev::rng::Rng::new(seed).fill(&mut out);
     out
 }
