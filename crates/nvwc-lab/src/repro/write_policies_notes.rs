@@ -84,7 +84,7 @@ pub fn figure12(v: &mut Values, plans: &[(&str, &TracePlan)], r12: &[&[RunResult
     .set("t_volumes", thousands(t.devices.len() as u64))
     .set(
         "t_wws",
-        format_size(t.unique_write_blocks * of(2)[0].block_size as u64),
+        format_size(t.unique_write_blocks * of(2)[0].block_size),
     )
     .set("t_gains", gains(2))
     .set("label3", plans[3].0)
@@ -165,7 +165,7 @@ pub fn figure14(
     let imin_write = (0..jr.len())
         .min_by_key(|&i| jr[i].backing_write_bytes)
         .expect("journaled runs");
-    let bs = jr[0].block_size as u64;
+    let bs = jr[0].block_size;
     let bytes = |w: u32| format_size(u64::from(w) * bs);
     let mean = |r: &RunResult| (r.dirty_blocks_mean * bs as f64) as u64;
     // The bound is a promise: the peak dirty data never exceeds it.
