@@ -371,13 +371,9 @@ mod tests {
 
     #[test]
     fn lru_matches_a_textbook_lru_hit_for_hit() {
-        let mut x = 7u64;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let mut next = || rng.gen::<u64>();
         for cap in [1u64, 2, 7, 64, 300] {
             let mut m = HitRatioCache::new(ReplacementKind::Lru, cap, true);
             let mut o = NaiveLru {

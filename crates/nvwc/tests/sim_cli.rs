@@ -35,12 +35,10 @@ fn trace_requests(path: &Path) -> u64 {
 /// A Heimdall-format trace (`ts_ms dev offset size op`, op 0 = write, 1 = read)
 /// of `n` requests over `span_blocks` 4 KiB blocks with a hot spot; deterministic.
 fn write_trace(path: &Path, n: u64, span_blocks: u64) {
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut rng = nvwc_dev::rng::Rng::new(0x9E37_79B9_7F4A_7C15);
     let mut s = String::with_capacity(n as usize * 32);
     for i in 0..n {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
+        let x = rng.next_u64();
         let hot = x % 10 < 7;
         let block = if hot {
             (x >> 8) % (span_blocks / 16).max(1)
