@@ -90,11 +90,10 @@ mod tests {
         let mut ring = IdRing::default();
         let mut map = HashMap::new();
         let mut next = 10u64;
-        let mut x = 12345u64;
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(12345);
         for step in 0..20_000u64 {
-            x = x
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            let x: u64 = rng.gen();
             if x >> 62 != 0 || map.is_empty() {
                 next += 1 + (x >> 40) % 3;
                 ring.insert(next, step);
