@@ -179,24 +179,6 @@ pub fn run_jobs(
     out
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn replacement_lists_keep_parameters() {
-        assert_eq!(
-            split_replacements("lru,stack:track=9,knee=100,lst,arc"),
-            vec!["lru", "stack:track=9,knee=100", "lst", "arc"]
-        );
-        let k = parse_replacement("lst", Some(9)).unwrap();
-        assert_eq!(k, ReplacementKind::Lst { track_blocks: 9 });
-        let k = parse_replacement("lst:track=4", Some(9)).unwrap();
-        assert_eq!(k, ReplacementKind::Lst { track_blocks: 4 });
-        assert!(parse_replacement("fifo", None).is_err());
-    }
-}
-
 /// One run's point on the cache-size charts: the line it belongs to, its
 /// cache size (bytes), backing block writes and throughput.
 pub struct SizePoint {
@@ -249,4 +231,22 @@ pub fn size_charts(trace: &str, points: &[SizePoint]) -> Vec<Chart> {
         }),
         chart("Throughput", "requests / s", &|p| p.throughput),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replacement_lists_keep_parameters() {
+        assert_eq!(
+            split_replacements("lru,stack:track=9,knee=100,lst,arc"),
+            vec!["lru", "stack:track=9,knee=100", "lst", "arc"]
+        );
+        let k = parse_replacement("lst", Some(9)).unwrap();
+        assert_eq!(k, ReplacementKind::Lst { track_blocks: 9 });
+        let k = parse_replacement("lst:track=4", Some(9)).unwrap();
+        assert_eq!(k, ReplacementKind::Lst { track_blocks: 4 });
+        assert!(parse_replacement("fifo", None).is_err());
+    }
 }

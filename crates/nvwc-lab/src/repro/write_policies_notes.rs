@@ -84,7 +84,7 @@ pub fn figure12(v: &mut Values, plans: &[(&str, &TracePlan)], r12: &[&[RunResult
     .set("t_volumes", thousands(t.devices.len() as u64))
     .set(
         "t_wws",
-        format_size(t.unique_write_blocks * of(2)[0].block_size as u64),
+        format_size(t.unique_write_blocks * of(2)[0].block_size),
     )
     .set("t_gains", gains(2))
     .set("label3", plans[3].0)
@@ -166,7 +166,7 @@ pub fn figure14(
     let imin_write = (0..jr.len())
         .min_by_key(|&i| jr[i].backing_write_bytes)
         .expect("journaled runs");
-    let bs = jr[0].block_size as u64;
+    let bs = jr[0].block_size;
     let cache_blocks = c14 / bs;
     let peaks: Vec<f64> = jr
         .iter()
