@@ -395,7 +395,11 @@ fn run_hit_ratio(
             .with_context(|| format!("writing {}", p.display()))?;
     }
     if let Some(p) = &a.csv {
-        let mut t = String::from("trace,replacement,cache_size_bytes,block_size,read_allocate,requests,block_accesses,read_hits,read_misses,write_hits,write_misses,evictions,hit_ratio,read_hit_ratio,wall_seconds,replay_rate\n");
+        let mut t = String::from(concat!(
+            "trace,replacement,cache_size_bytes,block_size,read_allocate,requests,block_accesses,",
+            "read_hits,read_misses,write_hits,write_misses,evictions,hit_ratio,read_hit_ratio,",
+            "wall_seconds,replay_rate\n"
+        ));
         for r in &ok {
             t += &format!(
                 "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",

@@ -282,7 +282,14 @@ fn report(out: &Path, quick: bool, when: &str) -> Result<String> {
                 .map(|r| r.throughput)
                 .unwrap_or(0.0);
             writeln!(md, "### {dev}, {}\n", format_size(*size))?;
-            writeln!(md, "| policy | throughput (req/s) | vs ALL | cached writes | efficiency (req/s per cached block) | p99 ms | p99.9 ms | p99.99 ms | stalled pieces | reissued | inherited (proc / I/O) |")?;
+            writeln!(
+                md,
+                "{}",
+                concat!(
+                    "| policy | throughput (req/s) | vs ALL | cached writes | efficiency (req/s per cached block) ",
+                    "| p99 ms | p99.9 ms | p99.99 ms | stalled pieces | reissued | inherited (proc / I/O) |"
+                )
+            )?;
             writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|")?;
             for r in &g {
                 writeln!(
