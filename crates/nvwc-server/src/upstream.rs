@@ -451,6 +451,22 @@ mod tests {
     /// created once and found again; a group logged but not applied (a crash
     /// between steps 1 and 2) is replayed on open; a torn log is not; a
     /// committed group is applied and leaves nothing to replay.
+    /// A runtime with one worker, for a test's server and client.
+    fn one_thread_runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A fresh directory for this test process (`prefix` names the test).
+    fn test_dir(prefix: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("{prefix}{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
     /// A 64 MiB in-memory NBD export on a unix socket in `dir`: the server
     /// (keep it while the test runs), its export, and its URI.
     async fn memory_server(
@@ -474,14 +490,8 @@ mod tests {
 
     #[test]
     fn region_over_nbd_replays_logged_groups_only() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let dir = std::env::temp_dir().join(format!("nvwc-region-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).unwrap();
+        one_thread_runtime().block_on(async {
+            let dir = test_dir("nvwc-region-");
             let (server, mem, uri) = memory_server(&dir).await;
 
             // No region unless asked for one.
@@ -548,14 +558,8 @@ mod tests {
     /// trailer (the region) is untouched by it.
     #[test]
     fn label_in_the_region_trailer() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let dir = std::env::temp_dir().join(format!("nvwc-ulabel-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).unwrap();
+        one_thread_runtime().block_on(async {
+            let dir = test_dir("nvwc-ulabel-");
             let (server, mem, uri) = memory_server(&dir).await;
 
             let mut up = Upstream::connect(&uri).await.unwrap();
