@@ -51,6 +51,15 @@ scripts/test-ray.sh
 # reports: scripts/repro-all.sh).
 repro_out=$(mktemp -d)
 scripts/repro-all.sh --quick --out "$repro_out"
+# ... and each ends with its verdict table (the paper's number, ours, a verdict).
+for r in admission write-policies non-blocking-writes stack-model; do
+  grep -q '^| claim | paper | ours | verdict | cause |$' "$repro_out/$r.md" &&
+    grep -Eq '^[0-9]+ claims: [0-9]+ reproduced, ' "$repro_out/$r.md" ||
+    { echo "reports/$r.md: no verdict table" >&2; exit 1; }
+done
+# ... and the measured consistency grid has a row per policy, every promise kept.
+[ "$(grep -c 'every promise held' "$repro_out/consistency-grid.md")" = 5 ] ||
+  { cat "$repro_out/consistency-grid.md" >&2; echo "consistency grid: a promise failed" >&2; exit 1; }
 rm -rf "$repro_out"
 
 # 5. Every test (last, so its summary closes the output).

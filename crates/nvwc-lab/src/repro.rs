@@ -9,11 +9,16 @@
 //! stated in the reports.
 
 mod admission;
+mod admission_claims;
 mod common;
 mod non_blocking_writes;
+mod non_blocking_writes_claims;
 mod stack_model;
+mod stack_model_claims;
 mod template;
+mod verdict;
 mod write_policies;
+mod write_policies_claims;
 mod write_policies_notes;
 
 use std::process::ExitCode;

@@ -196,7 +196,7 @@ pub fn admission(a: &Args) -> Result<String> {
     )
 }
 
-fn load(out: &Path, app: &str) -> Option<Vec<AppResult>> {
+pub(super) fn load(out: &Path, app: &str) -> Option<Vec<AppResult>> {
     let t = std::fs::read_to_string(out.join(format!("admission-{app}.json"))).ok()?;
     t.lines()
         .filter(|l| !l.trim().is_empty())
@@ -341,8 +341,7 @@ fn report(out: &Path, quick: bool, when: &str) -> Result<String> {
             writeln!(md)?;
         }
     }
-    let mut claims = String::new();
-    beside_the_paper(out, &mut claims)?;
+    let claims = super::admission_claims::table(out);
     let mut v = Values::new();
     v.set("quick", if quick { " with `--quick`" } else { "" })
         .set("when", when)
@@ -354,242 +353,20 @@ fn report(out: &Path, quick: bool, when: &str) -> Result<String> {
 }
 
 /// Throughput of `policy` in the group `(dev, size)`.
-fn thr(rs: &[AppResult], dev: &str, size: u64, policy: &str) -> Option<f64> {
+pub(super) fn thr(rs: &[AppResult], dev: &str, size: u64, policy: &str) -> Option<f64> {
     rs.iter()
         .find(|r| r.nvwc_device == dev && r.nvwc_bytes == size && r.policy == policy)
         .map(|r| r.throughput)
 }
 
-fn get<'a>(rs: &'a [AppResult], dev: &str, size: u64, policy: &str) -> Option<&'a AppResult> {
+pub(super) fn get<'a>(
+    rs: &'a [AppResult],
+    dev: &str,
+    size: u64,
+    policy: &str,
+) -> Option<&'a AppResult> {
     rs.iter()
         .find(|r| r.nvwc_device == dev && r.nvwc_bytes == size && r.policy == policy)
-}
-
-/// `lo–hi` of `f` over the groups of `dev`, as ratios or percentages.
-fn span(rs: &[AppResult], dev: &str, f: &dyn Fn(u64) -> Option<f64>, pct: bool) -> String {
-    let mut sizes: Vec<u64> = rs
-        .iter()
-        .filter(|r| r.nvwc_device == dev)
-        .map(|r| r.nvwc_bytes)
-        .collect();
-    sizes.sort_unstable();
-    sizes.dedup();
-    let v: Vec<f64> = sizes.iter().filter_map(|&s| f(s)).collect();
-    if v.is_empty() {
-        return "not run".into();
-    }
-    let (lo, hi) = v
-        .iter()
-        .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
-    let fmt = |x: f64| {
-        if pct {
-            format!("{:+.0} %", (x - 1.0) * 100.0)
-        } else {
-            format!("{x:.2}×")
-        }
-    };
-    if (hi - lo).abs() < 1e-9 {
-        fmt(lo)
-    } else {
-        format!("{} to {}", fmt(lo), fmt(hi))
-    }
-}
-
-/// The rows of the table of the paper's claims beside ours, computed from
-/// the saved runs.
-fn beside_the_paper(out: &Path, md: &mut String) -> Result<()> {
-    let ratio = |rs: &[AppResult], dev: &'static str, a: &'static str, b: &'static str| {
-        let rs = rs.to_vec();
-        move |s: u64| Some(thr(&rs, dev, s, a)? / thr(&rs, dev, s, b)?.max(1e-9))
-    };
-    if let Some(pg) = load(out, "postgres") {
-        let min_ram = pg
-            .iter()
-            .filter(|r| r.nvwc_device == "nvdram")
-            .map(|r| r.nvwc_bytes)
-            .min();
-        let max_ram = pg
-            .iter()
-            .filter(|r| r.nvwc_device == "nvdram")
-            .map(|r| r.nvwc_bytes)
-            .max();
-        let row = |md: &mut String, claim: &str, paper: &str, ours: String| {
-            writeln!(md, "| PostgreSQL: {claim} | {paper} | {ours} |")
-        };
-        row(
-            md,
-            "CP+PI over CP, ramdisk (Fig. 4a)",
-            "+4 to +12 %",
-            span(&pg, "nvdram", &ratio(&pg, "nvdram", "CP+PI", "CP"), true),
-        )?;
-        row(
-            md,
-            "CP+PI+IOI over CP+PI, ramdisk",
-            "+18 to +29 %",
-            span(
-                &pg,
-                "nvdram",
-                &ratio(&pg, "nvdram", "CP+PI+IOI", "CP+PI"),
-                true,
-            ),
-        )?;
-        if let Some(s) = min_ram {
-            row(
-                md,
-                &format!(
-                    "CP+PI+IOI over ALL at the smallest ramdisk ({})",
-                    format_size(s)
-                ),
-                "+80 % (32 MB)",
-                ratio(&pg, "nvdram", "CP+PI+IOI", "ALL")(s)
-                    .map_or("not run".into(), |x| format!("{:+.0} %", (x - 1.0) * 100.0)),
-            )?;
-        }
-        if let Some(s) = max_ram {
-            let c = |p: &str| {
-                get(&pg, "nvdram", s, p).map(|r| (r.cached_write_bytes as f64, r.throughput))
-            };
-            if let (Some((ca, ta)), Some((ci, ti))) = (c("ALL"), c("CP+PI+IOI")) {
-                row(
-                    md,
-                    &format!(
-                        "cached writes of CP+PI+IOI vs ALL at the largest ramdisk ({})",
-                        format_size(s)
-                    ),
-                    "-72 %, no throughput loss (4 GB)",
-                    format!(
-                        "{:+.0} %, throughput {:+.0} %",
-                        (ci / ca - 1.0) * 100.0,
-                        (ti / ta - 1.0) * 100.0
-                    ),
-                )?;
-            }
-        }
-        row(
-            md,
-            "CP+PI+IOI over ALL, SSD (Fig. 4b)",
-            "1.8 to 2.2×",
-            span(
-                &pg,
-                "ssd-sata",
-                &ratio(&pg, "ssd-sata", "CP+PI+IOI", "ALL"),
-                false,
-            ),
-        )?;
-        row(
-            md,
-            "CP+PI+IOI over SYNC, SSD",
-            "2.2 to 2.5×",
-            span(
-                &pg,
-                "ssd-sata",
-                &ratio(&pg, "ssd-sata", "CP+PI+IOI", "SYNC"),
-                false,
-            ),
-        )?;
-        let eff = {
-            let pg = pg.clone();
-            move |s: u64| {
-                let e = |p: &str| get(&pg, "nvdram", s, p).map(|r| r.efficiency);
-                Some(e("CP+PI+IOI")? / e("ALL")?.max(1e-12))
-            }
-        };
-        row(
-            md,
-            "caching efficiency, CP+PI+IOI over ALL, ramdisk (Fig. 7)",
-            "1.2 to 3.7×",
-            span(&pg, "nvdram", &eff, false),
-        )?;
-    }
-    if let Some(rd) = load(out, "redis") {
-        let row = |md: &mut String, claim: &str, paper: &str, ours: String| {
-            writeln!(md, "| Redis: {claim} | {paper} | {ours} |")
-        };
-        row(
-            md,
-            "CP+PI over CP, ramdisk (Fig. 9)",
-            "2 to 30×",
-            span(&rd, "nvdram", &ratio(&rd, "nvdram", "CP+PI", "CP"), false),
-        )?;
-        row(
-            md,
-            "CP+PI+IOI over CP+PI, ramdisk",
-            "+3 to +49 %",
-            span(
-                &rd,
-                "nvdram",
-                &ratio(&rd, "nvdram", "CP+PI+IOI", "CP+PI"),
-                true,
-            ),
-        )?;
-        row(
-            md,
-            "CP+PI+IOI over ALL, ramdisk",
-            "+17 to +32 %",
-            span(
-                &rd,
-                "nvdram",
-                &ratio(&rd, "nvdram", "CP+PI+IOI", "ALL"),
-                true,
-            ),
-        )?;
-        row(
-            md,
-            "CP+PI+IOI over ALL, SSD",
-            "+47 to +55 %",
-            span(
-                &rd,
-                "ssd-sata",
-                &ratio(&rd, "ssd-sata", "CP+PI+IOI", "ALL"),
-                true,
-            ),
-        )?;
-        for dev in ["nvdram", "ssd-sata"] {
-            let rd2 = rd.clone();
-            let cached = move |s: u64| {
-                let c = |p: &str| get(&rd2, dev, s, p).map(|r| r.cached_write_bytes as f64);
-                Some(c("CP+PI+IOI")? / c("ALL")?.max(1.0))
-            };
-            row(
-                md,
-                &format!("cached writes, CP+PI+IOI vs ALL, {dev}"),
-                if dev == "nvdram" {
-                    "-20 to -29 %"
-                } else {
-                    "-84 to -87 %"
-                },
-                span(&rd, dev, &cached, true),
-            )?;
-        }
-        let ssd_sizes: Vec<u64> = rd
-            .iter()
-            .filter(|r| r.nvwc_device == "ssd-sata")
-            .map(|r| r.nvwc_bytes)
-            .collect();
-        if let Some(&s) = ssd_sizes.iter().max() {
-            for (p, paper) in [
-                ("ALL", "80 / 649 / >1000"),
-                ("SYNC", "72 / 678 / >1000"),
-                ("CP+PI+IOI", "32 / 50 / 79"),
-            ] {
-                if let Some(r) = get(&rd, "ssd-sata", s, p) {
-                    row(
-                        md,
-                        &format!(
-                            "{p} p99 / p99.9 / p99.99 ms, SSD {} (Table 4, workload A)",
-                            format_size(s)
-                        ),
-                        paper,
-                        format!(
-                            "{:.1} / {:.1} / {:.1}",
-                            r.latency_ms_p99, r.latency_ms_p999, r.latency_ms_p9999
-                        ),
-                    )?;
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 /// The numbers of "Where ours differs": from the saved runs and the
@@ -648,7 +425,10 @@ fn notes_values(v: &mut Values, out: &Path, quick: bool) -> Result<()> {
         )
         .set("pg_cached_less", cached_less)
         .set("ssd_units", ssd.parallel_units)
-        .set("rd_pi", span(&rd, "nvdram", &pi_over_cp, false))
+        .set(
+            "rd_pi",
+            super::admission_claims::span(&rd, "nvdram", &pi_over_cp, false),
+        )
         .set("duration", p.duration / SEC)
         .set("warmup", p.warmup / SEC)
         .set("ckpt_wal", prose_size(pgp.ckpt_wal))

@@ -16,6 +16,7 @@ use nvwc_sim::{default_backing_qd, format_size, RunResult, SimConfig, TracePlan}
 use nvwc_trace::{CompactWriter, Op, TraceRecord};
 
 use super::common::{img, prose_size, results, thousands, Args};
+use super::non_blocking_writes_claims as claims;
 use super::template::{template, Values};
 use crate::runs::scan_plan;
 
@@ -313,14 +314,19 @@ fn figure10(a: &Args, base: &SimConfig, st: &Streams) -> Result<(String, Vec<Run
     Ok((md, r10))
 }
 
+/// Figure 11's patch memory sizes: up to a third of what the 2 KiB stream
+/// writes, so the limit is reached.
+fn fig11_mems(quick: bool) -> Vec<u64> {
+    [1u64, 2, 4, 8, 16, 32, 64]
+        .iter()
+        .map(|m| (m << 18) >> if quick { 3 } else { 0 })
+        .collect()
+}
+
 /// Figure 11: 2 KiB writes on the disk against the patch memory limit.
 fn figure11(a: &Args, base: &SimConfig, st: &Streams) -> Result<(String, Vec<RunResult>)> {
     let mut md = String::new();
-    // Up to a third of what the 2 KiB stream writes, so the limit is reached.
-    let mems: Vec<u64> = [1u64, 2, 4, 8, 16, 32, 64]
-        .iter()
-        .map(|m| (m << 18) >> if a.quick { 3 } else { 0 })
-        .collect();
+    let mems = fig11_mems(a.quick);
     let mut bb = base.clone();
     bb.backing = "hdd".parse()?;
     bb.backing_qd = default_backing_qd(&bb.backing);
@@ -436,6 +442,24 @@ pub fn non_blocking_writes(a: &Args) -> Result<String> {
         .set("qd", QD);
     stream_values(&mut v, &st);
     discussion(&mut v, &st, &r10);
+    let mut fig5: Vec<(&str, Vec<&RunResult>)> = Vec::new();
+    for r in &r5 {
+        match fig5.iter_mut().find(|g| g.0 == r.label) {
+            Some(g) => g.1.push(r),
+            None => fig5.push((&r.label, vec![r])),
+        }
+    }
+    let mems = fig11_mems(a.quick);
+    v.set(
+        "claims",
+        claims::table(&claims::Runs {
+            fig5,
+            fig10: &r10,
+            fig11: &r11,
+            partial: &st.sizes[..4],
+            mems: &mems,
+        }),
+    );
     let json = serde_json::to_string_pretty(&(r5, r10, r11))?;
     std::fs::write(a.out.join("non-blocking-writes.json"), json)?;
     Ok(template!("non-blocking-writes.md").fill(&v)?)

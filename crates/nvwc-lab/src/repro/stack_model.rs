@@ -15,6 +15,7 @@ use nvwc_sim::{default_backing_qd, format_size, Mode, RunResult, SimConfig, Trac
 use nvwc_trace::{Op, TraceRecord};
 
 use super::common::{img, prose_size, quick_or, range, results, thousands, Args};
+use super::stack_model_claims as claims;
 use super::template::{template, Values};
 use crate::runs::{parse_replacement, scan_plan, track_blocks_of};
 
@@ -509,10 +510,36 @@ pub fn stack_model(a: &Args) -> Result<String> {
         .set("figure2", figure2(a, &s, &ts, &fracs, &res2)?);
     disk_values(&mut v, &s)?;
     discussion(&mut v, &s, &ts, &res, &res2, &fracs);
+    v.set("claims", claims_table(&s, &ts, &res, &res2, &fracs));
     mrc_figure(a, &s, &ts)?;
     let json = serde_json::to_string_pretty(&(&res, &res2))?;
     std::fs::write(img(a, "stack-model-runs.json"), json)?;
     Ok(template!("stack-model.md").fill(&v)?)
+}
+
+/// The verdict table, from Table 1's and Figure 2's runs.
+fn claims_table(
+    s: &Setup,
+    ts: &[Planned],
+    res: &[RunResult],
+    res2: &[RunResult],
+    fracs: &[f64],
+) -> String {
+    let t1: claims::Table1 = s
+        .traces
+        .iter()
+        .map(|t| (t.label, of_trace(res, t.label)))
+        .collect();
+    let mut fig2 = Vec::new();
+    for (t, x) in s.traces.iter().zip(ts) {
+        for &c in &x.sizes {
+            let knee = knee_within(&x.hist, c).map(|k| k as f64 / c as f64);
+            if let (Some(b), Some(a)) = changes(&fig2_points(res2, t.label, c, fracs), knee) {
+                fig2.push((format!("{} {}", t.label, format_size(c * BS)), b, a));
+            }
+        }
+    }
+    claims::table(&t1, &fig2)
 }
 
 /// How values `lo..=hi` compare with `x`, as "fewer disk writes than" etc.

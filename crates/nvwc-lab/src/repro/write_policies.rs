@@ -14,6 +14,7 @@ use nvwc_sim::{default_backing_qd, format_size, RunResult, SimConfig, TracePlan}
 
 use super::common::{img, prose_size, quick_or, results, Args};
 use super::template::{template, Values};
+use super::write_policies_claims as claims;
 use super::write_policies_notes as notes;
 use crate::runs::scan_plan;
 
@@ -493,6 +494,18 @@ pub fn write_policies(a: &Args) -> Result<String> {
     notes::figure12(&mut v, &named, &groups12);
     notes::figure13(&mut v, &groups13, &fr);
     notes::figure14(&mut v, &r14, &ws, &eval, best);
+    let claims = claims::Runs {
+        fig12: named
+            .iter()
+            .map(|p| p.0)
+            .zip(groups12.iter().copied())
+            .collect(),
+        fig13: fr.iter().copied().zip(groups13.iter().copied()).collect(),
+        fig14: &r14,
+        eval: &eval,
+        best,
+    };
+    v.set("claims", claims::table(&claims));
     let json = serde_json::to_string_pretty(&(r12, r13, r14))?;
     std::fs::write(img(a, "write-policies-runs.json"), json)?;
     Ok(template!("write-policies.md").fill(&v)?)
