@@ -15,6 +15,7 @@ mod non_blocking_writes;
 mod non_blocking_writes_claims;
 mod stack_model;
 mod stack_model_claims;
+mod stack_model_sensitivity;
 mod template;
 mod verdict;
 mod write_policies;

@@ -16,6 +16,7 @@ use nvwc_trace::{Op, TraceRecord};
 
 use super::common::{img, prose_size, quick_or, range, results, thousands, Args};
 use super::stack_model_claims as claims;
+use super::stack_model_sensitivity as sensitivity;
 use super::template::{template, Values};
 use crate::runs::{parse_replacement, scan_plan, track_blocks_of};
 
@@ -60,7 +61,7 @@ fn write_histogram(
 
 /// The most prominent Kneedle knee of the miss-ratio curve within cache
 /// sizes `1..=max` blocks (None if the curve has no knee there).
-fn knee_within(h: &Histogram, max: u64) -> Option<u64> {
+pub(super) fn knee_within(h: &Histogram, max: u64) -> Option<u64> {
     let n = max.clamp(3, 400);
     let pts: Vec<(f64, f64)> = (1..=n)
         .map(|i| {
@@ -82,29 +83,29 @@ fn knee_within(h: &Histogram, max: u64) -> Option<u64> {
     most_prominent(&knees).map(|k| k.x as u64)
 }
 
-struct StackTrace {
-    file: &'static str,
-    label: &'static str,
-    limit: Option<u64>,
+pub(super) struct StackTrace {
+    pub(super) file: &'static str,
+    pub(super) label: &'static str,
+    pub(super) limit: Option<u64>,
 }
 
 /// Stack-model load rule: traces faster than this mean rate are slowed to it.
 const TARGET_RATE: f64 = 10.0;
 /// Cache sizes, in percent of a trace's write working set: Table 1 uses the
 /// first, Figure 2 all three.
-const SIZE_PCT: [u64; 3] = [1, 2, 4];
+pub(super) const SIZE_PCT: [u64; 3] = [1, 2, 4];
 /// The smallest cache, in blocks.
 const MIN_BLOCKS: u64 = 32;
 /// Cache block size.
-const BS: u64 = 4096;
+pub(super) const BS: u64 = 4096;
 /// Dirty watermarks: cleaning starts at the first, LRU and LST stop at the second.
-const WATERMARKS: (f64, f64) = (0.9, 0.5);
+pub(super) const WATERMARKS: (f64, f64) = (0.9, 0.5);
 
 /// A trace's plan, write MRC, cache sizes (blocks) and replay time scale.
-struct Planned {
-    plan: Arc<TracePlan>,
-    hist: Histogram,
-    sizes: Vec<u64>,
+pub(super) struct Planned {
+    pub(super) plan: Arc<TracePlan>,
+    pub(super) hist: Histogram,
+    pub(super) sizes: Vec<u64>,
     rate: f64,
     speedup: f64,
     /// The largest write request (bytes).
@@ -112,10 +113,10 @@ struct Planned {
 }
 
 /// The setup every run shares.
-struct Setup {
+pub(super) struct Setup {
     traces: [StackTrace; 2],
-    base: SimConfig,
-    track: Option<u64>,
+    pub(super) base: SimConfig,
+    pub(super) track: Option<u64>,
 }
 
 fn setup(a: &Args) -> Result<Setup> {
@@ -149,9 +150,9 @@ fn setup(a: &Args) -> Result<Setup> {
 }
 
 /// Scans each trace and measures its write MRC and mean request rate.
-fn plan_traces(a: &Args, s: &Setup) -> Result<Vec<Planned>> {
+pub(super) fn plan_traces(a: &Args, s: &Setup, traces: &[StackTrace]) -> Result<Vec<Planned>> {
     let mut ts = Vec::new();
-    for t in &s.traces {
+    for t in traces {
         let path = a.traces.as_ref().expect("resolved in run").join(t.file);
         let plan = Arc::new(scan_plan(&path, &s.base, t.limit)?);
         let (hist, dur, max_write) = write_histogram(&path, BS, t.limit, true)?;
@@ -223,7 +224,14 @@ const PAPER_TABLE1: [PaperRow; 2] = [
 
 /// One run of trace `t` (planned as `x`) with replacement `repl` and a
 /// cache of `c` blocks.
-fn job(s: &Setup, t: &StackTrace, x: &Planned, repl: &str, c: u64, label: String) -> Result<Job> {
+pub(super) fn job(
+    s: &Setup,
+    t: &StackTrace,
+    x: &Planned,
+    repl: &str,
+    c: u64,
+    label: String,
+) -> Result<Job> {
     let mut cfg = s.base.clone();
     cfg.speedup = x.speedup;
     cfg.replacement = parse_replacement(repl, s.track)?;
@@ -325,7 +333,7 @@ fn table1(s: &Setup, res: &[RunResult]) -> Result<String> {
 }
 
 /// Blocks per disk write command.
-fn segment(r: &RunResult) -> f64 {
+pub(super) fn segment(r: &RunResult) -> f64 {
     r.backing_writes as f64 / r.backing_write_ops.max(1) as f64
 }
 
@@ -481,7 +489,7 @@ fn mrc_figure(a: &Args, s: &Setup, ts: &[Planned]) -> Result<()> {
 /// `nvwc repro stack-model`: the report's Markdown.
 pub fn stack_model(a: &Args) -> Result<String> {
     let s = setup(a)?;
-    let ts = plan_traces(a, &s)?;
+    let ts = plan_traces(a, &s, &s.traces)?;
     let res = table1_runs(a, &s, &ts)?;
     // Figure 2: hot-region fractions of the cache.
     let fracs = quick_or(
@@ -511,6 +519,8 @@ pub fn stack_model(a: &Args) -> Result<String> {
     disk_values(&mut v, &s)?;
     discussion(&mut v, &s, &ts, &res, &res2, &fracs);
     v.set("claims", claims_table(&s, &ts, &res, &res2, &fracs));
+    let main: Vec<(&StackTrace, &Planned)> = s.traces.iter().zip(&ts).collect();
+    v.set("sensitivity", sensitivity::section(a, &s, &main)?);
     mrc_figure(a, &s, &ts)?;
     let json = serde_json::to_string_pretty(&(&res, &res2))?;
     std::fs::write(img(a, "stack-model-runs.json"), json)?;
