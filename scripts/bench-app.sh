@@ -37,6 +37,12 @@
 #   OUT=reports/bench-app   prefix of the .json and .md written
 # Exit status: 0 when every run completed (missed targets included), 1 when
 # a run failed (the reports are still written), 2 on a setup error.
+#   LAYOUT=wal-split  pg_wal on its own ext4 in the export's first WAL_SIZE
+#                    bytes (a second loop device), the data directory on
+#                    another ext4 after it; ADMISSIONS="all sync wal" adds, per
+#                    delay, nvwc-adm-<policy>/<D>ms: write-back with
+#                    --admission <policy> --wal-range 0:WAL_SIZE
+#                    (scripts/bench-admission-app.sh runs this)
 # Smoke test (about 6 min):
 #   RUNTIME=3 REPS=1 DELAYS=5 scripts/bench-app.sh
 set -euo pipefail
@@ -51,7 +57,11 @@ JOBS=${JOBS:-2}
 IMAGE_SIZE=${IMAGE_SIZE:-2G}
 CACHE_SIZE=${CACHE_SIZE:-1G}
 OUT=${OUT:-reports/bench-app}
-CMDLINE="RUNTIME=$RUNTIME REPS=$REPS DELAYS='$DELAYS' BENCH_ONLY='$ONLY' SCALE=$SCALE CLIENTS=$CLIENTS JOBS=$JOBS IMAGE_SIZE=$IMAGE_SIZE CACHE_SIZE=$CACHE_SIZE scripts/bench-app.sh"
+LAYOUT=${LAYOUT:-single}
+WAL_SIZE=${WAL_SIZE:-512M}
+ADMISSIONS=${ADMISSIONS:-}
+CMDLINE="RUNTIME=$RUNTIME REPS=$REPS DELAYS='$DELAYS' BENCH_ONLY='$ONLY' SCALE=$SCALE CLIENTS=$CLIENTS JOBS=$JOBS IMAGE_SIZE=$IMAGE_SIZE CACHE_SIZE=$CACHE_SIZE LAYOUT=$LAYOUT WAL_SIZE=$WAL_SIZE ADMISSIONS='$ADMISSIONS' ${SCRIPT_NAME:-scripts/bench-app.sh}"
+case $LAYOUT in single|wal-split) ;; *) echo "bench-app: LAYOUT=$LAYOUT: single or wal-split" >&2; exit 2 ;; esac
 
 die() { echo "bench-app: $*" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || die "needs root (loop devices, mount, FUSE)"
@@ -97,6 +107,7 @@ for d in $DELAYS; do
   add "uncached/${d}ms" uncached "$d"
   add "nbdkit-cache-filter/${d}ms" cache-filter "$d"
   for pol in write-back ordered journaled write-through; do add "nvwc-$pol/${d}ms" "nvwc-$pol" "$d"; done
+  for adm in $ADMISSIONS; do add "nvwc-adm-$adm/${d}ms" "nvwc-adm-$adm" "$d"; done
 done
 [ ${#NAMES[@]} -gt 0 ] || die "BENCH_ONLY='$ONLY' selects no export"
 
@@ -112,12 +123,14 @@ one_run() { # name
   R=$W/run
   rm -rf "$R"; mkdir -p "$R/fuse" "$R/mnt" "$R/sock" "$R/log"
   chown postgres "$R/sock" "$R/log"
-  pids=() loop="" fusepid="" pgup=""
+  pids=() loop="" walloop="" fusepid="" pgup=""
   run_cleanup() {
     set +e
     if [ -n "$pgup" ]; then timeout 60 runuser -u postgres -- "$PGBIN/pg_ctl" -D "$R/mnt/pgdata" -m immediate stop >/dev/null 2>&1; fi
     if mountpoint -q "$R/mnt"; then timeout 120 umount "$R/mnt" 2>/dev/null || umount -l "$R/mnt"; fi
+    if mountpoint -q "$R/wal" 2>/dev/null; then timeout 120 umount "$R/wal" 2>/dev/null || umount -l "$R/wal"; fi
     [ -n "$loop" ] && losetup -d "$loop" 2>/dev/null
+    [ -n "$walloop" ] && losetup -d "$walloop" 2>/dev/null
     if mountpoint -q "$R/fuse"; then
       { command -v fusermount3 >/dev/null && fusermount3 -u "$R/fuse"; } 2>/dev/null || timeout 60 umount "$R/fuse" 2>/dev/null || umount -l "$R/fuse"
     fi
@@ -144,17 +157,32 @@ one_run() { # name
                      cache=writeback cache-max-size="$CACHE_SIZE" >server.log 2>&1) & pids+=($!) ;;
     nvwc-*)       (cd "$R" && exec nbdkit -U d.sock -f --exit-with-parent --filter=delay file backing.img $rd >upstream.log 2>&1) & pids+=($!)
                   wait_for "$R/d.sock" "the delayed upstream"
+                  local policy=(--write-policy "${kind#nvwc-}")
+                  [[ $kind == nvwc-adm-* ]] && policy=(--write-policy write-back --admission "${kind#nvwc-adm-}" --wal-range "0:$WAL_SIZE")
                   (cd "$R" && exec "$NVWC" serve --backing "nbd+unix:///?socket=$R/d.sock" --cache cache.img --cache-size "$CACHE_SIZE" \
-                     --listen none --unix "$sock" --control n.ctl --write-policy "${kind#nvwc-}" >server.log 2>&1) & pids+=($!) ;;
+                     --listen none --unix "$sock" --control n.ctl "${policy[@]}" >server.log 2>&1) & pids+=($!) ;;
   esac
   wait_for "$sock" "$name"
   nbdfuse "$R/fuse" --unix "$sock" >"$R/nbdfuse.log" 2>&1 & fusepid=$!
   wait_for "$R/fuse/nbd" nbdfuse
-  loop=$(losetup -f --show --direct-io=off "$R/fuse/nbd")
   # Inode tables and journal written now, not by ext4lazyinit during the run.
-  mkfs.ext4 -q -F -E nodiscard,lazy_itable_init=0,lazy_journal_init=0 "$loop"
-  mount -t ext4 "$loop" "$R/mnt"
-  cp -a "$W/pgtemplate" "$R/mnt/pgdata"
+  local mkfs=(mkfs.ext4 -q -F -E nodiscard,lazy_itable_init=0,lazy_journal_init=0)
+  if [ "$LAYOUT" = wal-split ]; then
+    # pg_wal's file system first (the --wal-range), the data's after it.
+    walloop=$(losetup -f --show --direct-io=off --sizelimit "$WAL_SIZE" "$R/fuse/nbd")
+    loop=$(losetup -f --show --direct-io=off --offset "$WAL_SIZE" "$R/fuse/nbd")
+    "${mkfs[@]}" "$walloop"; "${mkfs[@]}" "$loop"
+    mount -t ext4 "$loop" "$R/mnt"
+    mkdir -p "$R/wal"; mount -t ext4 "$walloop" "$R/wal"
+    cp -a "$W/pgtemplate" "$R/mnt/pgdata"
+    mv "$R/mnt/pgdata/pg_wal" "$R/wal/pg_wal"; ln -s "$R/wal/pg_wal" "$R/mnt/pgdata/pg_wal"
+    chown -R postgres "$R/wal/pg_wal"; chmod 700 "$R/wal/pg_wal"
+  else
+    loop=$(losetup -f --show --direct-io=off "$R/fuse/nbd")
+    "${mkfs[@]}" "$loop"
+    mount -t ext4 "$loop" "$R/mnt"
+    cp -a "$W/pgtemplate" "$R/mnt/pgdata"
+  fi
   chown -R postgres "$R/mnt/pgdata"; chmod 700 "$R/mnt/pgdata"
   runuser -u postgres -- "$PGBIN/pg_ctl" -D "$R/mnt/pgdata" -l "$R/log/postgres.log" -w -t 120 \
     -o "-c listen_addresses='' -c unix_socket_directories='$R/sock' -p $PGPORT" start >/dev/null
@@ -179,6 +207,7 @@ one_run() { # name
   t3=$(date +%s.%N)
   runuser -u postgres -- "$PGBIN/pg_ctl" -D "$R/mnt/pgdata" -m fast -w -t 120 stop >/dev/null; pgup=""
   umount "$R/mnt"
+  if [ "$LAYOUT" = wal-split ]; then umount "$R/wal"; fi
   python3 - "$R/log" "$t0" "$t1" "$t2" "$t3" >&3 <<'PY'
 import glob, math, re, statistics as st, sys
 d = sys.argv[1]; t0, t1, t2, t3 = map(float, sys.argv[2:6])
@@ -202,9 +231,10 @@ def counters(line):
 s0, s1 = (counters(l) for l in (open(d + "/status.json").read().splitlines() + ["{}", "{}"])[:2])
 delta = lambda k: s1.get(k, 0) - s0.get(k, 0)
 extra = (f" block_waits={delta('block_waits')} block_wait_ms={delta('block_wait_ns') / 1e6:.1f}"
-         f" backing_flushes={delta('backing_flushes')} commits={delta('commits')}") if s1 else ""
+         f" backing_flushes={delta('backing_flushes')} commits={delta('commits')}"
+         f" cache_write_mb={delta('cache_write_bytes') / 1e6:.1f} bypassed_mb={delta('bypassed_bytes') / 1e6:.1f}") if s1 else ""
 print(f"tps={tps:.1f} lat_avg_ms={st.mean(lat) if lat else float('nan'):.3f} lat_std_ms={st.pstdev(lat) if lat else float('nan'):.3f} "
-      f"lat_p50_ms={pct(0.50):.3f} lat_p99_ms={pct(0.99):.3f} txns={len(lat)} failed={failed.group(1) if failed else 0} "
+      f"lat_p50_ms={pct(0.50):.3f} lat_p99_ms={pct(0.99):.3f} lat_p999_ms={pct(0.999):.3f} txns={len(lat)} failed={failed.group(1) if failed else 0} "
       f"wall_s={t2 - t1:.2f} init_s={t1 - t0:.2f} ckpt_s={t3 - t2:.2f}{extra}")
 PY
 }
@@ -234,10 +264,10 @@ done
 mkdir -p "$(dirname "$OUT")"
 (python3 - "$RAW" "$OUT" "$CMDLINE" "$START_DATE" "$LOAD0" "$(nproc)" "$(uname -r)" \
   "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')" "$("$PGBIN/postgres" --version)" "$(nbdkit --version)" \
-  "$CACHE_SIZE" "$IMAGE_SIZE" "$DELAYS" "${NAMES[@]}" <<'PY'
+  "$CACHE_SIZE" "$IMAGE_SIZE" "$DELAYS" "$LAYOUT" "$WAL_SIZE" "${NAMES[@]}" <<'PY'
 import json, statistics as st, sys
-raw, out, cmd, date, load0, ncpu, kernel, cpu, pgver, nbdkitver, cache, image, delays = sys.argv[1:14]
-names = sys.argv[14:]
+raw, out, cmd, date, load0, ncpu, kernel, cpu, pgver, nbdkitver, cache, image, delays, layout, walsize = sys.argv[1:16]
+names = sys.argv[16:]
 runs = []
 for line in open(raw):
     r, name, status, rest = line.rstrip("\n").split("|", 3)
@@ -273,6 +303,11 @@ for d in delays.split():
     ratio(f"nvwc-write-through{s}", f"uncached{s}", 0.9, f"write-through ({d} ms) / uncached")
     ratio(f"nvwc-write-back{s}", f"nbdkit-cache-filter{s}", None, f"write-back ({d} ms) / nbdkit cache filter")
     ratio(f"nbdkit-cache-filter{s}", f"uncached{s}", None, f"nbdkit cache filter ({d} ms) / uncached")
+    # Admission (LAYOUT=wal-split): the paper's claim is that caching only
+    # what requests wait on loses nothing against caching everything.
+    for a in ["sync", "wal", "critical"]:
+        ratio(f"nvwc-adm-{a}{s}", f"nvwc-adm-all{s}", 1.0, f"admission {a} ({d} ms) / all")
+    ratio(f"nvwc-adm-all{s}", f"uncached{s}", None, f"admission all ({d} ms) / uncached")
 machine = f"{ncpu} CPUs ({cpu}), Linux {kernel}, load average at start {load0}; {pgver}; {nbdkitver}"
 json.dump({"command": cmd, "date": date, "machine": machine, "cache_size": cache, "image_size": image,
            "runs": runs, "medians": med, "ratios": ratios}, open(out + ".json", "w"), indent=1)
@@ -287,7 +322,8 @@ for n in names:
         print(f"{n:<30} no successful run")
         continue
     m = med[n]
-    print(f"{n:<30} tps={m['tps']:<8.1f} lat_avg={m['lat_avg_ms']:<7.2f} lat_std={m['lat_std_ms']:<7.2f} p50={m['lat_p50_ms']:<7.2f} p99={m['lat_p99_ms']:<8.2f} ckpt_s={m['ckpt_s']:<6.2f} init_s={m['init_s']:<6.1f} (tps: {' '.join(f'{t:.0f}' for t in m['tps_runs'])})")
+    cachecol = f" cache_write_mb={m['cache_write_mb']:.0f} bypassed_mb={m['bypassed_mb']:.0f}" if "cache_write_mb" in m else ""
+    print(f"{n:<30} tps={m['tps']:<8.1f} lat_avg={m['lat_avg_ms']:<7.2f} lat_std={m['lat_std_ms']:<7.2f} p50={m['lat_p50_ms']:<7.2f} p99={m['lat_p99_ms']:<8.2f} p99.9={m['lat_p999_ms']:<8.2f} ckpt_s={m['ckpt_s']:<6.2f} init_s={m['init_s']:<6.1f}{cachecol} (tps: {' '.join(f'{t:.0f}' for t in m['tps_runs'])})")
 print("== ratios (tps medians, this run; a missed target is reported, not an error)")
 for x in ratios:
     t = "" if x["target"] is None else f"  target >= {x['target']}: {'met' if x['met'] else 'MISSED'}"
@@ -296,25 +332,31 @@ failed = [x for x in runs if x["status"] != "ok"]
 for x in failed:
     print(f"FAILED: round {x['round']} {x['export']}: {x['error']}")
 
-P("# pgbench over nvwc and its peers (generated by `scripts/bench-app.sh`)")
+P(f"# pgbench over nvwc and its peers (generated by `{cmd.split()[-1]}`)")
 P()
 P(f"Command: `{cmd}`  ")
 P(f"Date: {date}  ")
 P(f"Machine: {machine}. The machine is shared (other builds may run at the same time): the numbers are indicative; ratios come from one run with interleaved rounds.")
 P()
+if layout == "wal-split":
+    P(f"Layout: pg_wal on its own ext4 in the export's first {walsize} (the `--wal-range` of the nvwc-adm-* exports), the data directory on a second ext4 after it; nvwc-adm-<policy> is write-back with `--admission <policy>`. "
+      "The critical policies need requests marked critical; through one nbdfuse connection the live server can mark only a whole export, which makes them `all`, so they are not run. "
+      "MB written to the cache and MB bypassed are nvwc's counters over the timed run.")
+    P()
 P(f"PostgreSQL on ext4 on a loop device over nbdfuse over each export (unix sockets). Backing image {image} (sparse, fresh every run), "
   f"nvwc cache and the nbdkit cache filter's cache-max-size {cache} (nvwc: 4 KiB cache blocks; the cache filter: its default 64 KiB); delayed backing = nbdkit delay filter with rdelay=wdelay=D ms. "
   "tps is pgbench's; latency (ms) comes from its per-transaction log; ckpt_s is a CHECKPOINT right after the run (not in tps). "
   "The cache filter's cache is a temporary file: its FLUSH writes every dirty block through to the delayed backing, so what a FLUSH covers is as durable there as in nvwc.")
 P()
-P("| export | tps | lat avg | lat stddev | p50 | p99 | ckpt_s | init_s | runs (tps) | failed runs |")
-P("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+P("| export | tps | lat avg | lat stddev | p50 | p99 | p99.9 | ckpt_s | init_s | MB written to the cache | MB bypassed | runs (tps) | failed runs |")
+P("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
 for n in names:
     if n not in med:
-        P(f"| {n} | — | — | — | — | — | — | — | — | all |")
+        P(f"| {n} | — | — | — | — | — | — | — | — | — | — | — | all |")
         continue
     m = med[n]
-    P(f"| {n} | {m['tps']:.1f} | {m['lat_avg_ms']:.2f} | {m['lat_std_ms']:.2f} | {m['lat_p50_ms']:.2f} | {m['lat_p99_ms']:.2f} | {m['ckpt_s']:.2f} | {m['init_s']:.1f} | {' '.join(f'{t:.0f}' for t in m['tps_runs'])} | {m['failed_runs']} |")
+    mb = lambda k: f"{m[k]:.0f}" if k in m else "—"
+    P(f"| {n} | {m['tps']:.1f} | {m['lat_avg_ms']:.2f} | {m['lat_std_ms']:.2f} | {m['lat_p50_ms']:.2f} | {m['lat_p99_ms']:.2f} | {m['lat_p999_ms']:.2f} | {m['ckpt_s']:.2f} | {m['init_s']:.1f} | {mb('cache_write_mb')} | {mb('bypassed_mb')} | {' '.join(f'{t:.0f}' for t in m['tps_runs'])} | {m['failed_runs']} |")
 P()
 P("| ratio (tps) | value | target | met |")
 P("|---|---:|---:|---|")
