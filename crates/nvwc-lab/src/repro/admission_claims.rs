@@ -95,24 +95,50 @@ const JBD2: &str =
 const ALL_SYNC: &str = "nearly every write in the model is synchronous and jbd2 inherits criticality, so CP+PI+IOI caches what ALL does (\"Redis\": SYNC equals ALL)";
 const TAILS: &str = "the model's children's bursts hold the cache full only briefly; tails reproduced only in kind (\"Redis\")";
 
+/// A throughput-ratio claim over every size of one device: the app, the
+/// claim, the paper's text and range, the device, numerator and denominator
+/// policies, whether ours prints as a percentage, and the cause.
+type RatioClaim = (
+    &'static str,
+    &'static str,
+    (&'static str, f64, f64),
+    &'static str,
+    &'static str,
+    &'static str,
+    bool,
+    &'static str,
+);
+
+#[rustfmt::skip]
+const RATIOS: [RatioClaim; 8] = [
+    ("PostgreSQL", "CP+PI over CP, ramdisk (Fig. 4a)", ("+4 to +12 %", 1.04, 1.12), "nvdram", "CP+PI", "CP", true, NO_PI_WRITES),
+    ("PostgreSQL", "CP+PI+IOI over CP+PI, ramdisk", ("+18 to +29 %", 1.18, 1.29), "nvdram", "CP+PI+IOI", "CP+PI", true, CKPT_HDD),
+    ("PostgreSQL", "CP+PI+IOI over ALL, SSD (Fig. 4b)", ("1.8 to 2.2×", 1.8, 2.2), "ssd-sata", "CP+PI+IOI", "ALL", false, SSD_MODEL),
+    ("PostgreSQL", "CP+PI+IOI over SYNC, SSD", ("2.2 to 2.5×", 2.2, 2.5), "ssd-sata", "CP+PI+IOI", "SYNC", false, SSD_MODEL),
+    ("Redis", "CP+PI over CP, ramdisk (Fig. 9)", ("2 to 30×", 2.0, 30.0), "nvdram", "CP+PI", "CP", false, JBD2),
+    ("Redis", "CP+PI+IOI over CP+PI, ramdisk", ("+3 to +49 %", 1.03, 1.49), "nvdram", "CP+PI+IOI", "CP+PI", true, JBD2),
+    ("Redis", "CP+PI+IOI over ALL, ramdisk", ("+17 to +32 %", 1.17, 1.32), "nvdram", "CP+PI+IOI", "ALL", true, DISK_CACHE),
+    ("Redis", "CP+PI+IOI over ALL, SSD", ("+47 to +55 %", 1.47, 1.55), "ssd-sata", "CP+PI+IOI", "ALL", true, SSD_MODEL),
+];
+
+/// The rows of [`RATIOS`] for the runs `rs` of `app`.
+fn ratio_rows(app: &str, rs: &[AppResult], rows: &mut Vec<Row>) {
+    for &(_, claim, paper, dev, a, b, pct, cause) in RATIOS.iter().filter(|c| c.0 == app) {
+        let ours = values(rs, dev, &ratio(rs, dev, a, b));
+        rows.push(ratio_row(
+            format!("{app}: {claim}"),
+            paper,
+            ours,
+            pct,
+            cause,
+        ));
+    }
+}
+
 fn postgres_rows(pg: &[AppResult], rows: &mut Vec<Row>) {
     let ram = |f: &dyn Fn(u64) -> Option<f64>| values(pg, "nvdram", f);
-    let ssd = |f: &dyn Fn(u64) -> Option<f64>| values(pg, "ssd-sata", f);
     let claim = |c: &str| format!("PostgreSQL: {c}");
-    rows.push(ratio_row(
-        claim("CP+PI over CP, ramdisk (Fig. 4a)"),
-        ("+4 to +12 %", 1.04, 1.12),
-        ram(&ratio(pg, "nvdram", "CP+PI", "CP")),
-        true,
-        NO_PI_WRITES,
-    ));
-    rows.push(ratio_row(
-        claim("CP+PI+IOI over CP+PI, ramdisk"),
-        ("+18 to +29 %", 1.18, 1.29),
-        ram(&ratio(pg, "nvdram", "CP+PI+IOI", "CP+PI")),
-        true,
-        CKPT_HDD,
-    ));
+    ratio_rows("PostgreSQL", pg, rows);
     let sizes: Vec<u64> = pg
         .iter()
         .filter(|r| r.nvwc_device == "nvdram")
@@ -157,20 +183,6 @@ fn postgres_rows(pg: &[AppResult], rows: &mut Vec<Row>) {
             CKPT_HDD,
         ));
     }
-    rows.push(ratio_row(
-        claim("CP+PI+IOI over ALL, SSD (Fig. 4b)"),
-        ("1.8 to 2.2×", 1.8, 2.2),
-        ssd(&ratio(pg, "ssd-sata", "CP+PI+IOI", "ALL")),
-        false,
-        SSD_MODEL,
-    ));
-    rows.push(ratio_row(
-        claim("CP+PI+IOI over SYNC, SSD"),
-        ("2.2 to 2.5×", 2.2, 2.5),
-        ssd(&ratio(pg, "ssd-sata", "CP+PI+IOI", "SYNC")),
-        false,
-        SSD_MODEL,
-    ));
     let eff = |s: u64| {
         let e = |p: &str| get(pg, "nvdram", s, p).map(|r| r.efficiency);
         Some(e("CP+PI+IOI")?.max(1e-12) / e("ALL")?.max(1e-12))
@@ -187,34 +199,7 @@ fn postgres_rows(pg: &[AppResult], rows: &mut Vec<Row>) {
 fn redis_rows(rd: &[AppResult], rows: &mut Vec<Row>) {
     let on = |dev: &str, f: &dyn Fn(u64) -> Option<f64>| values(rd, dev, f);
     let claim = |c: &str| format!("Redis: {c}");
-    rows.push(ratio_row(
-        claim("CP+PI over CP, ramdisk (Fig. 9)"),
-        ("2 to 30×", 2.0, 30.0),
-        on("nvdram", &ratio(rd, "nvdram", "CP+PI", "CP")),
-        false,
-        JBD2,
-    ));
-    rows.push(ratio_row(
-        claim("CP+PI+IOI over CP+PI, ramdisk"),
-        ("+3 to +49 %", 1.03, 1.49),
-        on("nvdram", &ratio(rd, "nvdram", "CP+PI+IOI", "CP+PI")),
-        true,
-        JBD2,
-    ));
-    rows.push(ratio_row(
-        claim("CP+PI+IOI over ALL, ramdisk"),
-        ("+17 to +32 %", 1.17, 1.32),
-        on("nvdram", &ratio(rd, "nvdram", "CP+PI+IOI", "ALL")),
-        true,
-        DISK_CACHE,
-    ));
-    rows.push(ratio_row(
-        claim("CP+PI+IOI over ALL, SSD"),
-        ("+47 to +55 %", 1.47, 1.55),
-        on("ssd-sata", &ratio(rd, "ssd-sata", "CP+PI+IOI", "ALL")),
-        true,
-        SSD_MODEL,
-    ));
+    ratio_rows("Redis", rd, rows);
     for (dev, paper) in [
         ("nvdram", ("-20 to -29 %", 0.71, 0.80)),
         ("ssd-sata", ("-84 to -87 %", 0.13, 0.16)),

@@ -144,9 +144,9 @@ fn figure11(r: &Runs, rows: &mut Vec<Row>) {
 
 /// The table.
 pub fn table(r: &Runs) -> String {
-    let mut rows = Vec::new();
-    figure5(r, &mut rows);
-    figure10(r, &mut rows);
-    figure11(r, &mut rows);
-    verdict::table(&rows)
+    verdict::table_of(&[
+        &|rows| figure5(r, rows),
+        &|rows| figure10(r, rows),
+        &|rows| figure11(r, rows),
+    ])
 }

@@ -51,19 +51,6 @@ pub fn table(t: &Table1, fig2: &Figure2) -> String {
         Verdict::of_ratio((0.25, 0.25), &absorbed),
         TRAFFIC,
     ));
-    let fewest = t
-        .iter()
-        .filter(|(_, rs)| {
-            rs[STACK].backing_write_ops <= rs[LRU].backing_write_ops.min(rs[LST].backing_write_ops)
-        })
-        .count();
-    rows.push(Row::new(
-        "the stack policy makes the fewest disk writes of LRU, LST and stack",
-        "often",
-        format!("on {fewest} of {} traces", t.len()),
-        Verdict::of_count(fewest, t.len()),
-        RUNS,
-    ));
     let fewer_stalls = t
         .iter()
         .filter(|(_, rs)| (rs[STACK].queued_writes as f64) * NOISE < rs[LRU].queued_writes as f64)
@@ -80,17 +67,31 @@ pub fn table(t: &Table1, fig2: &Figure2) -> String {
         Verdict::of_count(fewer_stalls, t.len()),
         TRAFFIC,
     ));
-    let most_overwrites = t
-        .iter()
-        .filter(|(_, rs)| rs[STACK].overwrites > rs[LRU].overwrites.max(rs[LST].overwrites))
-        .count();
-    rows.push(Row::new(
-        "the stack policy overwrites in the cache most often",
-        "yes",
-        format!("on {most_overwrites} of {} traces", t.len()),
-        Verdict::of_count(most_overwrites, t.len()),
-        "",
-    ));
+    type Runs<'a> = (&'a str, Vec<&'a RunResult>);
+    let fewest = |(_, rs): &Runs| {
+        rs[STACK].backing_write_ops <= rs[LRU].backing_write_ops.min(rs[LST].backing_write_ops)
+    };
+    let most_overwrites =
+        |(_, rs): &Runs| rs[STACK].overwrites > rs[LRU].overwrites.max(rs[LST].overwrites);
+    verdict::counted_rows(
+        &mut rows,
+        t,
+        ("on", "traces"),
+        vec![
+            (
+                "the stack policy makes the fewest disk writes of LRU, LST and stack".into(),
+                "often",
+                &fewest,
+                RUNS,
+            ),
+            (
+                "the stack policy overwrites in the cache most often".into(),
+                "yes",
+                &most_overwrites,
+                "",
+            ),
+        ],
+    );
     let steeper = fig2.iter().filter(|(_, b, a)| b < a && *b < 0.0).count();
     rows.push(Row::new(
         "Fig. 2: disk writes fall faster before the knee than after it",

@@ -145,6 +145,50 @@ impl Row {
     }
 }
 
+impl Row {
+    /// A qualitative claim that holds in `holds` of `cases` cases; ours reads
+    /// `"{at} {holds} of {cases} {unit}"` ("on 3 of 4 traces").
+    pub fn counted(
+        claim: impl Into<String>,
+        paper: impl Into<String>,
+        (holds, cases): (usize, usize),
+        (at, unit): (&str, &str),
+        cause: impl Into<String>,
+    ) -> Row {
+        let ours = format!("{at} {holds} of {cases} {unit}");
+        Row::new(claim, paper, ours, Verdict::of_count(holds, cases), cause)
+    }
+}
+
+/// A qualitative claim judged case by case: (claim, the paper's words,
+/// whether it holds in one case, cause).
+pub type Check<'a, T> = (String, &'a str, &'a dyn Fn(&T) -> bool, &'a str);
+
+/// One [`Row::counted`] per check, each counted over `cases`.
+pub fn counted_rows<T>(
+    rows: &mut Vec<Row>,
+    cases: &[T],
+    phrase: (&str, &str),
+    checks: Vec<Check<'_, T>>,
+) {
+    for (claim, paper, holds, cause) in checks {
+        let n = cases.iter().filter(|c| holds(c)).count();
+        rows.push(Row::counted(claim, paper, (n, cases.len()), phrase, cause));
+    }
+}
+
+/// Adds a report's rows for one figure or table.
+pub type Part<'a> = &'a dyn Fn(&mut Vec<Row>);
+
+/// The table of the rows `parts` add, in order.
+pub fn table_of(parts: &[Part]) -> String {
+    let mut rows = Vec::new();
+    for part in parts {
+        part(&mut rows);
+    }
+    table(&rows)
+}
+
 /// The Markdown table, with a count of each verdict under it.
 pub fn table(rows: &[Row]) -> String {
     let mut s = String::from("| claim | paper | ours | verdict | cause |\n|---|---|---|---|---|\n");

@@ -68,61 +68,55 @@ fn figure12(r: &Runs, rows: &mut Vec<Row>) {
             cause,
         ));
     }
-    let slowest = r
-        .fig12
-        .iter()
-        .filter(|(_, rs)| (1..rs.len()).all(|p| thr(rs, WT) < thr(rs, p)))
-        .count();
-    rows.push(Row::new(
-        "Fig. 12: write-through is the slowest policy",
-        "on every workload",
-        format!("on {slowest} of {} traces", r.fig12.len()),
-        Verdict::of_count(slowest, r.fig12.len()),
-        FIG12_READS,
-    ));
-    let j_over_o = r
-        .fig12
-        .iter()
-        .filter(|(_, rs)| thr(rs, JNL) * NOISE >= thr(rs, ORD))
-        .count();
-    rows.push(Row::new(
-        format!(
-            "Fig. 12: journaled at least as fast as ordered (within {:.0} %)",
-            (NOISE - 1.0) * 100.0
-        ),
-        "on most workloads (all but YCSB-F)",
-        format!("on {j_over_o} of {} traces", r.fig12.len()),
-        Verdict::of_count(j_over_o, r.fig12.len()),
-        FIG12_ORD,
-    ));
+    let slowest = |(_, rs): &(&str, &[RunResult])| (1..rs.len()).all(|p| thr(rs, WT) < thr(rs, p));
+    let j_over_o = |(_, rs): &(&str, &[RunResult])| thr(rs, JNL) * NOISE >= thr(rs, ORD);
+    let within = format!("(within {:.0} %)", (NOISE - 1.0) * 100.0);
+    verdict::counted_rows(
+        rows,
+        &r.fig12,
+        ("on", "traces"),
+        vec![
+            (
+                "Fig. 12: write-through is the slowest policy".into(),
+                "on every workload",
+                &slowest,
+                FIG12_READS,
+            ),
+            (
+                format!("Fig. 12: journaled at least as fast as ordered {within}"),
+                "on most workloads (all but YCSB-F)",
+                &j_over_o,
+                FIG12_ORD,
+            ),
+        ],
+    );
 }
 
 fn figure13(r: &Runs, rows: &mut Vec<Row>) {
     let large: Vec<&(f64, &[RunResult])> = r.fig13.iter().filter(|(f, _)| *f >= 1.0).collect();
-    let beat = large
-        .iter()
-        .filter(|(_, rs)| (1..rs.len()).all(|p| thr(rs, p) > thr(rs, WT)))
-        .count();
-    rows.push(Row::new(
-        "Fig. 13: every write-back variant beats write-through at caches at least the working set",
-        "yes (caches over 1.5 GB)",
-        format!("at {beat} of {} such sizes", large.len()),
-        Verdict::of_count(beat, large.len()),
-        FIG13,
-    ));
-    let most = large
-        .iter()
-        .filter(|(_, rs)| {
-            (1..rs.len()).all(|p| rs[WT].backing_write_bytes > rs[p].backing_write_bytes)
-        })
-        .count();
-    rows.push(Row::new(
-        "Fig. 13(b): write-through writes the most to storage, caches at least the working set",
-        "yes",
-        format!("at {most} of {} sizes", large.len()),
-        Verdict::of_count(most, large.len()),
-        FIG13,
-    ));
+    let beat = |(_, rs): &&(f64, &[RunResult])| (1..rs.len()).all(|p| thr(rs, p) > thr(rs, WT));
+    let most = |(_, rs): &&(f64, &[RunResult])| {
+        (1..rs.len()).all(|p| rs[WT].backing_write_bytes > rs[p].backing_write_bytes)
+    };
+    verdict::counted_rows(
+        rows,
+        &large,
+        ("at", "such sizes"),
+        vec![
+            (
+                "Fig. 13: every write-back variant beats write-through at caches at least the working set".into(),
+                "yes (caches over 1.5 GB)",
+                &beat,
+                FIG13,
+            ),
+            (
+                "Fig. 13(b): write-through writes the most to storage, caches at least the working set".into(),
+                "yes",
+                &most,
+                FIG13,
+            ),
+        ],
+    );
     let o_wb: Vec<f64> = large
         .iter()
         .map(|(_, rs)| thr(rs, ORD) / thr(rs, WB))
@@ -149,11 +143,11 @@ fn figure14(r: &Runs, rows: &mut Vec<Row>) {
         .windows(2)
         .filter(|p| p[1].dirty_blocks_mean >= p[0].dirty_blocks_mean)
         .count();
-    rows.push(Row::new(
+    rows.push(Row::counted(
         "Fig. 14: staleness (time-averaged dirty data) rises with the journal size",
         "yes",
-        format!("at {rises} of {steps} steps"),
-        Verdict::of_count(rises, steps),
+        (rises, steps),
+        ("at", "steps"),
         "",
     ));
     let (wt, wb) = (
@@ -193,9 +187,9 @@ fn figure14(r: &Runs, rows: &mut Vec<Row>) {
 
 /// The table.
 pub fn table(r: &Runs) -> String {
-    let mut rows = Vec::new();
-    figure12(r, &mut rows);
-    figure13(r, &mut rows);
-    figure14(r, &mut rows);
-    verdict::table(&rows)
+    verdict::table_of(&[
+        &|rows| figure12(r, rows),
+        &|rows| figure13(r, rows),
+        &|rows| figure14(r, rows),
+    ])
 }
