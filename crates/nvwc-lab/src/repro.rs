@@ -20,6 +20,7 @@ mod template;
 mod verdict;
 mod write_policies;
 mod write_policies_claims;
+mod write_policies_disk;
 mod write_policies_notes;
 
 use std::process::ExitCode;

@@ -506,6 +506,10 @@ pub fn write_policies(a: &Args) -> Result<String> {
         best,
     };
     v.set("claims", claims::table(&claims));
+    v.set(
+        "disk",
+        super::write_policies_disk::section(a, &base, &traces[..2], BS)?,
+    );
     let json = serde_json::to_string_pretty(&(r12, r13, r14))?;
     std::fs::write(img(a, "write-policies-runs.json"), json)?;
     Ok(template!("write-policies.md").fill(&v)?)
