@@ -156,7 +156,8 @@ impl Arc {
         Arc {
             c: capacity_blocks,
             p: 0.0,
-            lists: TsLists::new(capacity_blocks, 4),
+            // The dirty lists hide blocks being written back (`set_writeback`).
+            lists: TsLists::new(capacity_blocks, 4, (1 << T1D) | (1 << T2D)),
             lbn: vec![0; capacity_blocks],
             offered: vec![0; capacity_blocks.div_ceil(64)],
             ghosts: Ghosts::new(),
@@ -315,6 +316,10 @@ impl Replacement for Arc {
         Some(v)
     }
 
+    fn set_writeback(&mut self, id: BlockId, on: bool) {
+        self.lists.hold(id, on);
+    }
+
     fn clean_batch(&mut self, max: usize, busy: &dyn Fn(BlockId) -> bool, out: &mut Vec<BlockId>) {
         out.extend(
             self.lists
@@ -393,6 +398,43 @@ mod tests {
         let v = p.victim_clean(&none).unwrap();
         assert!(p.lists.list_of(v).unwrap() >= T2C);
         assert_eq!(p.lbn[v.0 as usize], 0);
+    }
+
+    #[test]
+    fn blocks_under_writeback_leave_both_dirty_walks() {
+        let mut p = Arc::new(8);
+        for i in 0..6 {
+            p.insert(BlockId(i), 10 + i as u64, true);
+        }
+        p.touch(BlockId(1), true);
+        p.touch(BlockId(4), true);
+        // T1D = 0 2 3 5, T2D = 1 4.
+        let marked = |b: BlockId| b == BlockId(2) || b == BlockId(1);
+        let mut asked = Vec::new();
+        p.clean_batch(8, &marked, &mut asked);
+        p.set_writeback(BlockId(2), true);
+        p.set_writeback(BlockId(1), true);
+        let mut out = Vec::new();
+        p.clean_batch(
+            8,
+            &|b| {
+                assert!(!marked(b), "marked block {} visited", b.0);
+                false
+            },
+            &mut out,
+        );
+        assert_eq!(out, asked);
+        assert_eq!(out, vec![BlockId(0), BlockId(3), BlockId(5), BlockId(4)]);
+        // Sizes (and so `p`'s adaptation) count marked blocks.
+        assert_eq!(p.sizes(), (4, 2, 0, 0));
+        p.set_writeback(BlockId(1), false);
+        out.clear();
+        p.clean_batch(8, &|b| b == BlockId(2), &mut out);
+        assert_eq!(
+            out,
+            vec![BlockId(0), BlockId(3), BlockId(5), BlockId(1), BlockId(4)]
+        );
+        p.check();
     }
 
     #[test]

@@ -28,7 +28,9 @@ pub(crate) struct CleanDirty {
 impl CleanDirty {
     pub(crate) fn new(capacity_blocks: usize) -> Self {
         CleanDirty {
-            lists: TsLists::new(capacity_blocks, 2),
+            // The dirty list hides held blocks (being written back): the
+            // destage walk skips them without visiting them.
+            lists: TsLists::new(capacity_blocks, 2, 1 << DIRTY),
         }
     }
 
@@ -79,7 +81,12 @@ impl CleanDirty {
         self.lists.iter_lru(CLEAN).find(|&id| !pinned(id))
     }
 
-    /// Dirty blocks, least recently used first.
+    /// `Replacement::set_writeback`: a held dirty block leaves `dirty_lru`.
+    pub(crate) fn hold(&mut self, id: BlockId, on: bool) {
+        self.lists.hold(id, on);
+    }
+
+    /// Dirty blocks not held, least recently used first.
     pub(crate) fn dirty_lru(&self) -> impl Iterator<Item = BlockId> + '_ {
         self.lists.iter_lru(DIRTY)
     }
@@ -141,13 +148,21 @@ impl SegmentedLists {
         self.blocks.victim_clean(pinned)
     }
 
+    /// `Replacement::set_writeback`. The segment walk does not use the
+    /// dirty list (a segment is a run of lbns; it asks `busy` per block), so
+    /// only the block lists record the hold.
+    pub(crate) fn hold(&mut self, id: BlockId, on: bool) {
+        self.blocks.hold(id, on);
+    }
+
     pub(crate) fn mem_bytes(&self) -> usize {
         self.blocks.mem_bytes() + self.segs.mem_bytes()
     }
 }
 
 /// The `Replacement` methods a policy passes to its `lists` ([`CleanDirty`]
-/// or [`SegmentedLists`]) unchanged: `set_dirty`, `remove`, `victim_clean`.
+/// or [`SegmentedLists`]) unchanged: `set_dirty`, `remove`, `victim_clean`,
+/// `set_writeback`.
 macro_rules! delegate_to_lists {
     () => {
         fn set_dirty(&mut self, id: BlockId, dirty: bool) {
@@ -160,6 +175,10 @@ macro_rules! delegate_to_lists {
 
         fn victim_clean(&mut self, pinned: &dyn Fn(BlockId) -> bool) -> Option<BlockId> {
             self.lists.victim_clean(pinned)
+        }
+
+        fn set_writeback(&mut self, id: BlockId, on: bool) {
+            self.lists.hold(id, on);
         }
     };
 }

@@ -18,7 +18,12 @@
 //! * `BlockId`s are dense: the engine guarantees `id.0 < capacity_blocks`
 //!   given at construction, so policies may use `Vec`s indexed by id;
 //! * `lbn` of a tracked block never changes while it is tracked;
-//! * `set_dirty` is only called with a state different from the current one.
+//! * `set_dirty` is only called with a state different from the current one;
+//! * `set_writeback` is only called with a state different from the current
+//!   one, and while a block is under write-back the engine's `busy` predicate
+//!   given to `clean_batch` MUST be true for it (so a policy that leaves such
+//!   blocks out of its walk offers exactly the blocks, in exactly the order,
+//!   it would offer if it walked them and asked `busy`).
 
 //!
 //! Policies (one per module): [`Lru`], [`Arc`], [`Lst`], [`Stack`]; select one
@@ -80,8 +85,22 @@ pub trait Replacement: Send {
     fn touch(&mut self, id: BlockId, write: bool);
     /// The block's dirty state changed (written while clean, or cleaned).
     fn set_dirty(&mut self, id: BlockId, dirty: bool);
-    /// The block left the cache (evicted, trimmed or invalidated).
+    /// The block left the cache (evicted, trimmed or invalidated). A
+    /// write-back mark (`set_writeback`) ends with it.
     fn remove(&mut self, id: BlockId);
+    /// The engine started (`true`) or finished (`false`) writing the tracked
+    /// block back to the backing store (a destage, or a write sent around the
+    /// cache). A block is inserted unmarked; the engine MUST mark it while
+    /// any such write of it is in flight, also if it is inserted while one
+    /// is, and MUST call this only with a state change (policies assert it).
+    /// While a block is marked, the engine's `busy` predicate for
+    /// [`Replacement::clean_batch`] MUST return true for it: a policy MAY
+    /// then leave it out of its destage walk without visiting it (LRU and
+    /// ARC do: cleaning would otherwise step over every block in flight at
+    /// each plan), and MUST NOT let the mark change anything else (the
+    /// order of other blocks, eviction, counts), so every policy's choices
+    /// are exactly what they would be without the mark.
+    fn set_writeback(&mut self, id: BlockId, on: bool);
     /// A clean block the engine may evict now, or `None` if no clean block
     /// is tracked. The block stays tracked until the engine calls `remove`.
     /// `pinned` tells the policy which blocks the engine cannot evict right now
@@ -89,7 +108,9 @@ pub trait Replacement: Send {
     fn victim_clean(&mut self, pinned: &dyn Fn(BlockId) -> bool) -> Option<BlockId>;
     /// Append to `out` up to `max` dirty blocks to destage next, as the policy
     /// prefers them (LRU: oldest first; LST/stack: one whole segment).
-    /// Blocks for which `busy` is true are already being cleaned: skip them.
+    /// Blocks for which `busy` is true are already being cleaned: skip them
+    /// (blocks marked by `set_writeback` are among them; a policy need not
+    /// ask `busy` about those).
     fn clean_batch(&mut self, max: usize, busy: &dyn Fn(BlockId) -> bool, out: &mut Vec<BlockId>);
     /// Whether cleaning should run now. `active` says whether it is running
     /// already (for hysteresis). Default: high/low watermark hysteresis.

@@ -15,6 +15,15 @@
 //! `capacity` accesses). Per-block state: slot (4 B) + list tag (1 B) + two
 //! slot-owner entries (8 B) + one bit per slot per list (plus <2% for the
 //! upper bitset levels): about 13.5 bytes for two lists.
+//!
+//! **Held blocks.** A list may be *hiding* (chosen at construction): a block
+//! in it that is held ([`TsLists::hold`]) keeps its list, slot and place in
+//! the list's length, but its bit is cleared, so [`TsLists::iter_lru`] of that
+//! list skips it without visiting it. Policies use this to keep blocks that
+//! the engine is writing back out of their destage walks: the walk then sees
+//! the other blocks in exactly the order it saw them before. A held block's
+//! bit comes back (at its slot, so in LRU order) once it is released or moves
+//! to a list that does not hide.
 
 use crate::BlockId;
 
@@ -101,17 +110,23 @@ pub(crate) struct TsLists {
     list: Vec<u8>,
     /// Per slot: the owning block, or `NIL`.
     owner: Vec<u32>,
-    /// Per list: the slots of its blocks.
+    /// Per list: the slots of its visible blocks (held blocks of a hiding
+    /// list have no bit).
     bits: Vec<Bits>,
+    /// Per block: held (`hold`); cleared when the block stops being tracked.
+    held: Vec<bool>,
+    /// Bit `l` set: list `l` hides its held blocks.
+    hiding: u64,
     len: Vec<usize>,
     /// Next free slot.
     now: usize,
 }
 
 impl TsLists {
-    /// `nlists` lists over ids `0..capacity`.
-    pub(crate) fn new(capacity: usize, nlists: usize) -> Self {
-        assert!(nlists < UNTRACKED as usize);
+    /// `nlists` lists over ids `0..capacity`; list `l` hides held blocks
+    /// if bit `l` of `hiding` is set.
+    pub(crate) fn new(capacity: usize, nlists: usize, hiding: u64) -> Self {
+        assert!(nlists < UNTRACKED as usize && nlists <= 64);
         assert!(capacity < (NIL / 2) as usize, "capacity must fit u32 ids");
         let slots = (2 * capacity).max(64);
         TsLists {
@@ -119,6 +134,8 @@ impl TsLists {
             list: vec![UNTRACKED; capacity],
             owner: vec![NIL; slots],
             bits: (0..nlists).map(|_| Bits::new(slots)).collect(),
+            held: vec![false; capacity],
+            hiding,
             len: vec![0; nlists],
             now: 0,
         }
@@ -164,17 +181,28 @@ impl TsLists {
         self.now - 1
     }
 
+    /// Whether block `i` (in list `l`) has its bit in `l`: not held, or `l`
+    /// does not hide.
+    #[inline]
+    fn visible(&self, i: usize, l: usize) -> bool {
+        !self.held[i] || self.hiding & (1 << l) == 0
+    }
+
     fn place(&mut self, i: usize, l: usize, s: usize) {
         self.slot[i] = s as u32;
         self.list[i] = l as u8;
         self.owner[s] = i as u32;
-        self.bits[l].set(s);
+        if self.visible(i, l) {
+            self.bits[l].set(s);
+        }
         self.len[l] += 1;
     }
 
     fn unplace(&mut self, i: usize) {
         let (l, s) = (self.list[i] as usize, self.slot[i] as usize);
-        self.bits[l].clear(s);
+        if self.visible(i, l) {
+            self.bits[l].clear(s);
+        }
         self.len[l] -= 1;
         self.owner[s] = NIL;
         self.list[i] = UNTRACKED;
@@ -206,7 +234,7 @@ impl TsLists {
         self.place(i, l, s);
     }
 
-    /// Stops tracking `id` (MUST be tracked).
+    /// Stops tracking `id` (MUST be tracked); a hold ends with it.
     pub(crate) fn remove(&mut self, id: BlockId) {
         let i = self.idx(id);
         assert_ne!(
@@ -215,6 +243,35 @@ impl TsLists {
             id.0
         );
         self.unplace(i);
+        self.held[i] = false;
+    }
+
+    /// Holds (`on`) or releases tracked `id`: a held block is skipped by
+    /// `iter_lru` of a hiding list, and keeps its list, slot and count.
+    /// `on` MUST differ from its current hold state.
+    pub(crate) fn hold(&mut self, id: BlockId, on: bool) {
+        let i = self.idx(id);
+        assert_ne!(self.list[i], UNTRACKED, "BlockId {} not tracked", id.0);
+        assert_ne!(
+            self.held[i], on,
+            "hold({}, {on}) without a state change",
+            id.0
+        );
+        let (l, s) = (self.list[i] as usize, self.slot[i] as usize);
+        self.held[i] = on;
+        if self.hiding & (1 << l) != 0 {
+            if on {
+                self.bits[l].clear(s);
+            } else {
+                self.bits[l].set(s);
+            }
+        }
+    }
+
+    /// Whether `id` is held.
+    #[cfg(test)]
+    pub(crate) fn is_held(&self, id: BlockId) -> bool {
+        self.held[self.idx(id)]
     }
 
     /// Renumbers live slots `0..n` in order. At most `capacity` blocks are live
@@ -232,7 +289,10 @@ impl TsLists {
                 self.owner[s] = NIL;
                 self.owner[n] = i;
                 self.slot[i as usize] = n as u32;
-                self.bits[self.list[i as usize] as usize].set(n);
+                let l = self.list[i as usize] as usize;
+                if self.visible(i as usize, l) {
+                    self.bits[l].set(n);
+                }
                 n += 1;
             }
         }
@@ -245,7 +305,10 @@ impl TsLists {
         let mut total = 0;
         for l in 0..self.len.len() {
             let v: Vec<BlockId> = self.iter_lru(l).collect();
-            assert_eq!(v.len(), self.len[l]);
+            let hidden = (0..self.list.len())
+                .filter(|&i| self.list[i] as usize == l && !self.visible(i, l))
+                .count();
+            assert_eq!(v.len() + hidden, self.len[l]);
             for w in v.windows(2) {
                 assert!(
                     self.slot[w[0].0 as usize] < self.slot[w[1].0 as usize],
@@ -256,8 +319,16 @@ impl TsLists {
                 assert_eq!(self.list[id.0 as usize] as usize, l);
                 assert_eq!(self.owner[self.slot[id.0 as usize] as usize], id.0);
             }
-            total += v.len();
+            for id in &v {
+                assert!(
+                    self.visible(id.0 as usize, l),
+                    "hidden block {} walked",
+                    id.0
+                );
+            }
+            total += v.len() + hidden;
         }
+        assert!((0..self.list.len()).all(|i| self.list[i] != UNTRACKED || !self.held[i]));
         assert_eq!(total, self.list.iter().filter(|&&l| l != UNTRACKED).count());
         assert_eq!(total, self.owner.iter().filter(|&&o| o != NIL).count());
     }
@@ -266,6 +337,7 @@ impl TsLists {
         self.slot.capacity() * 4
             + self.list.capacity()
             + self.owner.capacity() * 4
+            + self.held.capacity()
             + self.bits.iter().map(Bits::mem_bytes).sum::<usize>()
             + self.len.capacity() * std::mem::size_of::<usize>()
     }
@@ -281,7 +353,7 @@ mod tests {
 
     #[test]
     fn sorted_move_restores_lru_position() {
-        let mut t = TsLists::new(8, 2);
+        let mut t = TsLists::new(8, 2, 0);
         for i in 0..6 {
             t.push_mru(BlockId(i), 0);
         }
@@ -305,7 +377,7 @@ mod tests {
 
     #[test]
     fn compaction_keeps_order() {
-        let mut t = TsLists::new(5, 2);
+        let mut t = TsLists::new(5, 2, 0b10);
         for i in 0..5 {
             t.push_mru(BlockId(i), (i % 2) as usize);
         }
@@ -319,6 +391,68 @@ mod tests {
         assert!(t.now <= 64);
         assert_eq!(ids(t.iter_lru(0)), vec![0, 2, 4]);
         assert_eq!(ids(t.iter_lru(1)), vec![1, 3]);
+    }
+
+    #[test]
+    fn held_blocks_are_hidden_only_in_hiding_lists() {
+        // List 1 hides held blocks, list 0 does not.
+        let mut t = TsLists::new(8, 2, 0b10);
+        for i in 0..6 {
+            t.push_mru(BlockId(i), 1);
+        }
+        t.hold(BlockId(1), true);
+        t.hold(BlockId(4), true);
+        assert_eq!(ids(t.iter_lru(1)), vec![0, 2, 3, 5]);
+        assert_eq!(t.len(1), 6);
+        t.check();
+        // A held block moved to a list that does not hide is walked there,
+        // and hidden again when it comes back.
+        t.move_sorted(BlockId(4), 0);
+        assert_eq!(ids(t.iter_lru(0)), vec![4]);
+        t.move_sorted(BlockId(4), 1);
+        assert_eq!(ids(t.iter_lru(1)), vec![0, 2, 3, 5]);
+        // A held block touched keeps hidden, at its new (MRU) place.
+        t.touch(BlockId(1), 1);
+        t.hold(BlockId(4), false);
+        assert_eq!(ids(t.iter_lru(1)), vec![0, 2, 3, 4, 5]);
+        t.hold(BlockId(1), false);
+        assert_eq!(ids(t.iter_lru(1)), vec![0, 2, 3, 4, 5, 1]);
+        t.hold(BlockId(2), true);
+        t.remove(BlockId(2));
+        assert!(!t.is_held(BlockId(2)));
+        t.push_mru(BlockId(2), 1);
+        assert_eq!(ids(t.iter_lru(1)), vec![0, 3, 4, 5, 1, 2]);
+        t.check();
+    }
+
+    #[test]
+    fn compaction_keeps_held_blocks_hidden() {
+        let mut t = TsLists::new(5, 2, 0b10);
+        for i in 0..5 {
+            t.push_mru(BlockId(i), (i % 2) as usize);
+        }
+        t.hold(BlockId(1), true);
+        t.hold(BlockId(2), true);
+        for r in 0..1000u32 {
+            let id = BlockId([0, 2, 4, 1, 3][(r % 5) as usize]);
+            let l = t.list_of(id).unwrap();
+            t.touch(id, l);
+            t.check();
+        }
+        assert_eq!(ids(t.iter_lru(0)), vec![0, 2, 4]);
+        assert_eq!(ids(t.iter_lru(1)), vec![3]);
+        t.hold(BlockId(1), false);
+        assert_eq!(ids(t.iter_lru(1)), vec![1, 3]);
+        t.check();
+    }
+
+    #[test]
+    #[should_panic(expected = "without a state change")]
+    fn hold_twice_panics() {
+        let mut t = TsLists::new(2, 1, 1);
+        t.push_mru(BlockId(0), 0);
+        t.hold(BlockId(0), true);
+        t.hold(BlockId(0), true);
     }
 
     #[test]
@@ -348,7 +482,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "inserted twice")]
     fn double_insert_panics() {
-        let mut t = TsLists::new(2, 1);
+        let mut t = TsLists::new(2, 1, 0);
         t.push_mru(BlockId(0), 0);
         t.push_mru(BlockId(0), 0);
     }

@@ -113,6 +113,46 @@ mod tests {
     }
 
     #[test]
+    fn blocks_under_writeback_leave_the_walk_in_order() {
+        // The same batch as when the walk asks `busy` about them.
+        let mut p = Lru::new(8);
+        for i in 0..6 {
+            p.insert(BlockId(i), i as u64, true);
+        }
+        let marked = |b: BlockId| b == BlockId(0) || b == BlockId(3);
+        let mut asked = Vec::new();
+        p.clean_batch(3, &marked, &mut asked);
+        p.set_writeback(BlockId(0), true);
+        p.set_writeback(BlockId(3), true);
+        let visited = std::cell::Cell::new(0);
+        let mut out = Vec::new();
+        p.clean_batch(
+            3,
+            &|b| {
+                visited.set(visited.get() + 1);
+                marked(b)
+            },
+            &mut out,
+        );
+        assert_eq!(out, asked);
+        assert_eq!(out, vec![BlockId(1), BlockId(2), BlockId(4)]);
+        assert_eq!(visited.get(), 3, "marked blocks are not visited");
+        // Cleaned while marked: an eviction candidate as before.
+        p.set_dirty(BlockId(0), false);
+        assert_eq!(p.victim_clean(&none), Some(BlockId(0)));
+        p.set_dirty(BlockId(0), true);
+        p.set_writeback(BlockId(0), false);
+        out.clear();
+        p.clean_batch(2, &none, &mut out);
+        assert_eq!(out, vec![BlockId(0), BlockId(1)]);
+        assert_eq!(p.dirty_len(), 6);
+        // Removal ends the mark: the id is reused unmarked.
+        p.remove(BlockId(3));
+        p.insert(BlockId(3), 9, true);
+        p.set_writeback(BlockId(3), true);
+    }
+
+    #[test]
     fn memory_is_at_most_16_bytes_per_block() {
         let p = Lru::new(1 << 16);
         assert!(p.mem_bytes() <= 16 << 16, "{}", p.mem_bytes());

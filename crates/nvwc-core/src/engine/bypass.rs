@@ -228,12 +228,11 @@ impl<P: Payload> Engine<P> {
     /// discarded, and block `b` may be destaged again.
     pub(super) fn on_orphan_done(&mut self, b: u32) {
         self.stats.discarded_completions += 1;
-        let blk = &mut self.map.blocks[b as usize];
         assert!(
-            blk.destaging > 0,
+            self.map.blocks[b as usize].destaging > 0,
             "orphan bypass write without its block mark"
         );
-        blk.destaging -= 1;
+        self.writeback_end(b);
         self.maybe_drop_block(b);
     }
 
@@ -320,7 +319,7 @@ impl<P: Payload> Engine<P> {
             _ => panic!("reissued a bypass write that is not in flight"),
         }
         self.bypass.io.remove(&b);
-        self.map.blocks[b as usize].destaging += 1;
+        self.writeback_begin(b);
         self.stats.reissued_writes += 1;
         if self.pieces.get(p).tag_critical {
             self.stats.critical_reissued_writes += 1;

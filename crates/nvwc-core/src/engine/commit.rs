@@ -84,7 +84,46 @@ pub(super) struct LogState {
     /// Versions introduced by an unsealed record, oldest first: (commit, slot, seq).
     unsealed: VecDeque<(u64, u32, u64)>,
     /// Slot-table pages changed since the durable checkpoint.
-    pages: BTreeSet<u64>,
+    pages: PageSet,
+}
+
+/// A set of slot-table page numbers, one bit per page, iterated in
+/// ascending order (as the `BTreeSet` it replaces was: a checkpoint writes
+/// its pages in that order). Every commit snapshot inserts the page of each
+/// slot it names, so this is on the write path.
+#[derive(Debug, Default)]
+pub(super) struct PageSet {
+    words: Vec<u64>,
+}
+
+impl PageSet {
+    pub(super) fn insert(&mut self, page: u64) {
+        let w = usize::try_from(page / 64).expect("page number fits usize");
+        if w >= self.words.len() {
+            self.words.resize(w + 1, 0);
+        }
+        self.words[w] |= 1 << (page % 64);
+    }
+
+    /// Pages in ascending order.
+    pub(super) fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+        self.words.iter().enumerate().flat_map(|(w, &bits)| {
+            let mut bits = bits;
+            std::iter::from_fn(move || {
+                if bits == 0 {
+                    return None;
+                }
+                let b = bits.trailing_zeros();
+                bits &= bits - 1;
+                Some(w as u64 * 64 + u64::from(b))
+            })
+        })
+    }
+
+    /// Removes every page, keeping the allocation.
+    fn clear(&mut self) {
+        self.words.iter_mut().for_each(|w| *w = 0);
+    }
 }
 
 impl LogState {
@@ -363,7 +402,8 @@ impl<P: Payload> Engine<P> {
 
     fn start_checkpoint(&mut self, job: &mut CommitJob) {
         let n = job.n;
-        let pages = std::mem::take(&mut self.commits.log.pages);
+        let pages: Vec<u64> = self.commits.log.pages.iter().collect();
+        self.commits.log.pages.clear();
         // Shadow paging: every page changed since the last checkpoint is
         // written whole into the copy that is not durable. Slots outside the
         // snapshot are unchanged since the last durable commit, so their
@@ -389,7 +429,7 @@ impl<P: Payload> Engine<P> {
             })
             .collect();
         job.written = job.pages.iter().map(|(p, c, _)| (*p, *c)).collect();
-        job.ckpt_pages = pages.into_iter().collect();
+        job.ckpt_pages = pages;
         job.copy = 1 - self.commits.log.cr_cur;
         job.stage = CommitStage::DataFlush;
         job.left = 1;
@@ -527,10 +567,9 @@ impl<P: Payload> Engine<P> {
             // What reached the device is unknown: the log's tail, or which
             // commit record is in force. Only a checkpoint settles it.
             self.commits.log.force_checkpoint = true;
-            self.commits
-                .log
-                .pages
-                .extend(job.ckpt_pages.iter().copied());
+            for &pg in &job.ckpt_pages {
+                self.commits.log.pages.insert(pg);
+            }
         }
         for (s, valid) in job.snapshot {
             let slot = &mut self.table.slots[s as usize];

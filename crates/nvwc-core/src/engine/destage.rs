@@ -35,6 +35,8 @@ impl PlanCtx for View<'_> {
             if b.busy || b.latest == NIL {
                 return true;
             }
+            // MUST hold for every block the replacement policy has marked
+            // (`Engine::writeback_begin`): the policy may skip those unasked.
             if b.destaging > 0 {
                 return true;
             }
@@ -318,7 +320,7 @@ impl<P: Payload> Engine<P> {
             "plan names a version without a block"
         );
         for &b in &blocks {
-            self.map.blocks[b as usize].destaging += 1;
+            self.writeback_begin(b);
         }
         self.destage.inflight += plan.write.len();
         self.stats.destage_plans += 1;
@@ -483,7 +485,7 @@ impl<P: Payload> Engine<P> {
         let pe = self.destage.plans.remove(pid);
         self.destage.inflight -= pe.plan.write.len();
         for &b in &pe.blocks {
-            self.map.blocks[b as usize].destaging -= 1;
+            self.writeback_end(b);
         }
         for &s in &pe.plan.write {
             self.table.slots[s as usize].set_destaging(false);

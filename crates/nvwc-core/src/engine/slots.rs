@@ -330,5 +330,44 @@ impl<P: Payload> Engine<P> {
         self.map.rid_block[rid as usize] = b;
         self.map.blocks[b as usize].rid = rid;
         self.repl.insert(BlockId(rid), lbn, dirty);
+        if self.map.blocks[b as usize].destaging > 0 {
+            self.repl.set_writeback(BlockId(rid), true);
+        }
+    }
+
+    /// A write of block `b` to the backing store starts that the block MUST
+    /// not be destaged beside (a destage copy, or a reissued bypass write):
+    /// count it in `Block::destaging`. On the first, the replacement policy
+    /// marks the block (`Replacement::set_writeback`, kept while the block is
+    /// tracked and `destaging > 0`; `track_block` marks a block tracked
+    /// meanwhile), so its destage walk skips it: the engine's `busy`
+    /// predicate (`View::pick_victims`) holds for every block with
+    /// `destaging > 0`.
+    pub(super) fn writeback_begin(&mut self, b: u32) {
+        let blk = &mut self.map.blocks[b as usize];
+        assert!(
+            blk.destaging < u16::MAX,
+            "too many write-backs of one block"
+        );
+        blk.destaging += 1;
+        if blk.destaging == 1 && blk.rid != NIL {
+            debug_assert_eq!(self.map.rid_block[blk.rid as usize], b);
+            self.repl.set_writeback(BlockId(blk.rid), true);
+        }
+    }
+
+    /// The end of a write counted by `writeback_begin`: after the last,
+    /// the replacement policy unmarks the block.
+    pub(super) fn writeback_end(&mut self, b: u32) {
+        let blk = &mut self.map.blocks[b as usize];
+        assert!(
+            blk.destaging > 0,
+            "write-back end of block {b} without its start"
+        );
+        blk.destaging -= 1;
+        if blk.destaging == 0 && blk.rid != NIL {
+            debug_assert_eq!(self.map.rid_block[blk.rid as usize], b);
+            self.repl.set_writeback(BlockId(blk.rid), false);
+        }
     }
 }
