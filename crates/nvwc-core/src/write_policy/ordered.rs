@@ -546,7 +546,7 @@ impl WritePolicy for Ordered {
                     && !n.in_wave
                     && n.preds_left == 0
                     && !n.slots.is_empty()
-                    && best.is_none_or(|b| n.cidx < b.0)
+                    && best.map_or(true, |b| n.cidx < b.0)
                     && !self.needs_marks(&n.slots)
                 {
                     best = Some((n.cidx, i as u32));
