@@ -45,6 +45,15 @@ fn rate(n: usize, secs: f64) -> String {
     format!("{:7.2} M req/s", n as f64 / secs / 1e6)
 }
 
+/// Seconds `access` takes for every key of `keys` (kept opaque to the optimiser).
+fn timed(keys: &[u64], mut access: impl FnMut(u64)) -> f64 {
+    let t = Instant::now();
+    for &k in black_box(keys) {
+        access(k);
+    }
+    t.elapsed().as_secs_f64()
+}
+
 fn run(label: &str, keys: &[u64]) {
     println!("== {label}: {} accesses", keys.len());
     let t = Instant::now();
@@ -63,12 +72,8 @@ fn run(label: &str, keys: &[u64]) {
     let exact: Mrc = h.mrc();
     let sizes: Vec<u64> = (1..=100).map(|i| i * distinct as u64 / 100).collect();
 
-    let t = Instant::now();
     let mut fr = ShardsFixedRate::new(0.01);
-    for &k in black_box(keys) {
-        fr.access(k);
-    }
-    let secs = t.elapsed().as_secs_f64();
+    let secs = timed(keys, |k| fr.access(k));
     println!(
         "SHARDS fixed-rate 0.01   {}  ({secs:.2} s, {} sampled, MAE {:.4}, {:.2} MiB)",
         rate(keys.len(), secs),
@@ -77,12 +82,8 @@ fn run(label: &str, keys: &[u64]) {
         fr.mem_bytes() as f64 / 1048576.0
     );
 
-    let t = Instant::now();
     let mut fs = ShardsFixedSize::new(8192);
-    for &k in black_box(keys) {
-        fs.access(k);
-    }
-    let secs = t.elapsed().as_secs_f64();
+    let secs = timed(keys, |k| fs.access(k));
     println!(
         "SHARDS fixed-size 8192   {}  ({secs:.2} s, final R {:.5}, MAE {:.4}, {:.2} MiB)",
         rate(keys.len(), secs),
