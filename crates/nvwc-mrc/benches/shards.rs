@@ -8,23 +8,18 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use nvwc_mrc::{mix64, Histogram, Mrc, ShardsFixedRate, ShardsFixedSize, StackDistance};
+use nvwc_mrc::{Histogram, Mrc, ShardsFixedRate, ShardsFixedSize, StackDistance};
 
 const SYNTH_N: usize = 20_000_000;
 const SYNTH_UNIVERSE: u64 = 4_000_000;
 const TRACE_MIN: usize = 10_000_000;
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+/// The synthetic stream: [`common::zipfish`] from seed 42, unsalted.
 fn zipfish(n: usize, universe: u64) -> Vec<u64> {
-    let mut x = 42u64;
-    let ln = (universe as f64).ln();
-    (0..n)
-        .map(|_| {
-            x = mix64(x);
-            let u = (x >> 11) as f64 / (1u64 << 53) as f64;
-            let rank = ((u * ln).exp() as u64).min(universe) - 1;
-            mix64(rank)
-        })
-        .collect()
+    common::zipfish(n, universe, 42, 0)
 }
 
 /// 4 KiB block numbers touched by each vSCSI v1 record, in order.
