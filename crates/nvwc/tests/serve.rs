@@ -285,7 +285,7 @@ fn direct_writes_fio_verify_across_kill9() {
         // Twice: the second pass rewrites every block (in place where allowed).
         for _ in 0..2 {
             let out = fio(false);
-            assert_fio_clean(&out, &format!("{what}"));
+            assert_fio_clean(&out, &what);
         }
         let direct = status_counter(&dir, "direct_writes");
         let writes = status_counter(&dir, "writes");
