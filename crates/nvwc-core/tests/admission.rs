@@ -48,6 +48,16 @@ fn assert_block(got: Vec<u8>, want: u8, ctx: impl std::fmt::Display) {
     }
 }
 
+/// Block 0 holds `want` bytes (requests 3 to 5: a read, a flush, then a
+/// read after a reopen), before and after a flush and a reopen.
+fn assert_block_survives_reopen(h: &mut MemHarness, want: u8, ctx: impl std::fmt::Display) {
+    assert_block(read(h, 3, 0, BS as u32), want, &ctx);
+    h.submit(4, ReqOp::Flush);
+    h.wait(4, &mut |_| 0).result.unwrap();
+    h.reopen().unwrap();
+    assert_block(read(h, 5, 0, BS as u32), want, &ctx);
+}
+
 fn read(h: &mut MemHarness, id: ReqId, offset: u64, len: u32) -> Vec<u8> {
     h.submit(id, ReqOp::Read { offset, len });
     let r = h.wait(id, &mut |_| 0);
@@ -105,11 +115,7 @@ fn bypass_never_leaves_a_stale_cached_copy() {
         // non-critical write to the same block.
         h.submit_tagged(2, write(0, 2, BS), tag(false));
         h.wait(2, &mut |_| 0).result.unwrap();
-        assert_block(read(&mut h, 3, 0, BS as u32), 2, policy);
-        h.submit(4, ReqOp::Flush);
-        h.wait(4, &mut |_| 0).result.unwrap();
-        h.reopen().unwrap();
-        assert_block(read(&mut h, 5, 0, BS as u32), 2, policy);
+        assert_block_survives_reopen(&mut h, 2, policy);
     }
 }
 
@@ -210,11 +216,7 @@ fn critical_waiter_reissues_an_outstanding_bypass_write() {
         assert!(ones <= 2, "no duplicate replies: {:?}", h.replies);
         h.replies.clear();
         assert_eq!(h.backing[0], 5, "{kind}");
-        assert_block(read(&mut h, 3, 0, BS as u32), 5, kind);
-        h.submit(4, ReqOp::Flush);
-        h.wait(4, &mut |_| 0).result.unwrap();
-        h.reopen().unwrap();
-        assert_block(read(&mut h, 5, 0, BS as u32), 5, kind);
+        assert_block_survives_reopen(&mut h, 5, kind);
     }
 }
 

@@ -35,6 +35,19 @@ enum Op {
     Checkpoint,
 }
 
+/// A plain (not FUA) write of `len` bytes of `byte` at `offset`.
+fn write_op(offset: u64, byte: u8, len: usize) -> ReqOp<Bytes> {
+    ReqOp::Write {
+        offset,
+        data: Bytes::from(vec![byte; len]),
+        fua: false,
+    }
+}
+
+fn read_op(offset: u64, len: u32) -> ReqOp<Bytes> {
+    ReqOp::Read { offset, len }
+}
+
 fn repls() -> Vec<ReplacementKind> {
     vec![
         ReplacementKind::Lru,
@@ -111,13 +124,7 @@ fn run(cfg: Config, ops: &[Op], seed: u64) -> Result<(), String> {
                     .map_err(|e| format!("zero failed: {e}"))?;
             }
             Op::Read { sector, n } => {
-                h.submit(
-                    id,
-                    ReqOp::Read {
-                        offset: sector * 512,
-                        len: (n * 512) as u32,
-                    },
-                );
+                h.submit(id, read_op(sector * 512, (n * 512) as u32));
                 let r = h.wait(id, &mut pick);
                 let d = r
                     .result
@@ -182,13 +189,7 @@ fn run(cfg: Config, ops: &[Op], seed: u64) -> Result<(), String> {
     h.settle(&mut pick);
     h.reopen().map_err(|e| format!("reopen failed: {e}"))?;
     let rid = 1 << 40;
-    h.submit(
-        rid,
-        ReqOp::Read {
-            offset: 0,
-            len: (sectors * 512) as u32,
-        },
-    );
+    h.submit(rid, read_op(0, (sectors * 512) as u32));
     let d = h
         .wait(rid, &mut pick)
         .result
@@ -294,14 +295,7 @@ fn journaled_coalesces_ordered_keeps_versions() {
         let mut h = MemHarness::new(cfg);
         let mut pick = |_n: usize| 0usize;
         for i in 0..10u64 {
-            h.submit(
-                i + 1,
-                ReqOp::Write {
-                    offset: 0,
-                    data: Bytes::from(vec![i as u8; 4096]),
-                    fua: false,
-                },
-            );
+            h.submit(i + 1, write_op(0, i as u8, 4096));
             h.wait(i + 1, &mut pick).result.unwrap();
         }
         assert_eq!(
@@ -324,27 +318,14 @@ fn flushed_writes_survive_reopen_without_shutdown() {
         let cfg = Config::new(4096, 32, 128 * 4096, wp);
         let mut h = MemHarness::new(cfg);
         let mut pick = |n: usize| n - 1;
-        h.submit(
-            1,
-            ReqOp::Write {
-                offset: 8192,
-                data: Bytes::from(vec![7u8; 8192]),
-                fua: false,
-            },
-        );
+        h.submit(1, write_op(8192, 7u8, 8192));
         h.wait(1, &mut pick).result.unwrap();
         h.submit(2, ReqOp::Flush);
         h.wait(2, &mut pick).result.unwrap();
         // No drain, no shutdown: reopen from whatever the devices hold.
         let rep = h.reopen().unwrap();
         assert!(!rep.clean_shutdown);
-        h.submit(
-            3,
-            ReqOp::Read {
-                offset: 8192,
-                len: 8192,
-            },
-        );
+        h.submit(3, read_op(8192, 8192));
         let d = h.wait(3, &mut pick).result.unwrap().unwrap();
         assert!(
             d.iter().all(|&b| b == 7),
@@ -360,37 +341,17 @@ fn out_of_range_requests_fail_cleanly() {
     let size = cfg.backing_size;
     let mut h = MemHarness::new(cfg);
     let mut pick = |_n: usize| 0usize;
-    h.submit(
-        1,
-        ReqOp::Read {
-            offset: size - 512,
-            len: 1024,
-        },
-    );
+    h.submit(1, read_op(size - 512, 1024));
     assert_eq!(
         h.wait(1, &mut pick).result.unwrap_err(),
         ReqError::InvalidRange
     );
-    h.submit(
-        2,
-        ReqOp::Write {
-            offset: u64::MAX - 10,
-            data: Bytes::from(vec![1u8; 512]),
-            fua: false,
-        },
-    );
+    h.submit(2, write_op(u64::MAX - 10, 1u8, 512));
     assert_eq!(
         h.wait(2, &mut pick).result.unwrap_err(),
         ReqError::InvalidRange
     );
-    h.submit(
-        3,
-        ReqOp::Write {
-            offset: 0,
-            data: Bytes::from(vec![1u8; 512]),
-            fua: false,
-        },
-    );
+    h.submit(3, write_op(0, 1u8, 512));
     h.wait(3, &mut pick).result.unwrap();
 }
 
@@ -431,14 +392,7 @@ fn patches_avoid_fetch_before_write_and_survive_flush() {
             cfg.fetch = fetch;
             let mut h = MemHarness::new(cfg);
             let mut pick = |n: usize| n - 1;
-            h.submit(
-                1,
-                ReqOp::Write {
-                    offset: 8192 + 1024,
-                    data: Bytes::from(vec![5u8; 2048]),
-                    fua: false,
-                },
-            );
+            h.submit(1, write_op(8192 + 1024, 5u8, 2048));
             h.wait(1, &mut pick).result.unwrap();
             let st = h.engine.stats();
             if fetch == FetchMode::Blocking {
@@ -450,13 +404,7 @@ fn patches_avoid_fetch_before_write_and_survive_flush() {
             if fetch == FetchMode::Lazy {
                 assert_eq!(st.backing_reads, 0, "{wp}/{fetch}: no fetch yet");
                 // Covered by the patch: served from RAM, still no device I/O.
-                h.submit(
-                    2,
-                    ReqOp::Read {
-                        offset: 8192 + 1536,
-                        len: 1024,
-                    },
-                );
+                h.submit(2, read_op(8192 + 1536, 1024));
                 let d = h.wait(2, &mut pick).result.unwrap().unwrap();
                 assert!(d.iter().all(|&b| b == 5));
                 let st = h.engine.stats();
@@ -464,39 +412,20 @@ fn patches_avoid_fetch_before_write_and_survive_flush() {
                 assert_eq!(st.backing_reads + st.cache_reads, 0);
             }
             // Not covered: the block is brought up to date (one fetch at most).
-            h.submit(
-                3,
-                ReqOp::Read {
-                    offset: 8192,
-                    len: 4096,
-                },
-            );
+            h.submit(3, read_op(8192, 4096));
             let d = h.wait(3, &mut pick).result.unwrap().unwrap();
             assert!(d[..1024].iter().all(|&b| b == 0), "{wp}/{fetch}");
             assert!(d[1024..3072].iter().all(|&b| b == 5), "{wp}/{fetch}");
             assert!(d[3072..].iter().all(|&b| b == 0), "{wp}/{fetch}");
             assert_eq!(h.engine.stats().backing_reads, 1, "{wp}/{fetch}");
             // A second patch, then FLUSH, then a restart that loses RAM.
-            h.submit(
-                4,
-                ReqOp::Write {
-                    offset: 40960 + 512,
-                    data: Bytes::from(vec![6u8; 512]),
-                    fua: false,
-                },
-            );
+            h.submit(4, write_op(40960 + 512, 6u8, 512));
             h.wait(4, &mut pick).result.unwrap();
             h.submit(5, ReqOp::Flush);
             h.wait(5, &mut pick).result.unwrap();
             assert_eq!(h.engine.stats().patched_blocks, 0, "{wp}/{fetch}");
             h.reopen().unwrap();
-            h.submit(
-                6,
-                ReqOp::Read {
-                    offset: 40960,
-                    len: 4096,
-                },
-            );
+            h.submit(6, read_op(40960, 4096));
             let d = h.wait(6, &mut pick).result.unwrap().unwrap();
             assert!(d[512..1024].iter().all(|&b| b == 6), "{wp}/{fetch}");
             assert!(d[..512].iter().all(|&b| b == 0), "{wp}/{fetch}");
@@ -514,14 +443,7 @@ fn patch_memory_limit_falls_back_to_blocking() {
     let mut h = MemHarness::new(cfg);
     let mut pick = |n: usize| n - 1;
     for i in 0..8u64 {
-        h.submit(
-            i + 1,
-            ReqOp::Write {
-                offset: i * 4096,
-                data: Bytes::from(vec![1u8; 1024]),
-                fua: false,
-            },
-        );
+        h.submit(i + 1, write_op(i * 4096, 1u8, 1024));
         h.wait(i + 1, &mut pick).result.unwrap();
     }
     let st = h.engine.stats();
@@ -538,14 +460,7 @@ fn admission_waits_count_as_stalled_writes() {
     let cfg = Config::new(4096, 16, 256 * 4096, WritePolicyKind::WriteBack);
     let mut h = MemHarness::new(cfg);
     for i in 0..40u64 {
-        h.submit(
-            i + 1,
-            ReqOp::Write {
-                offset: i * 2 * 4096,
-                data: Bytes::from(vec![i as u8 + 1; 2 * 4096]),
-                fua: false,
-            },
-        );
+        h.submit(i + 1, write_op(i * 2 * 4096, i as u8 + 1, 2 * 4096));
     }
     let mut pick = |_: usize| 0;
     for i in 0..40u64 {

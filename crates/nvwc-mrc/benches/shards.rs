@@ -8,23 +8,18 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use nvwc_mrc::{mix64, Histogram, Mrc, ShardsFixedRate, ShardsFixedSize, StackDistance};
+use nvwc_mrc::{Histogram, Mrc, ShardsFixedRate, ShardsFixedSize, StackDistance};
 
 const SYNTH_N: usize = 20_000_000;
 const SYNTH_UNIVERSE: u64 = 4_000_000;
 const TRACE_MIN: usize = 10_000_000;
 
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+/// The synthetic stream: [`common::zipfish`] from seed 42, unsalted.
 fn zipfish(n: usize, universe: u64) -> Vec<u64> {
-    let mut x = 42u64;
-    let ln = (universe as f64).ln();
-    (0..n)
-        .map(|_| {
-            x = mix64(x);
-            let u = (x >> 11) as f64 / (1u64 << 53) as f64;
-            let rank = ((u * ln).exp() as u64).min(universe) - 1;
-            mix64(rank)
-        })
-        .collect()
+    common::zipfish(n, universe, 42, 0)
 }
 
 /// 4 KiB block numbers touched by each vSCSI v1 record, in order.
@@ -45,6 +40,15 @@ fn rate(n: usize, secs: f64) -> String {
     format!("{:7.2} M req/s", n as f64 / secs / 1e6)
 }
 
+/// Seconds `access` takes for every key of `keys` (kept opaque to the optimiser).
+fn timed(keys: &[u64], mut access: impl FnMut(u64)) -> f64 {
+    let t = Instant::now();
+    for &k in black_box(keys) {
+        access(k);
+    }
+    t.elapsed().as_secs_f64()
+}
+
 fn run(label: &str, keys: &[u64]) {
     println!("== {label}: {} accesses", keys.len());
     let t = Instant::now();
@@ -63,12 +67,8 @@ fn run(label: &str, keys: &[u64]) {
     let exact: Mrc = h.mrc();
     let sizes: Vec<u64> = (1..=100).map(|i| i * distinct as u64 / 100).collect();
 
-    let t = Instant::now();
     let mut fr = ShardsFixedRate::new(0.01);
-    for &k in black_box(keys) {
-        fr.access(k);
-    }
-    let secs = t.elapsed().as_secs_f64();
+    let secs = timed(keys, |k| fr.access(k));
     println!(
         "SHARDS fixed-rate 0.01   {}  ({secs:.2} s, {} sampled, MAE {:.4}, {:.2} MiB)",
         rate(keys.len(), secs),
@@ -77,12 +77,8 @@ fn run(label: &str, keys: &[u64]) {
         fr.mem_bytes() as f64 / 1048576.0
     );
 
-    let t = Instant::now();
     let mut fs = ShardsFixedSize::new(8192);
-    for &k in black_box(keys) {
-        fs.access(k);
-    }
-    let secs = t.elapsed().as_secs_f64();
+    let secs = timed(keys, |k| fs.access(k));
     println!(
         "SHARDS fixed-size 8192   {}  ({secs:.2} s, final R {:.5}, MAE {:.4}, {:.2} MiB)",
         rate(keys.len(), secs),

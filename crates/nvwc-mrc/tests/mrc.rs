@@ -1,6 +1,8 @@
 //! Cross-checks of the MRC algorithms against naive references.
 
-use nvwc_mrc::{mix64, Histogram, Mrc, ShardsFixedRate, ShardsFixedSize, StackDistance};
+mod common;
+
+use nvwc_mrc::{Histogram, Mrc, ShardsFixedRate, ShardsFixedSize, StackDistance};
 use proptest::prelude::*;
 
 /// Naive O(N·M) LRU stack: distance = position of the key from the top.
@@ -81,19 +83,9 @@ proptest! {
     }
 }
 
-/// A Zipf-like (log-uniform popularity, ~Zipf α=1) stream over `universe` keys,
-/// key identities scattered by a hash.
+/// [`common::zipfish`] with this file's salt.
 fn zipfish(n: usize, universe: u64, seed: u64) -> Vec<u64> {
-    let mut x = seed;
-    let ln = (universe as f64).ln();
-    (0..n)
-        .map(|_| {
-            x = mix64(x);
-            let u = (x >> 11) as f64 / (1u64 << 53) as f64;
-            let rank = ((u * ln).exp() as u64).min(universe) - 1;
-            mix64(rank ^ 0xABCD)
-        })
-        .collect()
+    common::zipfish(n, universe, seed, 0xABCD)
 }
 
 fn exact_mrc(keys: &[u64]) -> (Histogram, usize) {

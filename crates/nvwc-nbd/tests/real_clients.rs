@@ -29,12 +29,9 @@ fn mem(info: ExportInfo) -> Arc<MemoryExport> {
 // Real clients against our server
 // ---------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nbdinfo_capabilities() {
-    if !tool_available("nbdinfo") {
-        return;
-    }
-    bounded(async {
+bounded_test! {
+    needs "nbdinfo";
+    async fn nbdinfo_capabilities() {
         let rw = mem(ExportInfo::new("", 64 * MIB).with_all_features());
         let mut ro = ExportInfo::new("ro", 4 * MIB);
         ro.read_only = true;
@@ -88,8 +85,7 @@ async fn nbdinfo_capabilities() {
             );
         }
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
 /// Parse `nbdinfo --map` lines: "offset length type description".
@@ -107,12 +103,9 @@ fn parse_map(s: &str) -> Vec<(u64, u64, u32)> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nbdinfo_map_reflects_allocation() {
-    if !tool_available("nbdinfo") {
-        return;
-    }
-    bounded(async {
+bounded_test! {
+    needs "nbdinfo";
+    async fn nbdinfo_map_reflects_allocation() {
         let m = mem(ExportInfo::new("", 4 * MIB).with_all_features());
         m.fill(0, &[1u8; 65536]);
         m.fill(MIB, &[2u8; 4096]);
@@ -132,16 +125,12 @@ async fn nbdinfo_map_reflects_allocation() {
         );
         assert!(m.stats().block_status >= 1);
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nbdinfo_list_exports() {
-    if !tool_available("nbdinfo") {
-        return;
-    }
-    bounded(async {
+bounded_test! {
+    needs "nbdinfo";
+    async fn nbdinfo_list_exports() {
         let mut a = ExportInfo::new("alpha", MIB);
         a.description = "disk A".into();
         let b = ExportInfo::new("beta", 2 * MIB);
@@ -166,16 +155,12 @@ async fn nbdinfo_list_exports() {
         }
         assert_eq!(out.matches("\"export-name\"").count(), 2, "{out}");
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn qemu_io_commands() {
-    if !tool_available("qemu-io") {
-        return;
-    }
-    bounded(async {
+bounded_test! {
+    needs "qemu-io";
+    async fn qemu_io_commands() {
         let m = mem(ExportInfo::new("", 16 * MIB).with_all_features());
         let ts = TestServer::start(vec![m.clone()]).await;
         let u = ts.uri("");
@@ -256,16 +241,12 @@ async fn qemu_io_commands() {
             "write -f used NBD_CMD_FLAG_FUA exactly once"
         );
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn qemu_io_refuses_writes_to_read_only_export() {
-    if !tool_available("qemu-io") {
-        return;
-    }
-    bounded(async {
+bounded_test! {
+    needs "qemu-io";
+    async fn qemu_io_refuses_writes_to_read_only_export() {
         let mut ro = ExportInfo::new("", MIB);
         ro.read_only = true;
         let m = mem(ro);
@@ -279,16 +260,12 @@ async fn qemu_io_refuses_writes_to_read_only_export() {
         assert!(!o.stdout.contains("verification failed"));
         assert_eq!(m.stats().writes, 0);
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nbdcopy_roundtrip_32mib() {
-    if !tool_available("nbdcopy") {
-        return;
-    }
-    bounded(async {
+bounded_test! {
+    needs "nbdcopy";
+    async fn nbdcopy_roundtrip_32mib() {
         const SIZE: usize = 32 << 20;
         let m = mem(ExportInfo::new("", SIZE as u64).with_all_features());
         let ts = TestServer::start(vec![m.clone()]).await;
@@ -320,8 +297,7 @@ async fn nbdcopy_roundtrip_32mib() {
         assert_eq!(checksum(&out), checksum(&data), "checksums differ");
         assert!(out == data);
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
 /// FNV-1a 64: a checksum for the report, the byte comparison is authoritative.
@@ -331,12 +307,9 @@ fn checksum(b: &[u8]) -> u64 {
     })
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fio_nbd_engine_verified_randwrite() {
-    if !tool_available("fio") {
-        return;
-    }
-    bounded(async {
+bounded_test! {
+    needs "fio";
+    async fn fio_nbd_engine_verified_randwrite() {
         let m = mem(ExportInfo::new("", 16 * MIB).with_all_features());
         let ts = TestServer::start(vec![m.clone()]).await;
         let uri = format!("--uri={}", ts.uri(""));
@@ -365,8 +338,7 @@ async fn fio_nbd_engine_verified_randwrite() {
         assert!(s.writes >= 2048, "fio wrote {} times", s.writes);
         assert!(s.reads >= 2048, "fio verified with {} reads", s.reads);
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -418,12 +390,9 @@ fn unix_uri(sock: &Path, name: &str) -> String {
     format!("nbd+unix:///{name}?socket={}", sock.display())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_against_nbdkit_memory() {
-    if !tool_available("nbdkit") {
-        return;
-    }
-    bounded(async {
+bounded_test! {
+    needs "nbdkit";
+    async fn client_against_nbdkit_memory() {
         let dir = TempDir::new("nbdkit");
         let (_child, sock) = spawn_nbdkit(dir.path(), &["memory", "64M"]).await;
         let c = Arc::new(Client::connect(&unix_uri(&sock, "")).await.unwrap());
@@ -470,16 +439,12 @@ async fn client_against_nbdkit_memory() {
         // Server-side error surfaces as an NbdError (nbdkit rejects beyond EOF
         // only if we bypass our own checks, so use a read-only server below).
         c.disconnect().await.unwrap();
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_against_nbdkit_simple_replies_and_read_only() {
-    if !tool_available("nbdkit") {
-        return;
-    }
-    bounded(async {
+bounded_test! {
+    needs "nbdkit";
+    async fn client_against_nbdkit_simple_replies_and_read_only() {
         let dir = TempDir::new("nbdkit-nosr");
         let (_child, sock) =
             spawn_nbdkit(dir.path(), &["--no-sr", "-r", "pattern", "size=1M"]).await;
@@ -502,16 +467,12 @@ async fn client_against_nbdkit_simple_replies_and_read_only() {
             Bytes::from(0u64.to_be_bytes().to_vec())
         );
         c.disconnect().await.unwrap();
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_against_nbdkit_non_fixed_newstyle() {
-    if !tool_available("nbdkit") {
-        return;
-    }
-    bounded(async {
+bounded_test! {
+    needs "nbdkit";
+    async fn client_against_nbdkit_non_fixed_newstyle() {
         let dir = TempDir::new("nbdkit-mask");
         // Clear FIXED_NEWSTYLE and NO_ZEROES: only NBD_OPT_EXPORT_NAME + 124 zeroes.
         let (_child, sock) =
@@ -525,16 +486,12 @@ async fn client_against_nbdkit_non_fixed_newstyle() {
         c.write(512, vec![9u8; 512], false).await.unwrap();
         assert_eq!(c.read(512, 512).await.unwrap(), vec![9u8; 512]);
         c.disconnect().await.unwrap();
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_against_qemu_nbd_sparse_file() {
-    if !tool_available("qemu-nbd") {
-        return;
-    }
-    bounded(async {
+bounded_test! {
+    needs "qemu-nbd";
+    async fn client_against_qemu_nbd_sparse_file() {
         let dir = TempDir::new("qemu-nbd");
         let img = dir.path().join("disk.img");
         let sock = dir.path().join("qemu.sock");
@@ -583,8 +540,7 @@ async fn client_against_qemu_nbd_sparse_file() {
         drop(child);
         let on_disk = std::fs::read(&img).unwrap();
         assert_eq!(&on_disk[6 << 20..(6 << 20) + 4096], &[5u8; 4096][..]);
-    })
-    .await
+    }
 }
 
 fn covering(ext: &[Extent], off: u64) -> Option<Extent> {

@@ -514,12 +514,18 @@ pub(super) fn apply(path: &Path, a: &mut Args, given: BTreeSet<String>) -> Resul
             .map(|v| size(v).map_err(|d| d.msg).expect("validated"))
     };
     macro_rules! set {
-        ($id:literal, $field:expr, $val:expr) => {
+        ($id:expr, $field:expr, $val:expr) => {
             if let Some(v) = $val {
                 if !g($id) {
                     $field = v;
                 }
             }
+        };
+    }
+    // Settings named alike in `Args` and the file's `$table`, read by `$read`.
+    macro_rules! set_same {
+        ($read:ident, $table:expr; $($name:ident),+ $(,)?) => {
+            $(set!(stringify!($name), a.$name, $read(&$table.$name));)+
         };
     }
     set!("unix", a.unix, string(&f.server.unix).map(PathBuf::from));
@@ -537,65 +543,33 @@ pub(super) fn apply(path: &Path, a: &mut Args, given: BTreeSet<String>) -> Resul
     set!("log_level", a.log_level, string(&f.log.level).map(Some));
     set!("log_format", a.log_format, string(&f.log.format).map(Some));
     set!("metrics", a.metrics, string(&f.metrics.listen).map(Some));
-    set!("block_size", a.block_size, sz(&f.cache.block_size));
-    set!(
-        "commit_interval_ms",
-        a.commit_interval_ms,
-        copied(&f.cache.commit_interval_ms)
-    );
+    set_same!(sz, f.cache; block_size);
+    set_same!(copied, f.cache; commit_interval_ms);
     set!(
         "commit_changes",
         a.commit_changes,
         f.cache.commit_changes.as_ref().map(|v| Some(*v.get_ref()))
     );
     set!("redo_size", a.redo_size, sz(&f.cache.redo_size).map(Some));
-    set!("size", a.size, sz(&f.defaults.size));
-    set!("cache_size", a.cache_size, sz(&f.defaults.cache_size));
-    set!(
-        "write_policy",
-        a.write_policy,
-        string(&f.defaults.write_policy)
-    );
-    set!(
-        "replacement",
-        a.replacement,
-        string(&f.defaults.replacement)
-    );
-    set!("read_only", a.read_only, copied(&f.defaults.read_only));
+    set_same!(sz, f.defaults; size, cache_size);
+    set_same!(string, f.defaults; write_policy, replacement);
+    set_same!(copied, f.defaults; read_only);
     let p = &f.policy;
-    set!("fetch", a.fetch, string(&p.fetch));
-    set!("patch_mem", a.patch_mem, sz(&p.patch_mem));
-    set!(
-        "fetch_inflight",
-        a.fetch_inflight,
-        copied(&p.fetch_inflight)
+    set_same!(string, p; fetch, admission);
+    set_same!(sz, p; patch_mem, journal_size);
+    set_same!(
+        copied,
+        p;
+        fetch_inflight,
+        patch_direct,
+        rewrite_in_place,
+        bypass_when_full,
+        full_clean_secs,
+        txn_blocks,
+        txn_age_ms,
+        high_watermark,
+        low_watermark,
     );
-    set!("patch_direct", a.patch_direct, copied(&p.patch_direct));
-    set!(
-        "rewrite_in_place",
-        a.rewrite_in_place,
-        copied(&p.rewrite_in_place)
-    );
-    set!(
-        "bypass_when_full",
-        a.bypass_when_full,
-        copied(&p.bypass_when_full)
-    );
-    set!(
-        "full_clean_secs",
-        a.full_clean_secs,
-        copied(&p.full_clean_secs)
-    );
-    set!("txn_blocks", a.txn_blocks, copied(&p.txn_blocks));
-    set!("txn_age_ms", a.txn_age_ms, copied(&p.txn_age_ms));
-    set!("journal_size", a.journal_size, sz(&p.journal_size));
-    set!(
-        "high_watermark",
-        a.high_watermark,
-        copied(&p.high_watermark)
-    );
-    set!("low_watermark", a.low_watermark, copied(&p.low_watermark));
-    set!("admission", a.admission, string(&p.admission));
     set!(
         "wal_range",
         a.wal_range,
@@ -853,20 +827,30 @@ mod tests {
     #[test]
     fn errors_name_the_line_and_column() {
         assert_eq!(errs("[server]\nunix = \"/s\"\n"), "");
-        let e = errs("[server]\nunix = \"/s\"\nlisten = 5\n");
-        assert!(e.starts_with("t.toml:3:10: "), "{e}");
-        let e = errs("[server]\nbogus = 1\n");
-        assert!(
-            e.starts_with("t.toml:2:1: ") && e.contains("unknown field `bogus`"),
-            "{e}"
-        );
-        let e = errs("[defaults]\n\nwrite-policy = \"fast\"\n");
-        assert!(
-            e.starts_with("t.toml:3:16: write-policy: unknown write policy"),
-            "{e}"
-        );
-        let e = errs("[[export]]\nname = \"a\"\nbacking = \"a.img\"\ncache = \"a.c\"\ncache-size = \"12Q\"\n");
-        assert!(e.starts_with("t.toml:5:14: unknown size unit"), "{e}");
+        // (file, the start of its error, a part of it).
+        for (src, start, part) in [
+            ("[server]\nunix = \"/s\"\nlisten = 5\n", "t.toml:3:10: ", ""),
+            ("[server]\nbogus = 1\n", "t.toml:2:1: ", "unknown field `bogus`"),
+            (
+                "[defaults]\n\nwrite-policy = \"fast\"\n",
+                "t.toml:3:16: write-policy: unknown write policy",
+                "",
+            ),
+            (
+                "[[export]]\nname = \"a\"\nbacking = \"a.img\"\ncache = \"a.c\"\ncache-size = \"12Q\"\n",
+                "t.toml:5:14: unknown size unit",
+                "",
+            ),
+            (
+                "[tls]\nmode = \"require\"\n",
+                "t.toml:2:8: tls mode \"require\" needs",
+                "",
+            ),
+            ("[cache]\nblock-size = 1000\n", "t.toml:2:14: block-size 1000", ""),
+        ] {
+            let e = errs(src);
+            assert!(e.starts_with(start) && e.contains(part), "{e}");
+        }
         let two = "[[export]]\nname = \"a\"\nbacking = \"a.img\"\ncache = \"a.c\"\n\
                    [[export]]\nname = \"a\"\nbacking = \"b.img\"\ncache = \"a.c\"\n";
         let e = errs(two);
@@ -875,13 +859,6 @@ mod tests {
             "t.toml:6:8: duplicate export name \"a\"\n\
              t.toml:8:9: export \"a\": cache \"a.c\" is also used by export \"a\""
         );
-        let e = errs("[tls]\nmode = \"require\"\n");
-        assert!(
-            e.starts_with("t.toml:2:8: tls mode \"require\" needs"),
-            "{e}"
-        );
-        let e = errs("[cache]\nblock-size = 1000\n");
-        assert!(e.starts_with("t.toml:2:14: block-size 1000"), "{e}");
     }
 
     /// Flags given on the command line win over the file; the file wins
@@ -910,15 +887,7 @@ mod tests {
                 "ordered",
             ])
             .unwrap();
-        let mut a = Args::from_arg_matches(&m).unwrap();
-        let given = m
-            .ids()
-            .filter(|id| {
-                m.value_source(id.as_str()) == Some(clap::parser::ValueSource::CommandLine)
-            })
-            .map(|id| id.as_str().to_string())
-            .collect();
-        apply(&p, &mut a, given).unwrap();
+        let a = with_config(Args::from_arg_matches(&m).unwrap(), &m).unwrap();
         assert_eq!(a.write_policy, "ordered");
         assert_eq!(a.log_level.as_deref(), Some("debug"));
         assert_eq!(a.cache_size, 2 << 20);

@@ -141,6 +141,21 @@ impl NvwcExport {
     /// A request that fits is one. NBD gives a multi-block request no
     /// atomicity, and each engine request keeps its write policy's
     /// guarantee (`docs/ARCHITECTURE.md`, "Requests of every advertised size").
+    /// [`calls`](Self::calls) of `op` for each engine-sized piece (see
+    /// [`split`](Self::split)) of the `len` bytes at `offset`.
+    async fn pieces(
+        &self,
+        ctx: &RequestCtx,
+        offset: u64,
+        len: u32,
+        op: impl Fn(u64, u32) -> ReqOp<Bytes> + Send,
+    ) -> NbdResult<()> {
+        let ops = self
+            .split(offset, u64::from(len))
+            .map(move |(offset, len)| op(offset, len as u32));
+        self.calls(ctx, ops).await.map(|_| ())
+    }
+
     fn split(&self, offset: u64, len: u64) -> impl Iterator<Item = (u64, u64)> + Send {
         let (bs, n, end) = (self.block, self.split_blocks, offset + len);
         let mut at = offset;
@@ -229,13 +244,8 @@ impl Export for NvwcExport {
         fua: bool,
     ) -> BoxFuture<'_, NbdResult<()>> {
         Box::pin(async move {
-            let ops = self
-                .split(offset, u64::from(len))
-                .map(|(offset, len)| ReqOp::Trim {
-                    offset,
-                    len: len as u32,
-                });
-            self.calls(&ctx, ops).await?;
+            self.pieces(&ctx, offset, len, |offset, len| ReqOp::Trim { offset, len })
+                .await?;
             if fua {
                 self.call(&ctx, ReqOp::Flush).await?;
             }
@@ -254,26 +264,19 @@ impl Export for NvwcExport {
                 // Zeroes are written like data: not faster than a write.
                 return Err(NbdError::new(nvwc_nbd::ErrorCode::NotSup, "no fast zero"));
             }
-            let ops = self
-                .split(offset, u64::from(len))
-                .map(|(offset, len)| ReqOp::WriteZeroes {
-                    offset,
-                    len: len as u32,
-                    fua: flags.fua,
-                });
-            self.calls(&ctx, ops).await.map(|_| ())
+            self.pieces(&ctx, offset, len, |offset, len| ReqOp::WriteZeroes {
+                offset,
+                len,
+                fua: flags.fua,
+            })
+            .await
         })
     }
     fn cache(&self, ctx: RequestCtx, offset: u64, len: u32) -> BoxFuture<'_, NbdResult<()>> {
         // A read fills the cache (read-allocate).
         Box::pin(async move {
-            let ops = self
-                .split(offset, u64::from(len))
-                .map(|(offset, len)| ReqOp::Read {
-                    offset,
-                    len: len as u32,
-                });
-            self.calls(&ctx, ops).await.map(|_| ())
+            self.pieces(&ctx, offset, len, |offset, len| ReqOp::Read { offset, len })
+                .await
         })
     }
 }

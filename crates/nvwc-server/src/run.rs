@@ -27,20 +27,25 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
     Ok(std::process::ExitCode::SUCCESS)
 }
 
+/// An export's line on stdout.
+fn print_export(info: &nvwc_nbd::ExportInfo) {
+    let shown = if info.name.is_empty() {
+        "(default)"
+    } else {
+        &info.name
+    };
+    println!(
+        "nvwc: export {shown}: {} ({} bytes)",
+        info.description, info.size
+    );
+}
+
 /// What is served, and how to connect, on stdout.
 fn banner(s: &Server) {
     let (a, sock) = (&s.state.args, s.unix_socket());
     let uri = s.uri("");
     for e in s.state.exports.all() {
-        let shown = if e.info.name.is_empty() {
-            "(default)"
-        } else {
-            &e.info.name
-        };
-        println!(
-            "nvwc: export {shown}: {} ({} bytes)",
-            e.info.description, e.info.size
-        );
+        print_export(&e.info);
     }
     println!("  unix socket: {}", sock.display());
     if let Some(addr) = s.tcp_addr() {
@@ -142,15 +147,7 @@ impl State {
         }
         self.exports.push(e.clone());
         self.specs.push(spec.clone());
-        let shown = if e.info.name.is_empty() {
-            "(default)"
-        } else {
-            &e.info.name
-        };
-        println!(
-            "nvwc: export {shown}: {} ({} bytes)",
-            e.info.description, e.info.size
-        );
+        print_export(&e.info);
         log!(
             info,
             "export_added",

@@ -23,6 +23,24 @@ pub(crate) struct ExportSpec {
     pub(crate) critical: bool,
 }
 
+impl ExportSpec {
+    /// Export `name` of `backing` with cache `cache`, the rest from the
+    /// global flags.
+    fn with_flags(a: &Args, name: String, backing: String, cache: PathBuf) -> ExportSpec {
+        ExportSpec {
+            name,
+            backing,
+            cache,
+            size: a.size,
+            cache_size: a.cache_size,
+            write_policy: a.write_policy.clone(),
+            replacement: a.replacement.clone(),
+            read_only: a.read_only,
+            critical: false,
+        }
+    }
+}
+
 /// Parse `NAME=BACKING[,cache=PATH][,cache-size=S][,size=S][,policy=P][,replacement=R][,read-only]`.
 /// Unset keys come from the global flags; the cache defaults to
 /// `cache-NAME.img` beside `--cache`.
@@ -50,17 +68,8 @@ pub(crate) fn parse_export(s: &str, a: &Args) -> Result<ExportSpec, String> {
             }
         })
         .collect();
-    let mut e = ExportSpec {
-        name: name.to_string(),
-        backing,
-        cache: a.cache.with_file_name(format!("cache-{safe}.img")),
-        size: a.size,
-        cache_size: a.cache_size,
-        write_policy: a.write_policy.clone(),
-        replacement: a.replacement.clone(),
-        read_only: a.read_only,
-        critical: false,
-    };
+    let cache = a.cache.with_file_name(format!("cache-{safe}.img"));
+    let mut e = ExportSpec::with_flags(a, name.to_string(), backing, cache);
     for kv in parts {
         let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
         match k {
@@ -95,17 +104,12 @@ pub(crate) fn export_specs(a: &Args) -> Result<Vec<ExportSpec>> {
     let mut specs = Vec::new();
     let from_file = a.loaded.as_ref().map_or(&[][..], |l| &l.exports[..]);
     if a.default_export.is_none() && from_file.is_empty() {
-        specs.push(ExportSpec {
-            name: String::new(),
-            backing: a.backing.to_string_lossy().to_string(),
-            cache: a.cache.clone(),
-            size: a.size,
-            cache_size: a.cache_size,
-            write_policy: a.write_policy.clone(),
-            replacement: a.replacement.clone(),
-            read_only: a.read_only,
-            critical: false,
-        });
+        specs.push(ExportSpec::with_flags(
+            a,
+            String::new(),
+            a.backing.to_string_lossy().to_string(),
+            a.cache.clone(),
+        ));
     }
     specs.extend(from_file.iter().cloned());
     // `NAME:critical` marks an export (given here or by another --export).

@@ -106,28 +106,44 @@ async fn read_back(uri: &str, seed: u8) {
     c.disconnect().await.unwrap();
 }
 
+/// A fresh [`tempdir`] `tag`, a runtime for the client, and [`start`]'s
+/// server of `policy` there.
+fn setup(tag: &str, policy: &str) -> (PathBuf, tokio::runtime::Runtime, Server) {
+    let dir = tempdir(tag);
+    let s = start(&dir, policy);
+    (dir, runtime(), s)
+}
+
+/// Stop `s`, start `policy` again on its files in `dir`, and read write
+/// `seed`'s data back; then stop it and remove `dir`.
+fn restart_and_read_back(
+    rt: &tokio::runtime::Runtime,
+    s: Server,
+    dir: &Path,
+    policy: &str,
+    seed: u8,
+) {
+    s.stop().unwrap();
+    let s = start(dir, policy);
+    rt.block_on(read_back(&s.uri(""), seed));
+    s.stop().unwrap();
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Write-back: the flushed writes read back, and are still there after the
 /// server stops and starts again on the same cache.
 #[test]
 fn write_back_write_flush_read_and_restart() {
-    let dir = tempdir("wb");
-    let rt = runtime();
-    let s = start(&dir, "write-back");
+    let (dir, rt, s) = setup("wb", "write-back");
     rt.block_on(write_flush_read(&s.uri(""), 1));
-    s.stop().unwrap();
-    let s = start(&dir, "write-back");
-    rt.block_on(read_back(&s.uri(""), 1));
-    s.stop().unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
+    restart_and_read_back(&rt, s, &dir, "write-back", 1);
 }
 
 /// Write-through: the writes read back, and the backing file itself holds
 /// every one of them once they are acknowledged.
 #[test]
 fn write_through_reaches_the_backing_file() {
-    let dir = tempdir("wt");
-    let rt = runtime();
-    let s = start(&dir, "write-through");
+    let (dir, rt, s) = setup("wt", "write-through");
     rt.block_on(write_flush_read(&s.uri(""), 2));
     let backing = std::fs::File::open(dir.join("backing.img")).unwrap();
     for (off, d) in writes(2) {
@@ -135,11 +151,7 @@ fn write_through_reaches_the_backing_file() {
         backing.read_exact_at(&mut got, off).unwrap();
         assert!(got == d, "the backing file lacks the write at {off}");
     }
-    s.stop().unwrap();
-    let s = start(&dir, "write-through");
-    rt.block_on(read_back(&s.uri(""), 2));
-    s.stop().unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
+    restart_and_read_back(&rt, s, &dir, "write-through", 2);
 }
 
 /// A read past the end of the export gets EINVAL with a message saying so,
@@ -149,9 +161,7 @@ fn write_through_reaches_the_backing_file() {
 #[test]
 fn a_bad_request_gets_a_clear_error_and_others_are_served() {
     const EINVAL: u32 = 22;
-    let dir = tempdir("bad");
-    let rt = runtime();
-    let s = start(&dir, "write-back");
+    let (dir, rt, s) = setup("bad", "write-back");
     let good = rt.block_on(Client::connect(&s.uri(""))).unwrap();
     let data = pattern(3, 8192, 8192);
     rt.block_on(good.write(8192, data.clone(), false)).unwrap();

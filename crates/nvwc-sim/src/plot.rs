@@ -326,16 +326,23 @@ fn draw_line<DB: DrawingBackend>(
             .map_err(e)?;
     }
     if p.series.len() > 1 || p.series.first().is_some_and(|s| !s.name.is_empty()) {
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK.mix(0.3))
-            .label_font(("sans-serif", 13))
-            .position(SeriesLabelPosition::UpperRight)
-            .draw()
-            .map_err(e)?;
+        draw_legend(&mut chart)?;
     }
     Ok(())
+}
+
+/// The series' legend, upper right, as every plot draws it.
+fn draw_legend<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+) -> Result<(), String> {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK.mix(0.3))
+        .label_font(("sans-serif", 13))
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(|e| e.to_string())
 }
 
 fn draw_bar<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &BarPlot) -> Result<(), String> {
@@ -406,15 +413,7 @@ fn draw_bar<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, p: &BarPlot) -> R
             ))
             .map_err(e)?;
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK.mix(0.3))
-        .label_font(("sans-serif", 13))
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(e)?;
-    Ok(())
+    draw_legend(&mut chart)
 }
 
 #[cfg(test)]

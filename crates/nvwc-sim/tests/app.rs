@@ -69,6 +69,18 @@ fn w(wait: bool) -> Step {
     }
 }
 
+/// The critical P0 of the lock tests: after 1 ms, a transaction that takes
+/// and releases lock 0.
+fn critical_locker() -> Vec<Step> {
+    vec![
+        Step::Compute(MS),
+        Step::Begin,
+        Step::Lock(0),
+        Step::Unlock(0),
+        Step::End(None),
+    ]
+}
+
 fn go(
     policy: Policy,
     crit: Vec<bool>,
@@ -103,13 +115,7 @@ fn go(
 fn process_inheritance_through_a_lock() {
     let scripts = || {
         vec![
-            vec![
-                Step::Compute(MS),
-                Step::Begin,
-                Step::Lock(0),
-                Step::Unlock(0),
-                Step::End(None),
-            ],
+            critical_locker(),
             vec![
                 Step::Lock(0),
                 Step::Compute(2 * MS),
@@ -134,13 +140,7 @@ fn process_inheritance_through_a_lock() {
 fn cascading_dependency_reaches_the_writer() {
     let scripts = || {
         vec![
-            vec![
-                Step::Compute(MS),
-                Step::Begin,
-                Step::Lock(0),
-                Step::Unlock(0),
-                Step::End(None),
-            ],
+            critical_locker(),
             vec![],
             vec![Step::Lock(0), Step::Wait(0), Step::Unlock(0)],
             vec![Step::Compute(2 * MS), w(true), Step::Signal(0)],

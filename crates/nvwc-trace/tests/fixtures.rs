@@ -437,22 +437,7 @@ fn compressed_inputs_are_transparent() {
 
 #[test]
 fn round_trip_every_format_through_compact() {
-    let mut inputs: Vec<(String, Vec<u8>)> = [
-        "msr.csv",
-        "spc.spc",
-        "blkparse.txt",
-        "cloudphysics.csv",
-        "tencent.csv",
-        "systor17.csv",
-        "heimdall.trace",
-        "mobigen.out.sample",
-    ]
-    .iter()
-    .map(|n| (n.to_string(), std::fs::read(fixture(n)).unwrap()))
-    .collect();
-    inputs.push(("vscsi1".into(), vscsi_v1(&VSCSI_REQS)));
-    inputs.push(("vscsi2".into(), vscsi_v2(&VSCSI_REQS)));
-    for (name, bytes) in inputs {
+    for (name, bytes) in valid_inputs() {
         let (format, want) = read_bytes(&bytes, None);
         assert!(!want.is_empty(), "{name}");
         let mut compact = Vec::new();

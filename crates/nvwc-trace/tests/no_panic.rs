@@ -109,21 +109,7 @@ fn lines() -> impl Strategy<Value = String> {
 }
 
 fn fixtures() -> Vec<Vec<u8>> {
-    let mut v: Vec<Vec<u8>> = [
-        "msr.csv",
-        "spc.spc",
-        "blkparse.txt",
-        "cloudphysics.csv",
-        "tencent.csv",
-        "systor17.csv",
-        "heimdall.trace",
-        "mobigen.out.sample",
-    ]
-    .iter()
-    .map(|n| std::fs::read(fixture(n)).unwrap())
-    .collect();
-    v.push(vscsi_v1(&VSCSI_REQS));
-    v.push(vscsi_v2(&VSCSI_REQS));
+    let mut v: Vec<Vec<u8>> = valid_inputs().into_iter().map(|(_, b)| b).collect();
     let mut compact = Vec::new();
     nvwc_trace::write_compact(
         vscsi_expected().into_iter().map(Ok),

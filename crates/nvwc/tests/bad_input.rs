@@ -4,11 +4,10 @@
 //! well-behaved client keeps being served, with verified data, *while* the
 //! bad clients misbehave.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use nvwc_nbd::proto::{
@@ -24,60 +23,26 @@ const EPERM: u32 = 1;
 const EINVAL: u32 = 22;
 const ENOSPC: u32 = 28;
 
-struct Server {
-    child: Child,
-    dir: PathBuf,
+mod common;
+use common::serve::Scratch;
+
+/// The URI of export `name` of `s`.
+fn uri(s: &Scratch, name: &str) -> String {
+    format!("nbd+unix:///{name}?socket={}", s.sock().display())
 }
 
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-impl Server {
-    fn sock(&self) -> PathBuf {
-        self.dir.join("nvwc-data/nvwc.sock")
-    }
-    fn uri(&self, name: &str) -> String {
-        format!("nbd+unix:///{name}?socket={}", self.sock().display())
-    }
-}
-
-fn start() -> Server {
-    let dir = std::env::temp_dir().join(format!("nvwc-bad-input-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_nvwc"))
-        .current_dir(&dir)
-        .args([
-            "serve",
-            "--listen",
-            "none",
+fn start() -> Scratch {
+    Scratch::start(
+        "bad-input",
+        &[
             "--size",
             "64M",
             "--cache-size",
             "8M",
-        ])
-        .args(["--export", "ro=nvwc-data/ro.img,size=16M,read-only"])
-        .args(["--log-level", "warn"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let s = Server { child, dir };
-    let t = Instant::now();
-    while !s.sock().exists() {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::thread::sleep(Duration::from_millis(100));
-    s
+            "--export",
+            "ro=nvwc-data/ro.img,size=16M,read-only",
+        ],
+    )
 }
 
 /// A raw NBD connection for exact-byte cases.
@@ -204,7 +169,7 @@ async fn bad_clients_get_spec_replies_while_a_good_client_keeps_working() {
     let s = start();
     let sock = s.sock();
     let max_block = {
-        let c = Client::connect(&s.uri("")).await.unwrap();
+        let c = Client::connect(&uri(&s, "")).await.unwrap();
         let m = c.info().max_block;
         c.disconnect().await.unwrap();
         m
@@ -213,7 +178,7 @@ async fn bad_clients_get_spec_replies_while_a_good_client_keeps_working() {
 
     let stop = Arc::new(AtomicBool::new(false));
     let rounds = Arc::new(AtomicU64::new(0));
-    let good = tokio::spawn(good_client(s.uri(""), stop.clone(), rounds.clone()));
+    let good = tokio::spawn(good_client(uri(&s, ""), stop.clone(), rounds.clone()));
     // Let the good client get going.
     while rounds.load(Ordering::Relaxed) < 3 {
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -310,7 +275,7 @@ async fn bad_clients_get_spec_replies_while_a_good_client_keeps_working() {
         }
         // A write whose header promised data that never came must not have
         // landed: the bytes at 48 MiB (never written) are still what they were (zeroes).
-        let c = Client::connect(&s.uri("")).await.unwrap();
+        let c = Client::connect(&uri(&s, "")).await.unwrap();
         let got = c.read(48 << 20, 65536).await.unwrap();
         assert!(got.iter().all(|&b| b == 0), "half-sent write was applied");
         c.disconnect().await.unwrap();

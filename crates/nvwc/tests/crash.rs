@@ -9,23 +9,8 @@ use std::process::Command;
 
 use serde_json::Value;
 
-fn nvwc() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_nvwc"))
-}
-
-fn require_tools() -> bool {
-    std::env::var("NVWC_REQUIRE_TOOLS").as_deref() == Ok("1")
-        || matches!(std::env::var("CI").as_deref(), Ok("true" | "1"))
-}
-
-fn have(tool: &str) -> bool {
-    Command::new("sh")
-        .arg("-c")
-        .arg(format!("command -v {tool}"))
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false)
-}
+mod common;
+use common::nvwc;
 
 /// Run `nvwc crashtest ARGS --json`; returns (success, trials, summaries).
 fn crashtest(args: &[&str]) -> (bool, Vec<Value>, Vec<Value>) {
@@ -48,6 +33,35 @@ fn crashtest(args: &[&str]) -> (bool, Vec<Value>, Vec<Value>) {
         }
     }
     (out.status.success(), trials, summary)
+}
+
+/// [`crashtest`] of `policies` in server-crash mode, `trials` each, of
+/// runs between `run_ms[0]` and `run_ms[1]` ms, with `extra` arguments.
+fn server_crash(
+    policies: &str,
+    trials: &str,
+    run_ms: [&str; 2],
+    extra: &[&str],
+) -> (bool, Vec<Value>, Vec<Value>) {
+    let mut args = vec![
+        "--policies",
+        policies,
+        "--modes",
+        "server-crash",
+        "--trials",
+        trials,
+        "--min-run-ms",
+        run_ms[0],
+        "--max-run-ms",
+        run_ms[1],
+    ];
+    args.extend_from_slice(extra);
+    crashtest(&args)
+}
+
+/// The trial of `policy` (the first one).
+fn trial_of<'a>(trials: &'a [Value], policy: &str) -> &'a Value {
+    trials.iter().find(|t| t["policy"] == policy).unwrap()
 }
 
 fn fail_lines(trials: &[Value]) -> String {
@@ -214,24 +228,11 @@ fn cache_faults_degrade_and_lose_nothing_acknowledged() {
         } else {
             "write-back,ordered,journaled"
         };
-        let mut args = vec![
-            "--policies",
-            policies,
-            "--modes",
-            "server-crash",
-            "--trials",
-            "1",
-            "--min-run-ms",
-            "700",
-            "--max-run-ms",
-            "1000",
-            "--fault-cache",
-            spec,
-        ];
+        let mut extra = vec!["--fault-cache", spec];
         if fresh_slots {
-            args.push("--server-arg=--rewrite-in-place=false");
+            extra.push("--server-arg=--rewrite-in-place=false");
         }
-        let (ok, trials, _) = crashtest(&args);
+        let (ok, trials, _) = server_crash(policies, "1", ["700", "1000"], &extra);
         assert!(ok, "{spec}: {}", fail_lines(&trials));
         for t in &trials {
             assert_eq!(t["cache_intact"]["ok"], true, "{spec}: {t}");
@@ -251,20 +252,12 @@ fn cache_faults_degrade_and_lose_nothing_acknowledged() {
         }
     }
     // A torn write, then the crash, in the middle of a commit or a slot write.
-    let (ok, trials, _) = crashtest(&[
-        "--policies",
+    let (ok, trials, _) = server_crash(
         "ordered,journaled",
-        "--modes",
-        "server-crash",
-        "--trials",
         "2",
-        "--min-run-ms",
-        "700",
-        "--max-run-ms",
-        "1000",
-        "--fault-cache",
-        "torn-crash,after=150",
-    ]);
+        ["700", "1000"],
+        &["--fault-cache", "torn-crash,after=150"],
+    );
     assert!(ok, "{}", fail_lines(&trials));
     assert!(
         trials.iter().all(|t| t["signal"] == 6),
@@ -281,27 +274,16 @@ fn backing_faults_lose_nothing_acknowledged() {
         "timeout,op=write,ms=30,prob=0.1",
         "delay,ms=20,op=flush",
     ] {
-        let (ok, trials, _) = crashtest(&[
-            "--policies",
+        let (ok, trials, _) = server_crash(
             "write-through,write-back,journaled",
-            "--modes",
-            "server-crash",
-            "--trials",
             "1",
-            "--min-run-ms",
-            "300",
-            "--max-run-ms",
-            "700",
-            "--fault-backing",
-            spec,
-        ]);
+            ["300", "700"],
+            &["--fault-backing", spec],
+        );
         assert!(ok, "{spec}: {}", fail_lines(&trials));
         if !spec.starts_with("delay") {
             // Write-through writes reach the backing store before their reply.
-            let wt = trials
-                .iter()
-                .find(|t| t["policy"] == "write-through")
-                .unwrap();
+            let wt = trial_of(&trials, "write-through");
             assert!(wt["failed_requests"].as_u64().unwrap() > 0, "{spec}: {wt}");
         }
     }
@@ -310,9 +292,7 @@ fn backing_faults_lose_nothing_acknowledged() {
 /// nbdkit's `error` and `delay` filters on an upstream backing store.
 #[test]
 fn nbdkit_error_and_delay_filters_upstream() {
-    if !have("nbdkit") {
-        assert!(!require_tools(), "nbdkit is required");
-        eprintln!("SKIP: nbdkit not found");
+    if !common::tool("nbdkit") {
         return;
     }
     let dir = std::env::temp_dir().join(format!("nvwc-crash-nbdkit-{}", std::process::id()));
@@ -340,35 +320,22 @@ fn nbdkit_error_and_delay_filters_upstream() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     let uri = format!("nbd+unix:///?socket={}", sock.display());
-    let (ok, trials, _) = crashtest(&[
-        "--backing-uri",
-        &uri,
-        "--error-file",
-        err.to_str().unwrap(),
-        "--policies",
+    let (ok, trials, _) = server_crash(
         "write-through,write-back,journaled",
-        "--modes",
-        "server-crash",
-        "--trials",
         "1",
-        "--min-run-ms",
-        "300",
-        "--max-run-ms",
-        "800",
-    ]);
+        ["300", "800"],
+        &["--backing-uri", &uri, "--error-file", err.to_str().unwrap()],
+    );
     let _ = nbdkit.kill();
     let _ = nbdkit.wait();
     let _ = std::fs::remove_dir_all(&dir);
     assert!(ok, "{}", fail_lines(&trials));
-    let wt = trials
-        .iter()
-        .find(|t| t["policy"] == "write-through")
-        .unwrap();
+    let wt = trial_of(&trials, "write-through");
     assert!(
         wt["failed_requests"].as_u64().unwrap() > 0,
         "no upstream error reached the client: {wt}"
     );
-    let j = trials.iter().find(|t| t["policy"] == "journaled").unwrap();
+    let j = trial_of(&trials, "journaled");
     assert_eq!(
         j["cache_lost"]["ok"], true,
         "journaled over a failing upstream: {j}"
@@ -378,9 +345,7 @@ fn nbdkit_error_and_delay_filters_upstream() {
 /// ext4 on nvwc: kill -9, drop the cache, e2fsck must be clean.
 #[test]
 fn ext4_survives_kill_and_cache_loss() {
-    let tools = ["nbdfuse", "losetup", "mkfs.ext4", "e2fsck"]
-        .iter()
-        .all(|t| have(t));
+    let tools = common::tools(&["nbdfuse", "losetup", "mkfs.ext4", "e2fsck"]);
     let root = Command::new("id")
         .arg("-u")
         .output()
@@ -388,7 +353,7 @@ fn ext4_survives_kill_and_cache_loss() {
         .unwrap_or(false);
     if !tools || !root || !std::path::Path::new("/dev/fuse").exists() {
         assert!(
-            !require_tools(),
+            !common::strict(),
             "the ext4 check needs root, /dev/fuse, nbdfuse, losetup, mkfs.ext4, e2fsck"
         );
         eprintln!("SKIP: ext4 check needs root and tools");

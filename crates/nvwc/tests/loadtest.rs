@@ -3,71 +3,22 @@
 //! request sizes (512 B .. 1 MiB) and reads, writes (some FUA), flushes and
 //! trims, every read verified, through `nvwc loadtest`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("nvwc-loadtest-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
+mod common;
+use common::serve::{uri, Scratch};
 
-struct Server {
-    child: Child,
-    dir: PathBuf,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn start(tag: &str, size: &str, cache: &str) -> Server {
-    let dir = tempdir(tag);
-    let child = Command::new(env!("CARGO_BIN_EXE_nvwc"))
-        .current_dir(&dir)
-        .args([
-            "serve",
-            "--listen",
-            "none",
-            "--size",
-            size,
-            "--cache-size",
-            cache,
-        ])
-        .args(["--log-level", "warn"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let sock = dir.join("nvwc-data/nvwc.sock");
-    let t = Instant::now();
-    while !sock.exists() {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "server did not start"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::thread::sleep(Duration::from_millis(100));
-    Server { child, dir }
-}
-
-fn uri(dir: &Path) -> String {
-    format!(
-        "nbd+unix:///?socket={}",
-        dir.join("nvwc-data/nvwc.sock").display()
+fn start(tag: &str, size: &str, cache: &str) -> Scratch {
+    Scratch::start(
+        &format!("loadtest-{tag}"),
+        &["--size", size, "--cache-size", cache],
     )
 }
 
 /// Runs `nvwc loadtest --json` against `s`; returns (exit success, report).
-fn load(s: &Server, duration: &str, extra: &[&str]) -> (bool, serde_json::Value) {
-    let out = Command::new(env!("CARGO_BIN_EXE_nvwc"))
+fn load(s: &Scratch, duration: &str, extra: &[&str]) -> (bool, serde_json::Value) {
+    let out = common::nvwc()
         .args([
             "loadtest",
             "--json",
@@ -80,7 +31,7 @@ fn load(s: &Server, duration: &str, extra: &[&str]) -> (bool, serde_json::Value)
         .arg("--uri")
         .arg(uri(&s.dir))
         .arg("--server-pid")
-        .arg(s.child.id().to_string())
+        .arg(s.server.0.id().to_string())
         .args(extra)
         .output()
         .unwrap();
@@ -131,7 +82,7 @@ fn server_stops_promptly_after_load() {
     let mut s = start("stop", "2G", "512M");
     let (ok, r) = load(&s, "15s", &[]);
     assert!(ok && r["errors"] == 0, "load failed: {}", r["first_errors"]);
-    let pid = s.child.id().to_string();
+    let pid = s.server.0.id().to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])
         .status()
@@ -139,7 +90,7 @@ fn server_stops_promptly_after_load() {
         .success());
     let t = Instant::now();
     loop {
-        if let Some(st) = s.child.try_wait().unwrap() {
+        if let Some(st) = s.server.0.try_wait().unwrap() {
             assert!(st.success(), "server exited with {st} after SIGTERM");
             break;
         }

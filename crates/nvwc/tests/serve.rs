@@ -11,11 +11,11 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::serve::*;
-use common::{strict, tool};
+use common::{strict, tool, tools};
 
 #[test]
 fn real_clients_every_policy_and_kill9_recovery() {
-    if !tool("qemu-io") || !tool("nbdinfo") {
+    if !tools(&["qemu-io", "nbdinfo"]) {
         return;
     }
     for (upstream, policy) in backing_kinds().into_iter().flat_map(|u| {
@@ -86,8 +86,7 @@ fn real_clients_every_policy_and_kill9_recovery() {
             .arg(uri(&dir))
             .output()
             .unwrap();
-        let t = String::from_utf8_lossy(&bad.stdout).to_string()
-            + &String::from_utf8_lossy(&bad.stderr);
+        let t = common::text(&bad);
         assert!(
             t.contains("Pattern verification failed"),
             "{policy}: wrong pattern not detected: {t}"
@@ -148,7 +147,7 @@ impl Drop for Attached {
 /// restart the server, mount again: contents intact and `e2fsck -fn` clean.
 #[test]
 fn ext4_round_trip_across_restart() {
-    if !tool("nbdfuse") || !tool("mkfs.ext4") || !tool("losetup") || !tool("e2fsck") {
+    if !tools(&["nbdfuse", "mkfs.ext4", "losetup", "e2fsck"]) {
         return;
     }
     let root = sh("id -u").1.trim() == "0";
@@ -202,7 +201,7 @@ fn ext4_round_trip_across_restart() {
 /// fio's nbd engine with crc32c verification.
 #[test]
 fn nbdcopy_and_fio_verify() {
-    if !tool("nbdcopy") || !tool("fio") {
+    if !tools(&["nbdcopy", "fio"]) {
         return;
     }
     for upstream in backing_kinds() {
@@ -220,23 +219,8 @@ fn nbdcopy_and_fio_verify() {
         let back = dir.join("back.bin");
         let t0 = Instant::now();
         must(&format!("head -c 256M /dev/urandom > {}", src.display()));
-        must(&format!(
-            "nbdcopy --connections=4 {} '{}'",
-            src.display(),
-            uri(&dir)
-        ));
-        must(&format!(
-            "nbdcopy --connections=4 '{}' {}",
-            uri(&dir),
-            back.display()
-        ));
-        let a = must(&format!("head -c 256M {} | md5sum", back.display()));
-        let b = must(&format!("md5sum < {}", src.display()));
-        assert_eq!(
-            a.split_whitespace().next(),
-            b.split_whitespace().next(),
-            "{what}: nbdcopy round trip differs"
-        );
+        let conns = "--connections=4";
+        nbdcopy_round_trip(&dir, &src, &back, [conns, conns], "256M", what);
         eprintln!("{what}: nbdcopy 256 MiB in and out: {:?}", t0.elapsed());
         let sock = dir.join("nvwc-data/nvwc.sock");
         // Over data the copy left (offset 16M): a stale or misplaced block
@@ -247,10 +231,7 @@ fn nbdcopy_and_fio_verify() {
                     "fio --name=v --ioengine=nbd --uri='nbd+unix:///?socket={}' --rw={rw} --bs={bs} --size=16M --iodepth=16 --verify=crc32c --verify_state_save=0 --do_verify=1 --verify_fatal=1 --offset=16M 2>&1",
                     sock.display()
                 ));
-                assert!(
-                    out.contains("err= 0") && !out.contains("verify: bad"),
-                    "{what}: fio {rw} {bs}: {out}"
-                );
+                assert_fio_clean(&out, &format!("{what}: fio {rw} {bs}"));
             }
         }
         drop(s);
@@ -266,7 +247,7 @@ fn nbdcopy_and_fio_verify() {
 /// and not.
 #[test]
 fn direct_writes_fio_verify_across_kill9() {
-    if !tool("fio") || !tool("nbdcopy") {
+    if !tools(&["fio", "nbdcopy"]) {
         return;
     }
     for (policy, extra) in [
@@ -304,10 +285,7 @@ fn direct_writes_fio_verify_across_kill9() {
         // Twice: the second pass rewrites every block (in place where allowed).
         for _ in 0..2 {
             let out = fio(false);
-            assert!(
-                out.contains("err= 0") && !out.contains("verify: bad"),
-                "{what}: {out}"
-            );
+            assert_fio_clean(&out, &what);
         }
         let direct = status_counter(&dir, "direct_writes");
         let writes = status_counter(&dir, "writes");
@@ -332,10 +310,7 @@ fn direct_writes_fio_verify_across_kill9() {
             "{what}: flushed data changed across kill -9"
         );
         let out = fio(true);
-        assert!(
-            out.contains("err= 0") && !out.contains("verify: bad"),
-            "{what}: after kill -9: {out}"
-        );
+        assert_fio_clean(&out, &format!("{what}: after kill -9"));
         drop(s);
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -348,7 +323,7 @@ fn direct_writes_fio_verify_across_kill9() {
 /// upstream file alone holds the data.
 #[test]
 fn upstream_nbdkit_backing() {
-    if !tool("nbdkit") || !tool("qemu-io") || !tool("fio") {
+    if !tools(&["nbdkit", "qemu-io", "fio"]) {
         return;
     }
     for policy in [
@@ -419,17 +394,14 @@ fn upstream_nbdkit_backing() {
             );
             // Detach: the upstream file alone holds every write.
             detach(&dir, s);
-            let out = Command::new("qemu-io")
-                .args(["-f", "raw", "-r"])
-                .args(["-c", "read -P 0x31 0 12M", "-c", "read -P 0x32 12M 64k"])
-                .args(["-c", "read -P 0x33 13M 1M"])
-                .arg(dir.join("up.img"))
-                .output()
-                .unwrap();
-            let text = String::from_utf8_lossy(&out.stdout).to_string();
-            assert!(
-                out.status.success() && !text.contains("failed"),
-                "{policy}: upstream after detach: {text}"
+            qemu_io_file(
+                &dir.join("up.img"),
+                &[
+                    "read -P 0x31 0 12M",
+                    "read -P 0x32 12M 64k",
+                    "read -P 0x33 13M 1M",
+                ],
+                &format!("{policy}: upstream after detach"),
             );
         } else {
             drop(s);
@@ -466,17 +438,9 @@ fn control_socket_flush_and_detach() {
         }
         qemu_io(&dir, &["write -P 0x6b 0 3M", "write -P 0x6c 5M 100k"]);
         let nvwc = |cmd: &str| {
-            let out = Command::new(env!("CARGO_BIN_EXE_nvwc"))
-                .current_dir(&dir)
-                .arg(cmd)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "nvwc {cmd}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            String::from_utf8_lossy(&out.stdout).to_string()
+            let (ok, out) = nvwc_in(&dir, &[cmd]);
+            assert!(ok, "nvwc {cmd}: {out}");
+            out
         };
         let st = nvwc("status");
         assert!(
@@ -498,35 +462,15 @@ fn control_socket_flush_and_detach() {
         }
         let de = nvwc("detach");
         assert!(de.contains("\"ok\":true"), "{policy}: detach: {de}");
-        let t = Instant::now();
-        while s.0.try_wait().unwrap().is_none() {
-            assert!(
-                t.elapsed() < Duration::from_secs(20),
-                "{policy}: server did not exit after detach"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let img = dir.join("nvwc-data/backing.img");
-        let out = Command::new("qemu-io")
-            .args([
-                "-f",
-                "raw",
-                "-r",
-                "-c",
+        wait_exit(&mut s, &format!("{policy}: detach"));
+        qemu_io_file(
+            &dir.join("nvwc-data/backing.img"),
+            &[
                 "read -P 0x6b 0 3M",
-                "-c",
                 "read -P 0x6c 5M 100k",
-                "-c",
                 "read -P 0x6d 9M 64k",
-            ])
-            .arg(&img)
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string()
-            + &String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success() && !text.contains("failed"),
-            "{policy}: backing after detach: {text}"
+            ],
+            &format!("{policy}: backing after detach"),
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -539,7 +483,7 @@ fn control_socket_flush_and_detach() {
 /// a FLUSH survive `kill -9`.
 #[test]
 fn partial_writes_every_fetch_mode() {
-    if !tool("fio") || !tool("qemu-io") {
+    if !tools(&["fio", "qemu-io"]) {
         return;
     }
     for (policy, fetch, direct) in [
@@ -573,9 +517,9 @@ fn partial_writes_every_fetch_mode() {
             "fio --name=v --ioengine=nbd --uri='nbd+unix:///?socket={}' --rw=randwrite --bs=2k --size=16M --iodepth=16 --fsync=64 --verify=crc32c --verify_state_save=0 --do_verify=1 --verify_fatal=1 2>&1",
             sock.display()
         ));
-        assert!(
-            out.contains("err= 0") && !out.contains("verify: bad"),
-            "fio {policy} --fetch {fetch} direct={direct}: {out}"
+        assert_fio_clean(
+            &out,
+            &format!("fio {policy} --fetch {fetch} direct={direct}"),
         );
         let created = status_counter(&dir, "patches_created");
         assert_eq!(
@@ -616,7 +560,7 @@ fn partial_writes_every_fetch_mode() {
 /// its disconnect.
 #[test]
 fn several_exports_and_json_logs() {
-    if !tool("qemu-io") || !tool("nbdinfo") {
+    if !tools(&["qemu-io", "nbdinfo"]) {
         return;
     }
     let dir = tempdir("multi");
@@ -661,8 +605,7 @@ fn several_exports_and_json_logs() {
             c.arg("-c").arg(x);
         }
         let out = c.arg(u).output().unwrap();
-        let t = String::from_utf8_lossy(&out.stdout).to_string()
-            + &String::from_utf8_lossy(&out.stderr);
+        let t = common::text(&out);
         assert!(out.status.success() && !t.contains("failed"), "{u}: {t}");
     };
     let s = spawn(&dir);
@@ -744,18 +687,7 @@ fn admission_hints_per_connection_and_export() {
         return;
     }
     let dir = tempdir("admission");
-    let nvwc = |args: &[&str]| {
-        let out = Command::new(env!("CARGO_BIN_EXE_nvwc"))
-            .current_dir(&dir)
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).to_string()
-                + &String::from_utf8_lossy(&out.stderr),
-        )
-    };
+    let nvwc = |args: &[&str]| nvwc_in(&dir, args);
     let stat = |name: &str| -> u64 {
         let (ok, st) = nvwc(&["status"]);
         assert!(ok, "{st}");
@@ -764,13 +696,7 @@ fn admission_hints_per_connection_and_export() {
         st[at..].split([',', '}']).next().unwrap().parse().unwrap()
     };
     // A free loopback port for the Prometheus endpoint.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-        .to_string();
-    let maddr = format!("127.0.0.1:{port}");
+    let maddr = format!("127.0.0.1:{}", common::free_port());
     let scrape = || -> String {
         use std::io::{Read, Write};
         let mut c = std::net::TcpStream::connect(&maddr).expect("metrics endpoint");

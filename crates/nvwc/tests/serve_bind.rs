@@ -10,7 +10,7 @@
 
 mod common;
 use common::serve::*;
-use common::tool;
+use common::{tool, tools};
 
 /// The scenario: a.img served through c.img, 1 MiB of 0xaa written
 /// and flushed, `kill -9`; then the same cache with other.img (same size)
@@ -24,11 +24,7 @@ fn bind_wrong_backing_is_refused_and_force_attach_rebinds() {
     if !tool("qemu-io") {
         return;
     }
-    let dir = tempdir("bind-file");
-    must(&format!(
-        "cd {} && truncate -s 16M a.img other.img",
-        dir.display()
-    ));
+    let dir = tempdir_with("bind-file", "truncate -s 16M a.img other.img");
     let with = |backing: &'static str, extra: &[&'static str]| {
         let mut v = vec![
             "--backing",
@@ -133,11 +129,7 @@ fn bind_damaged_cache_refused_format_force_starts_over() {
     if !tool("qemu-io") {
         return;
     }
-    let dir = tempdir("bind-damaged");
-    must(&format!(
-        "cd {} && truncate -s 16M a.img b.img && head -c 8M /dev/urandom > foreign.img && truncate -s 8M blank.img",
-        dir.display()
-    ));
+    let dir = tempdir_with("bind-damaged", "truncate -s 16M a.img b.img && head -c 8M /dev/urandom > foreign.img && truncate -s 8M blank.img");
     let args =
         |cache: &'static str| vec!["--backing", "a.img", "--cache", cache, "--cache-size", "8M"];
     let s = start_with(&dir, &args("c.img"));
@@ -208,14 +200,10 @@ fn bind_damaged_cache_refused_format_force_starts_over() {
 /// redo region is created on it; with A back, the flushed data is there.
 #[test]
 fn bind_upstream_nbd_identity_and_label() {
-    if !tool("nbdkit") || !tool("qemu-io") {
+    if !tools(&["nbdkit", "qemu-io"]) {
         return;
     }
-    let dir = tempdir("bind-up");
-    must(&format!(
-        "cd {} && truncate -s 64M up.img other.img",
-        dir.display()
-    ));
+    let dir = tempdir_with("bind-up", "truncate -s 64M up.img other.img");
     fn refs(v: &[String]) -> Vec<&str> {
         v.iter().map(String::as_str).collect()
     }

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 mod common;
 use common::serve::*;
-use common::tool;
+use common::{tool, tools};
 
 /// The raw NBD connection, shared with nvwc-server's in-process tests.
 #[path = "../../nvwc-server/tests/common/raw_nbd.rs"]
@@ -257,22 +257,14 @@ fn maxreq_case(policy: &str, cache: &str, upstream: bool) {
         "head -c 33566777 /dev/urandom > {}",
         src.display()
     ));
-    must(&format!(
-        "nbdcopy --request-size=33554432 --connections=1 --flush {} '{}'",
-        src.display(),
-        uri(&dir)
-    ));
-    must(&format!(
-        "nbdcopy --request-size=33554432 --connections=1 '{}' {}",
-        uri(&dir),
-        back.display()
-    ));
-    let a = must(&format!("head -c 33566777 {} | md5sum", back.display()));
-    let b = must(&format!("md5sum < {}", src.display()));
-    assert_eq!(
-        a.split_whitespace().next(),
-        b.split_whitespace().next(),
-        "{what}: nbdcopy round trip differs"
+    let opts = "--request-size=33554432 --connections=1";
+    nbdcopy_round_trip(
+        &dir,
+        &src,
+        &back,
+        [&format!("{opts} --flush"), opts],
+        "33566777",
+        &what,
     );
     eprintln!("{what}: {:?}", t0.elapsed());
     drop(s);
@@ -280,17 +272,24 @@ fn maxreq_case(policy: &str, cache: &str, upstream: bool) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// [`maxreq_case`] for every write policy on a `cache`-byte cache; false
+/// (skipped) without the clients.
+fn maxreq_every_policy(cache: &str) -> bool {
+    if !tools(&["qemu-io", "nbdinfo", "nbdcopy"]) {
+        return false;
+    }
+    for policy in WRITE_POLICIES {
+        maxreq_case(policy, cache, false);
+    }
+    true
+}
+
 /// Every request up to the advertised maximum works on the smallest cache
 /// the server accepts (16 blocks: each 32 MiB write is 1024 engine writes),
 /// for every write policy.
 #[test]
 fn maxreq_smallest_cache_every_policy() {
-    if !tool("qemu-io") || !tool("nbdinfo") || !tool("nbdcopy") {
-        return;
-    }
-    for policy in WRITE_POLICIES {
-        maxreq_case(policy, "100K", false);
-    }
+    maxreq_every_policy("100K");
 }
 
 /// The same on a 16 MiB cache (32 MiB writes are five engine writes), for
@@ -298,13 +297,7 @@ fn maxreq_smallest_cache_every_policy() {
 /// engine writes are at most 8 MiB (a checkpoint group's bound).
 #[test]
 fn maxreq_16m_cache_every_policy() {
-    if !tool("qemu-io") || !tool("nbdinfo") || !tool("nbdcopy") {
-        return;
-    }
-    for policy in WRITE_POLICIES {
-        maxreq_case(policy, "16M", false);
-    }
-    if tool("nbdkit") {
+    if maxreq_every_policy("16M") && tool("nbdkit") {
         maxreq_case("journaled", "64M", true);
     }
 }

@@ -11,21 +11,14 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::tool;
+use common::{nvwc, tool, tools};
 
 fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("nvwc-service-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::tempdir(&format!("service-{tag}"))
 }
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn nvwc() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_nvwc"))
 }
 
 /// Run `cmd`: (success, stdout, stderr).
@@ -167,7 +160,7 @@ fn qemu_io(sock: &Path, name: &str, cmds: &[&str]) {
 /// the other.
 #[test]
 fn config_file_serves_the_same_exports_as_flags() {
-    if !tool("nbdinfo") || !tool("qemu-io") {
+    if !tools(&["nbdinfo", "qemu-io"]) {
         return;
     }
     let dir = tempdir("config");
@@ -358,14 +351,21 @@ fn sighup_reloads_what_it_can_and_names_what_needs_a_restart() {
         v["exports"][0]["critical"].as_bool().unwrap()
     };
     assert!(!critical());
-    // A client: `nvwc loadtest` for a moment (one connection, verified).
-    let client = || {
+    // A client of export `name`: `nvwc loadtest` for a moment (one
+    // connection, verified).
+    let client_on = |name: &str| {
         let (ok, out, err) = run(nvwc()
             .args(["loadtest", "--clients", "1", "--duration", "1s", "--uri"])
-            .arg(format!("nbd+unix:///a?socket={d}/s.sock")));
-        assert!(ok, "loadtest: {out}{err}");
+            .arg(format!("nbd+unix:///{name}?socket={d}/s.sock")));
+        assert!(ok, "loadtest on {name}: {out}{err}");
     };
-    client();
+    client_on("a");
+    // SIGHUP: the server reloads, and says so.
+    let reload = || {
+        s.signal("HUP");
+        assert_eq!(recv(), "RELOADING=1");
+        assert_eq!(recv(), "READY=1");
+    };
     let before = log_of(&dir);
     write_cfg(
         "debug",
@@ -382,9 +382,7 @@ fn sighup_reloads_what_it_can_and_names_what_needs_a_restart() {
             ),
     )
     .unwrap();
-    s.signal("HUP");
-    assert_eq!(recv(), "RELOADING=1");
-    assert_eq!(recv(), "READY=1");
+    reload();
     let applied = wait_log(&dir, "\"event\":\"reloaded\"");
     assert!(
         applied.contains("log.level") && applied.contains("export[\\\"a\\\"].critical"),
@@ -398,12 +396,6 @@ fn sighup_reloads_what_it_can_and_names_what_needs_a_restart() {
     // The new export serves: listed, and a verified client on it.
     let added = wait_log(&dir, "\"event\":\"export_added\"");
     assert!(added.contains("\"export\":\"b\""), "{added}");
-    let client_on = |name: &str| {
-        let (ok, out, err) = run(nvwc()
-            .args(["loadtest", "--clients", "1", "--duration", "1s", "--uri"])
-            .arg(format!("nbd+unix:///{name}?socket={d}/s.sock")));
-        assert!(ok, "loadtest on {name}: {out}{err}");
-    };
     client_on("b");
     let (ok, out, err) = run(Command::new("nbdinfo")
         .arg("--list")
@@ -418,24 +410,31 @@ fn sighup_reloads_what_it_can_and_names_what_needs_a_restart() {
     // export given on the command line (`z`).
     let text = std::fs::read_to_string(dir.join("c.toml")).unwrap();
     let add = |extra: &str| std::fs::write(dir.join("c.toml"), format!("{text}{extra}")).unwrap();
-    add("[[export]]\nname = \"c\"\nbacking = \"c.img\"\ncache = \"a.cache\"\n");
-    s.signal("HUP");
-    assert_eq!(recv(), "RELOADING=1");
-    assert_eq!(recv(), "READY=1");
-    let refused = wait_log(&dir, "is also used by export");
-    assert!(
-        refused.contains("reload_failed") && refused.contains("c.toml:"),
-        "{refused}"
-    );
-    add("[[export]]\nname = \"c\"\nbacking = \"c.img\"\ncache = \"z.cache\"\n");
-    s.signal("HUP");
-    assert_eq!(recv(), "RELOADING=1");
-    assert_eq!(recv(), "READY=1");
-    let refused = wait_log(&dir, "export_add_failed");
-    assert!(
-        refused.contains("\"export\":\"c\"") && refused.contains("shares its cache"),
-        "{refused}"
-    );
+    // (export `c`'s cache, the log line, two parts of it).
+    for (cache, event, part1, part2) in [
+        (
+            "a.cache",
+            "is also used by export",
+            "reload_failed",
+            "c.toml:",
+        ),
+        (
+            "z.cache",
+            "export_add_failed",
+            "\"export\":\"c\"",
+            "shares its cache",
+        ),
+    ] {
+        add(&format!(
+            "[[export]]\nname = \"c\"\nbacking = \"c.img\"\ncache = \"{cache}\"\n"
+        ));
+        reload();
+        let refused = wait_log(&dir, event);
+        assert!(
+            refused.contains(part1) && refused.contains(part2),
+            "{refused}"
+        );
+    }
     client_on("a");
     client_on("b");
     assert!(critical(), "critical = true not applied");
@@ -444,14 +443,12 @@ fn sighup_reloads_what_it_can_and_names_what_needs_a_restart() {
         !before.contains("\"event\":\"ready\""),
         "debug event at info level"
     );
-    client();
+    client_on("a");
     let ready = wait_log(&dir, "\"event\":\"ready\"");
     assert!(ready.contains("\"level\":\"debug\""), "{ready}");
     // A broken file: refused, logged, nothing changes.
     std::fs::write(dir.join("c.toml"), "[log]\nlevel = \"loud\"\n").unwrap();
-    s.signal("HUP");
-    assert_eq!(recv(), "RELOADING=1");
-    assert_eq!(recv(), "READY=1");
+    reload();
     let failed = wait_log(&dir, "c.toml:2:9");
     assert!(failed.contains("reload_failed"), "{failed}");
     assert!(critical(), "a refused reload changed the settings");

@@ -1,28 +1,12 @@
 //! End-to-end tests of `nvwc sim`, `nvwc mrc` and `nvwc trace` on small generated traces.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
-fn nvwc() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_nvwc"))
-}
+mod common;
+use common::{nvwc, run_ok};
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("nvwc-sim-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// Runs `c`, asserting success; returns its output.
-fn run_ok(c: &mut Command) -> std::process::Output {
-    let out = c.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
+fn tmpdir(name: &str) -> std::path::PathBuf {
+    common::tempdir(&format!("sim-cli-{name}"))
 }
 
 /// `nvwc trace stats --json PATH`'s request count.
@@ -59,6 +43,18 @@ fn write_trace(path: &Path, n: u64, span_blocks: u64) {
     std::fs::write(path, s).unwrap();
 }
 
+/// A fresh directory `name` with [`write_trace`]'s `t.trace` of `n` requests.
+fn dir_with_trace(
+    name: &str,
+    n: u64,
+    span_blocks: u64,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let d = tmpdir(name);
+    let trace = d.join("t.trace");
+    write_trace(&trace, n, span_blocks);
+    (d, trace)
+}
+
 const KEYS: &[&str] = &[
     "trace",
     "write_policy",
@@ -88,45 +84,38 @@ const KEYS: &[&str] = &[
 
 #[test]
 fn sim_sweep_writes_valid_json_csv_and_plot() {
-    let d = tmpdir("sweep");
-    let trace = d.join("t.trace");
-    write_trace(&trace, 3000, 4096);
+    let (d, trace) = dir_with_trace("sweep", 3000, 4096);
     let json = d.join("out.json");
     let csv = d.join("out.csv");
     let svg = d.join("out.svg");
-    let out = nvwc()
-        .args(["sim", "--trace"])
-        .arg(&trace)
-        .args([
-            "--format",
-            "heimdall",
-            "--write-policy",
-            "wt,wb,journaled",
-            "--replacement",
-            "lru,stack:knee=64",
-            "--cache-size",
-            "256k,2M",
-            "--backing",
-            "ssd-sata",
-            "--qd",
-            "4",
-            "--threads",
-            "2",
-            "--interval",
-            "0.01",
-            "--json",
-        ])
-        .arg(&json)
-        .arg("--csv")
-        .arg(&csv)
-        .arg("--plot")
-        .arg(&svg)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        nvwc()
+            .args(["sim", "--trace"])
+            .arg(&trace)
+            .args([
+                "--format",
+                "heimdall",
+                "--write-policy",
+                "wt,wb,journaled",
+                "--replacement",
+                "lru,stack:knee=64",
+                "--cache-size",
+                "256k,2M",
+                "--backing",
+                "ssd-sata",
+                "--qd",
+                "4",
+                "--threads",
+                "2",
+                "--interval",
+                "0.01",
+                "--json",
+            ])
+            .arg(&json)
+            .arg("--csv")
+            .arg(&csv)
+            .arg("--plot")
+            .arg(&svg),
     );
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let runs = v.as_array().expect("a JSON array");
@@ -167,21 +156,14 @@ fn sim_sweep_writes_valid_json_csv_and_plot() {
 
 #[test]
 fn mrc_and_trace_commands() {
-    let d = tmpdir("mrc");
-    let trace = d.join("t.trace");
-    write_trace(&trace, 4000, 2048);
+    let (d, trace) = dir_with_trace("mrc", 4000, 2048);
     let json = d.join("mrc.json");
-    let out = nvwc()
-        .args(["mrc", "--format", "heimdall", "--trace"])
-        .arg(&trace)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    run_ok(
+        nvwc()
+            .args(["mrc", "--format", "heimdall", "--trace"])
+            .arg(&trace)
+            .arg("--json")
+            .arg(&json),
     );
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert_eq!(v["method"], "exact");
@@ -192,20 +174,19 @@ fn mrc_and_trace_commands() {
     assert!(m.windows(2).all(|w| w[1] <= w[0] + 1e-12));
     // The hot spot (1/16 of the blocks, 70% of accesses) gives a knee.
     assert!(!v["knees"].as_array().unwrap().is_empty(), "{v}");
-    let out = nvwc()
-        .args([
-            "mrc",
-            "--format",
-            "heimdall",
-            "--shards",
-            "0.5",
-            "--writes-only",
-            "--trace",
-        ])
-        .arg(&trace)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
+    let out = run_ok(
+        nvwc()
+            .args([
+                "mrc",
+                "--format",
+                "heimdall",
+                "--shards",
+                "0.5",
+                "--writes-only",
+                "--trace",
+            ])
+            .arg(&trace),
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("shards-rate"));
 
     let compact = d.join("t.nvwc");
@@ -220,32 +201,27 @@ fn mrc_and_trace_commands() {
 }
 
 fn peak_rss(trace: &Path) -> u64 {
-    let out = nvwc()
-        .args([
-            "sim",
-            "--format",
-            "heimdall",
-            "--quiet",
-            "--print-peak-rss",
-            "--threads",
-            "1",
-        ])
-        .args([
-            "--write-policy",
-            "wb",
-            "--cache-size",
-            "4M",
-            "--backing",
-            "ssd-sata",
-            "--trace",
-        ])
-        .arg(trace)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = run_ok(
+        nvwc()
+            .args([
+                "sim",
+                "--format",
+                "heimdall",
+                "--quiet",
+                "--print-peak-rss",
+                "--threads",
+                "1",
+            ])
+            .args([
+                "--write-policy",
+                "wb",
+                "--cache-size",
+                "4M",
+                "--backing",
+                "ssd-sata",
+                "--trace",
+            ])
+            .arg(trace),
     );
     let err = String::from_utf8_lossy(&out.stderr);
     let line = err
@@ -278,19 +254,9 @@ fn memory_does_not_grow_with_trace_length() {
 /// patches in the others, and the 4 KiB control is the same in every mode.
 #[test]
 fn repro_non_blocking_writes_quick() {
-    let traces = std::env::var_os("NVWC_TRACES")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces"));
-    if !traces.join("mobigen.out.facebook").exists() {
-        let strict = std::env::var("NVWC_REQUIRE_TOOLS").as_deref() == Ok("1")
-            || matches!(std::env::var("CI").as_deref(), Ok("true" | "1"));
-        assert!(
-            !strict,
-            "../shared/traces (or $NVWC_TRACES) is required under CI (CI=true or NVWC_REQUIRE_TOOLS=1)"
-        );
-        eprintln!("SKIP: ../shared/traces not present (set NVWC_TRACES)");
+    let Some(traces) = common::traces("mobigen.out.facebook") else {
         return;
-    }
+    };
     let out = tmpdir("repro-nbw");
     let st = nvwc()
         .args(["repro", "non-blocking-writes", "--quick", "--traces"])
@@ -354,9 +320,7 @@ fn repro_non_blocking_writes_quick() {
 /// libCacheSim cross-check relies on, checked here without libCacheSim).
 #[test]
 fn oracle_general_conversion_and_hit_ratio_model_agree_with_textbook_lru() {
-    let d = tmpdir("oracle");
-    let trace = d.join("t.trace");
-    write_trace(&trace, 3000, 600);
+    let (d, trace) = dir_with_trace("oracle", 3000, 600);
     let oracle = d.join("t.oracle");
     run_ok(
         nvwc()

@@ -7,34 +7,28 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-fn nvwc() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_nvwc"))
-}
+mod common;
+use common::{nvwc, run_ok};
 
 fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("nvwc-sweep-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::tempdir(&format!("sweep-{name}"))
 }
 
 /// The shared traces directory, or None (skip) when it is absent outside CI.
 fn traces() -> Option<PathBuf> {
-    let d = match std::env::var_os("NVWC_TRACES") {
-        Some(d) => PathBuf::from(d),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces"),
-    };
-    if d.join("cloudPhysicsIO.vscsi").exists() {
-        return Some(d);
-    }
-    let strict = std::env::var("NVWC_REQUIRE_TOOLS").as_deref() == Ok("1")
-        || matches!(std::env::var("CI").as_deref(), Ok("true" | "1"));
-    assert!(
-        !strict,
-        "../shared/traces (or $NVWC_TRACES) is required under CI (CI=true or NVWC_REQUIRE_TOOLS=1)"
-    );
-    eprintln!("SKIP: ../shared/traces not present (set NVWC_TRACES)");
-    None
+    common::traces("cloudPhysicsIO.vscsi")
+}
+
+/// `nvwc sweep FLAGS --spec SPEC --out OUT`.
+fn sweep(spec: &Path, out: &Path, flags: &[&str]) -> Command {
+    let mut c = nvwc();
+    c.arg("sweep")
+        .args(flags)
+        .arg("--spec")
+        .arg(spec)
+        .arg("--out")
+        .arg(out);
+    c
 }
 
 const THREE: [&str; 3] = [
@@ -102,14 +96,7 @@ fn sweep_three_traces_four_policies_three_sizes() {
     )
     .unwrap();
     let res = out.join("res");
-    let o = nvwc()
-        .args(["sweep", "--quiet", "--spec"])
-        .arg(&spec)
-        .arg("--out")
-        .arg(&res)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    run_ok(&mut sweep(&spec, &res, &["--quiet"]));
     let files = cell_files(&res);
     assert_eq!(files.len(), 36);
     for (n, (b, _)) in &files {
@@ -129,14 +116,7 @@ fn sweep_three_traces_four_policies_three_sizes() {
         );
     }
     // --list shows every cell done.
-    let o = nvwc()
-        .args(["sweep", "--spec"])
-        .arg(&spec)
-        .arg("--out")
-        .arg(&res)
-        .arg("--list")
-        .output()
-        .unwrap();
+    let o = sweep(&spec, &res, &[]).arg("--list").output().unwrap();
     let lines: Vec<serde_json::Value> = String::from_utf8(o.stdout)
         .unwrap()
         .lines()
@@ -196,8 +176,7 @@ fn sweep_resumes_after_kill() {
     let rerun = || {
         let mut c = nvwc();
         args(&mut c);
-        let o = c.arg("--threads").arg("2").output().unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let o = run_ok(c.arg("--threads").arg("2"));
         String::from_utf8_lossy(&o.stderr).into_owned()
     };
     let err = rerun();
@@ -292,21 +271,9 @@ fn sweep_single_cells_match_the_whole_sweep() {
     )
     .unwrap();
     let (a, b) = (out.join("a"), out.join("b"));
-    let st = nvwc()
-        .args(["sweep", "--quiet", "--spec"])
-        .arg(&spec)
-        .arg("--out")
-        .arg(&a)
-        .status()
-        .unwrap();
+    let st = sweep(&spec, &a, &["--quiet"]).status().unwrap();
     assert!(st.success());
-    let o = nvwc()
-        .args(["sweep", "--list", "--spec"])
-        .arg(&spec)
-        .arg("--out")
-        .arg(&b)
-        .output()
-        .unwrap();
+    let o = sweep(&spec, &b, &["--list"]).output().unwrap();
     let ids: Vec<String> = String::from_utf8(o.stdout)
         .unwrap()
         .lines()
@@ -318,11 +285,7 @@ fn sweep_single_cells_match_the_whole_sweep() {
         .collect();
     assert_eq!(ids.len(), 16);
     for id in &ids {
-        let st = nvwc()
-            .args(["sweep", "--quiet", "--threads", "1", "--spec"])
-            .arg(&spec)
-            .arg("--out")
-            .arg(&b)
+        let st = sweep(&spec, &b, &["--quiet", "--threads", "1"])
             .args(["--cell", id])
             .status()
             .unwrap();
@@ -354,17 +317,16 @@ fn sim_repeat_matches_converted_trace_with_flat_memory() {
         .unwrap();
     assert!(st.success());
     let sim = |path: &Path, extra: &[&str], json: &Path| -> String {
-        let o = nvwc()
-            .args(["sim", "--quiet", "--print-peak-rss", "--threads", "1"])
-            .args(["--write-policy", "wb,journaled", "--cache-size", "1M"])
-            .arg("--trace")
-            .arg(path)
-            .args(extra)
-            .arg("--json")
-            .arg(json)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let o = run_ok(
+            nvwc()
+                .args(["sim", "--quiet", "--print-peak-rss", "--threads", "1"])
+                .args(["--write-policy", "wb,journaled", "--cache-size", "1M"])
+                .arg("--trace")
+                .arg(path)
+                .args(extra)
+                .arg("--json")
+                .arg(json),
+        );
         String::from_utf8_lossy(&o.stderr).into_owned()
     };
     let load = |p: &Path| -> Vec<serde_json::Value> {

@@ -10,41 +10,22 @@
 //! CI (`CI=true` or `NVWC_REQUIRE_TOOLS=1`).
 #![cfg(feature = "tls")]
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::tools;
+use common::{free_port, text, tools};
 
 fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("nvwc-tls-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    common::tempdir(&format!("tls-{tag}"))
 }
 
 /// A running `nvwc serve`, killed on drop; its log goes to `dir/server.log`.
 struct Server {
-    child: Child,
+    server: common::serve::Server,
     dir: PathBuf,
     port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 impl Server {
@@ -64,7 +45,7 @@ impl Server {
         let sock = dir.join("nvwc-data/nvwc.sock");
         let _ = std::fs::remove_file(&sock);
         let log = std::fs::File::create(dir.join("server.log")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_nvwc"))
+        let child = common::nvwc()
             .current_dir(dir)
             .args(["serve", "--size", "16M", "--cache-size", "8M"])
             .args(["--listen", &format!("127.0.0.1:{port}")])
@@ -74,13 +55,13 @@ impl Server {
             .spawn()
             .unwrap();
         let mut s = Server {
-            child,
+            server: common::serve::Server(child),
             dir: dir.to_path_buf(),
             port,
         };
         let t = Instant::now();
         while !sock.exists() || std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Some(st) = s.child.try_wait().unwrap() {
+            if let Some(st) = s.server.0.try_wait().unwrap() {
                 let log = s.log();
                 if log.contains("Address already in use") {
                     return None;
@@ -94,6 +75,28 @@ impl Server {
             std::thread::sleep(Duration::from_millis(50));
         }
         Some(s)
+    }
+
+    /// `nbds://USER@127.0.0.1:PORT/?tls-psk-file=FILE`.
+    fn psk_tcp(&self, user: &str, file: &Path) -> String {
+        format!(
+            "nbds://{user}@127.0.0.1:{}/?tls-psk-file={}",
+            self.port,
+            file.display()
+        )
+    }
+
+    /// `nbds://localhost:PORT/?tls-certificates=CERTS`.
+    fn x509_tcp(&self, certs: &Path) -> String {
+        format!(
+            "nbds://localhost:{}/?tls-certificates={}",
+            self.port,
+            certs.display()
+        )
+    }
+
+    fn plain_tcp(&self) -> String {
+        format!("nbd://127.0.0.1:{}/", self.port)
     }
 
     fn log(&self) -> String {
@@ -117,10 +120,6 @@ fn busy_client_passed(busy: Child) {
     assert!(!t.contains("failed"), "the TLS client saw bad data: {t}");
 }
 
-fn text(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr)
-}
-
 /// Run a client; `ok`: whether it must succeed. Returns its output.
 fn client(ok: bool, what: &str, cmd: &mut Command) -> String {
     let out = cmd.output().unwrap_or_else(|e| panic!("{what}: {e}"));
@@ -132,6 +131,11 @@ fn client(ok: bool, what: &str, cmd: &mut Command) -> String {
         if ok { "success" } else { "a refusal" }
     );
     t
+}
+
+/// [`client`] `nbdinfo URI`.
+fn nbdinfo_client(ok: bool, what: &str, uri: &str) -> String {
+    client(ok, what, &mut nbdinfo(uri))
 }
 
 fn nbdinfo(uri: &str) -> Command {
@@ -176,16 +180,30 @@ fn no_tls13(dir: &Path) -> PathBuf {
 const KEY: &str = "8a4d2c1e0f9b7a6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c";
 const WRONG_KEY: &str = "0a4d2c1e0f9b7a6c5d4e3f2a1b0c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b2c";
 
-/// A qemu-io over TLS-PSK to the server's TCP port running `cmds`.
-fn qemu_io_psk(s: &Server, pskdir: &Path, cmds: &[String]) -> Command {
+/// `dir/keys.psk`: user alice with [`KEY`].
+fn write_key(dir: &Path) {
+    std::fs::write(dir.join("keys.psk"), format!("alice:{KEY}\n")).unwrap();
+}
+
+/// A fresh [`tempdir`] `tag` with [`write_key`]'s `keys.psk`.
+fn key_dir(tag: &str) -> PathBuf {
+    let dir = tempdir(tag);
+    write_key(&dir);
+    dir
+}
+
+/// A qemu-io with TLS credentials `creds` (a `tls-creds-*` object with
+/// `id=tls0`) to `host:port` running `cmds`.
+fn qemu_io_tls<S: AsRef<std::ffi::OsStr>>(
+    creds: String,
+    host: &str,
+    port: u16,
+    cmds: &[S],
+) -> Command {
     let mut c = Command::new("qemu-io");
-    c.arg("--object").arg(format!(
-        "tls-creds-psk,id=tls0,endpoint=client,dir={},username=alice",
-        pskdir.display()
-    ));
+    c.arg("--object").arg(creds);
     c.args(["--image-opts"]).arg(format!(
-        "driver=nbd,server.type=inet,server.host=127.0.0.1,server.port={},tls-creds=tls0",
-        s.port
+        "driver=nbd,server.type=inet,server.host={host},server.port={port},tls-creds=tls0"
     ));
     for x in cmds {
         c.arg("-c").arg(x);
@@ -193,36 +211,40 @@ fn qemu_io_psk(s: &Server, pskdir: &Path, cmds: &[String]) -> Command {
     c
 }
 
+/// A qemu-io over TLS-PSK to the server's TCP port running `cmds`.
+fn qemu_io_psk(s: &Server, pskdir: &Path, cmds: &[String]) -> Command {
+    let creds = format!(
+        "tls-creds-psk,id=tls0,endpoint=client,dir={},username=alice",
+        pskdir.display()
+    );
+    qemu_io_tls(creds, "127.0.0.1", s.port, cmds)
+}
+
 #[test]
 fn psk_nbdinfo_nbdcopy_qemu_and_refusals_while_serving() {
     if !tools(&["nbdinfo", "nbdcopy", "qemu-io"]) {
         return;
     }
-    let dir = tempdir("psk");
-    std::fs::write(dir.join("keys.psk"), format!("alice:{KEY}\n")).unwrap();
+    let dir = key_dir("psk");
     // qemu's tls-creds-psk reads DIR/keys.psk.
     let qdir = dir.join("qemu");
     std::fs::create_dir_all(&qdir).unwrap();
-    std::fs::write(qdir.join("keys.psk"), format!("alice:{KEY}\n")).unwrap();
+    write_key(&qdir);
     std::fs::write(dir.join("wrong.psk"), format!("alice:{WRONG_KEY}\n")).unwrap();
     std::fs::write(dir.join("bob.psk"), format!("bob:{KEY}\n")).unwrap();
     let no13 = no_tls13(&dir);
     let s = Server::start(&dir, &["--tls", "require", "--tls-psk", "keys.psk"]);
     let psk = dir.join("keys.psk");
-    let tcp = format!(
-        "nbds://alice@127.0.0.1:{}/?tls-psk-file={}",
-        s.port,
-        psk.display()
-    );
+    let tcp = s.psk_tcp("alice", &psk);
     let unix = format!(
         "nbds+unix://alice@/?socket={}&tls-psk-file={}",
         s.sock().display(),
         psk.display()
     );
 
-    let t = client(true, "nbdinfo over TLS-PSK (tcp)", &mut nbdinfo(&tcp));
+    let t = nbdinfo_client(true, "nbdinfo over TLS-PSK (tcp)", &tcp);
     assert!(t.contains("with TLS"), "{t}");
-    let t = client(true, "nbdinfo over TLS-PSK (unix)", &mut nbdinfo(&unix));
+    let t = nbdinfo_client(true, "nbdinfo over TLS-PSK (unix)", &unix);
     assert!(t.contains("with TLS"), "{t}");
     log_has(&s, "tls=\"psk:alice TLSv1.3 TLS_");
     // TLS 1.2 (the spec's MUST) with a PSK suite: GnuTLS told to not offer 1.3.
@@ -276,12 +298,8 @@ fn psk_nbdinfo_nbdcopy_qemu_and_refusals_while_serving() {
 
     // Plain text under --tls require: an error reply (libnbd says ENOTSUP
     // and logs our message; qemu names the TLS requirement).
-    let plain = format!("nbd://127.0.0.1:{}/", s.port);
-    let t = client(
-        false,
-        "plain nbdinfo under --tls require",
-        &mut nbdinfo(&plain),
-    );
+    let plain = s.plain_tcp();
+    let t = nbdinfo_client(false, "plain nbdinfo under --tls require", &plain);
     assert!(t.contains("TLS is required"), "{t}");
     let t = client(
         false,
@@ -296,30 +314,14 @@ fn psk_nbdinfo_nbdcopy_qemu_and_refusals_while_serving() {
     );
     assert!(t.contains("TLS is required"), "{t}");
     // A wrong key and an unknown user: the TLS handshake fails.
-    let wrong = format!(
-        "nbds://alice@127.0.0.1:{}/?tls-psk-file={}",
-        s.port,
-        dir.join("wrong.psk").display()
-    );
-    client(false, "nbdinfo with a wrong PSK", &mut nbdinfo(&wrong));
-    let bob = format!(
-        "nbds://bob@127.0.0.1:{}/?tls-psk-file={}",
-        s.port,
-        dir.join("bob.psk").display()
-    );
-    client(
-        false,
-        "nbdinfo with an unknown PSK user",
-        &mut nbdinfo(&bob),
-    );
+    let wrong = s.psk_tcp("alice", &dir.join("wrong.psk"));
+    nbdinfo_client(false, "nbdinfo with a wrong PSK", &wrong);
+    let bob = s.psk_tcp("bob", &dir.join("bob.psk"));
+    nbdinfo_client(false, "nbdinfo with an unknown PSK user", &bob);
 
     busy_client_passed(busy);
     // And the server still serves TLS clients afterwards.
-    client(
-        true,
-        "nbdinfo over TLS after the refusals",
-        &mut nbdinfo(&tcp),
-    );
+    nbdinfo_client(true, "nbdinfo over TLS after the refusals", &tcp);
 
     log_has(&s, "reason=\"tls-required: ");
     log_has(&s, "unknown PSK username \\\"bob\\\"");
@@ -401,25 +403,11 @@ fn x509_nbdinfo_qemu_io_verify_peer_and_bad_certificates() {
     let intruder = client_dir(&dir, "intruder", "good", Some("intruder"));
     let distrust = client_dir(&dir, "distrusting", "rogue", Some("client"));
 
-    let s = Server::start(
-        &dir,
-        &[
-            "--tls",
-            "require",
-            "--tls-certificates",
-            "server-certs",
-            "--tls-verify-peer",
-        ],
-    );
+    let x509_server = ["--tls", "require", "--tls-certificates", "server-certs"];
+    let s = Server::start(&dir, &[&x509_server[..], &["--tls-verify-peer"]].concat());
     let port = s.port;
-    let uri = |d: &Path| {
-        format!(
-            "nbds://localhost:{}/?tls-certificates={}",
-            port,
-            d.display()
-        )
-    };
-    let t = client(true, "nbdinfo with x509", &mut nbdinfo(&uri(&good)));
+    let uri = |d: &Path| s.x509_tcp(d);
+    let t = nbdinfo_client(true, "nbdinfo with x509", &uri(&good));
     assert!(t.contains("with TLS"), "{t}");
     log_has(&s, "tls=\"x509:CN=nvwc-test-client TLSv1.3 TLS_");
     client(
@@ -430,19 +418,8 @@ fn x509_nbdinfo_qemu_io_verify_peer_and_bad_certificates() {
     log_has(&s, "tls=\"x509:CN=nvwc-test-client TLSv1.2 ECDHE-");
 
     let qemu = |d: &Path, cmds: &[&str]| {
-        let mut c = Command::new("qemu-io");
-        c.arg("--object").arg(format!(
-            "tls-creds-x509,id=tls0,endpoint=client,dir={}",
-            d.display()
-        ));
-        c.arg("--image-opts").arg(format!(
-            "driver=nbd,server.type=inet,server.host=localhost,server.port={},tls-creds=tls0",
-            port
-        ));
-        for x in cmds {
-            c.arg("-c").arg(x);
-        }
-        c
+        let creds = format!("tls-creds-x509,id=tls0,endpoint=client,dir={}", d.display());
+        qemu_io_tls(creds, "localhost", port, cmds)
     };
     let t = client(
         true,
@@ -471,68 +448,41 @@ fn x509_nbdinfo_qemu_io_verify_peer_and_bad_certificates() {
         .spawn()
         .unwrap();
     // The client does not trust the server's CA: it refuses the server.
-    client(
+    nbdinfo_client(
         false,
         "nbdinfo that distrusts the server's CA",
-        &mut nbdinfo(&uri(&distrust)),
+        &uri(&distrust),
     );
     // The server refuses a client certificate from an unknown CA, and a
     // client without one.
-    client(
+    nbdinfo_client(
         false,
         "nbdinfo with an untrusted client certificate",
-        &mut nbdinfo(&uri(&intruder)),
+        &uri(&intruder),
     );
-    client(
-        false,
-        "nbdinfo with no client certificate",
-        &mut nbdinfo(&uri(&nocert)),
-    );
+    nbdinfo_client(false, "nbdinfo with no client certificate", &uri(&nocert));
     client(
         false,
         "qemu-io with an untrusted client certificate",
         &mut qemu(&intruder, &["read 0 4k"]),
     );
     busy_client_passed(busy);
-    client(
-        true,
-        "nbdinfo with x509 after the refusals",
-        &mut nbdinfo(&uri(&good)),
-    );
+    nbdinfo_client(true, "nbdinfo with x509 after the refusals", &uri(&good));
     log_has(&s, "reason=\"tls-handshake-failed: ");
     // GnuTLS sends no certificate that the server's CA list does not name.
     log_has(&s, "peer did not return a certificate (--tls-verify-peer: ");
     drop(s);
 
     // Certificates and PSKs together: each client uses what it has.
-    std::fs::write(dir.join("keys.psk"), format!("alice:{KEY}\n")).unwrap();
+    write_key(&dir);
     let s = Server::start(
         &dir,
-        &[
-            "--tls",
-            "require",
-            "--tls-certificates",
-            "server-certs",
-            "--tls-psk",
-            "keys.psk",
-        ],
+        &[&x509_server[..], &["--tls-psk", "keys.psk"]].concat(),
     );
-    let psk = format!(
-        "nbds://alice@127.0.0.1:{}/?tls-psk-file={}",
-        s.port,
-        dir.join("keys.psk").display()
-    );
-    client(true, "PSK client of a server with both", &mut nbdinfo(&psk));
-    let x509 = format!(
-        "nbds://localhost:{}/?tls-certificates={}",
-        s.port,
-        nocert.display()
-    );
-    client(
-        true,
-        "x509 client of a server with both",
-        &mut nbdinfo(&x509),
-    );
+    let psk = s.psk_tcp("alice", &dir.join("keys.psk"));
+    nbdinfo_client(true, "PSK client of a server with both", &psk);
+    let x509 = s.x509_tcp(&nocert);
+    nbdinfo_client(true, "x509 client of a server with both", &x509);
     log_has(&s, "tls=\"psk:alice TLSv1.3");
     log_has(&s, "tls=\"x509 TLSv1.3");
 }
@@ -542,38 +492,21 @@ fn tls_on_serves_both_and_tls_off_refuses_starttls() {
     if !tools(&["nbdinfo"]) {
         return;
     }
-    let dir = tempdir("modes");
-    std::fs::write(dir.join("keys.psk"), format!("alice:{KEY}\n")).unwrap();
+    let dir = key_dir("modes");
     let psk = dir.join("keys.psk");
     {
         let s = Server::start(&dir, &["--tls", "on", "--tls-psk", "keys.psk"]);
-        let tls = format!(
-            "nbds://alice@127.0.0.1:{}/?tls-psk-file={}",
-            s.port,
-            psk.display()
-        );
-        let t = client(true, "TLS client under --tls on", &mut nbdinfo(&tls));
+        let tls = s.psk_tcp("alice", &psk);
+        let t = nbdinfo_client(true, "TLS client under --tls on", &tls);
         assert!(t.contains("with TLS"), "{t}");
-        let t = client(
-            true,
-            "plain client under --tls on",
-            &mut nbdinfo(&format!("nbd://127.0.0.1:{}/", s.port)),
-        );
+        let t = nbdinfo_client(true, "plain client under --tls on", &s.plain_tcp());
         assert!(t.contains("without TLS"), "{t}");
     }
     let s = Server::start(&dir, &[]);
-    let tls = format!(
-        "nbds://alice@127.0.0.1:{}/?tls-psk-file={}",
-        s.port,
-        psk.display()
-    );
-    let t = client(false, "TLS client under --tls off", &mut nbdinfo(&tls));
+    let tls = s.psk_tcp("alice", &psk);
+    let t = nbdinfo_client(false, "TLS client under --tls off", &tls);
     assert!(t.contains("TLS is not enabled on this server"), "{t}");
-    client(
-        true,
-        "plain client under --tls off",
-        &mut nbdinfo(&format!("nbd://127.0.0.1:{}/", s.port)),
-    );
+    nbdinfo_client(true, "plain client under --tls off", &s.plain_tcp());
 }
 
 /// `nvwc serve ARGS` must exit non-zero before listening; returns stderr.
@@ -588,7 +521,7 @@ fn public_listener_guard_and_tls_flag_errors() {
     for extra in [&[][..], &["--tls", "on", "--tls-psk", "keys.psk"][..]] {
         let mut args = vec!["--listen", "0.0.0.0:10999"];
         args.extend_from_slice(extra);
-        std::fs::write(dir.join("keys.psk"), format!("alice:{KEY}\n")).unwrap();
+        write_key(&dir);
         let err = refused(&dir, &args);
         assert!(err.contains("refusing to listen on 0.0.0.0:10999"), "{err}");
         assert!(err.contains("--allow-insecure-tcp"), "{err}");
@@ -664,8 +597,7 @@ fn config_file_tls_table_applies_and_flags_override_it() {
     if !tools(&["nbdinfo"]) {
         return;
     }
-    let dir = tempdir("cfgtls");
-    std::fs::write(dir.join("keys.psk"), format!("alice:{KEY}\n")).unwrap();
+    let dir = key_dir("cfgtls");
     std::fs::write(
         dir.join("c.toml"),
         "[tls]\nmode = \"require\"\npsk = \"keys.psk\"\n",
@@ -678,16 +610,12 @@ fn config_file_tls_table_applies_and_flags_override_it() {
         s.sock().display(),
         dir.join("keys.psk").display()
     );
-    client(
-        false,
-        "plain nbdinfo under [tls] mode = require",
-        &mut nbdinfo(&plain),
-    );
-    let t = client(true, "nbdinfo with the file's PSK", &mut nbdinfo(&tls));
+    nbdinfo_client(false, "plain nbdinfo under [tls] mode = require", &plain);
+    let t = nbdinfo_client(true, "nbdinfo with the file's PSK", &tls);
     assert!(t.contains("with TLS"), "{t}");
     drop(s);
     // `--tls on` on the command line wins over the file's `require`.
     let s = Server::start(&dir, &["--config", "c.toml", "--tls", "on"]);
     let plain = format!("nbd+unix:///?socket={}", s.sock().display());
-    client(true, "plain nbdinfo under --tls on", &mut nbdinfo(&plain));
+    nbdinfo_client(true, "plain nbdinfo under --tls on", &plain);
 }

@@ -87,6 +87,19 @@ struct Node {
     in_wave: bool,
 }
 
+impl Node {
+    /// Ready to destage (but for a wave): live, completed, not a dummy, its
+    /// patches versions, its predecessors destaged, not destaged itself.
+    fn ready(&self) -> bool {
+        self.live
+            && self.completed
+            && self.pending == 0
+            && !self.dummy
+            && !self.destaged
+            && self.preds_left == 0
+    }
+}
+
 /// See the module docs.
 pub struct Ordered {
     nodes: Vec<Node>,
@@ -492,15 +505,7 @@ impl WritePolicy for Ordered {
         // Drop stale entries so the list stays proportional to the graph.
         if self.ready.len() > 1024 && self.ready.len() > 2 * self.nodes.len() {
             let nodes = &self.nodes;
-            self.ready.retain(|&n| {
-                let nd = &nodes[n as usize];
-                nd.live
-                    && nd.completed
-                    && nd.pending == 0
-                    && !nd.dummy
-                    && !nd.destaged
-                    && nd.preds_left == 0
-            });
+            self.ready.retain(|&n| nodes[n as usize].ready());
             self.ready.sort_unstable();
             self.ready.dedup();
         }
@@ -514,15 +519,7 @@ impl WritePolicy for Ordered {
         while slots < limit {
             let Some(n) = self.ready.pop() else { break };
             let nd = &self.nodes[n as usize];
-            if nd.live
-                && nd.completed
-                && nd.pending == 0
-                && !nd.dummy
-                && !nd.destaged
-                && !nd.in_wave
-                && nd.preds_left == 0
-                && !wave.contains(&n)
-            {
+            if nd.ready() && !nd.in_wave && !wave.contains(&n) {
                 if self.node_needs_marks(n) {
                     held += 1;
                     later.push(n);
@@ -538,13 +535,8 @@ impl WritePolicy for Ordered {
             // wait for older ones): destage the oldest ready node instead.
             let mut best: Option<(u64, u32)> = None;
             for (i, n) in self.nodes.iter().enumerate() {
-                if n.live
-                    && n.completed
-                    && n.pending == 0
-                    && !n.dummy
-                    && !n.destaged
+                if n.ready()
                     && !n.in_wave
-                    && n.preds_left == 0
                     && !n.slots.is_empty()
                     && best.map_or(true, |b| n.cidx < b.0)
                     && !self.needs_marks(&n.slots)
@@ -741,10 +733,9 @@ mod tests {
         Ordered::new(&c)
     }
 
-    #[test]
-    fn figure6_graph() {
-        // I1, I2, C1, C2, I3, I4, C3, C4, I5 (§3.1.1): 3 and 4 depend on 1 and 2; 5 on all.
-        let mut o = pol(0);
+    /// Figure 6's sequence on `o`: I1, I2, C1, C2, I3, I4, C3, C4, I5; the
+    /// five writes' nodes.
+    fn figure6(o: &mut Ordered) -> [u64; 5] {
         let n1 = o.on_write_issue(0, 1);
         let n2 = o.on_write_issue(0, 2);
         o.on_write_data_done(0, n1);
@@ -754,6 +745,14 @@ mod tests {
         o.on_write_data_done(0, n3);
         o.on_write_data_done(0, n4);
         let n5 = o.on_write_issue(0, 5);
+        [n1, n2, n3, n4, n5]
+    }
+
+    #[test]
+    fn figure6_graph() {
+        // I1, I2, C1, C2, I3, I4, C3, C4, I5 (§3.1.1): 3 and 4 depend on 1 and 2; 5 on all.
+        let mut o = pol(0);
+        let [n1, n2, n3, n4, n5] = figure6(&mut o);
         let preds = |o: &Ordered, n: u64| {
             let mut p = o.nodes[n as usize].preds.clone();
             p.sort();
@@ -767,15 +766,7 @@ mod tests {
         assert_eq!(preds(&o, n5), vec![n3 as u32, n4 as u32]);
         let mut raw = pol(0);
         raw.reduce = false;
-        let a = raw.on_write_issue(0, 1);
-        let b = raw.on_write_issue(0, 2);
-        raw.on_write_data_done(0, a);
-        raw.on_write_data_done(0, b);
-        let c = raw.on_write_issue(0, 3);
-        let d = raw.on_write_issue(0, 4);
-        raw.on_write_data_done(0, c);
-        raw.on_write_data_done(0, d);
-        let e = raw.on_write_issue(0, 5);
+        let [.., e] = figure6(&mut raw);
         assert_eq!(preds(&raw, e).len(), 4);
     }
 

@@ -178,40 +178,25 @@ mod tests {
         }
     }
 
+    fn unix(path: &str, n: &str) -> NbdUri {
+        NbdUri {
+            endpoint: Endpoint::Unix(path.into()),
+            export_name: n.into(),
+        }
+    }
+
     #[test]
     fn parse_valid() {
-        assert_eq!(
-            "nbd://localhost".parse::<NbdUri>().unwrap(),
-            tcp("localhost", 10809, "")
-        );
-        assert_eq!(
-            "nbd://127.0.0.1:1234/disk".parse::<NbdUri>().unwrap(),
-            tcp("127.0.0.1", 1234, "disk")
-        );
-        assert_eq!(
-            "nbd://[::1]:99/a%20b".parse::<NbdUri>().unwrap(),
-            tcp("::1", 99, "a b")
-        );
-        assert_eq!(
-            "nbd://[::1]".parse::<NbdUri>().unwrap(),
-            tcp("::1", 10809, "")
-        );
-        assert_eq!(
-            "nbd+unix:///?socket=/tmp/s".parse::<NbdUri>().unwrap(),
-            NbdUri {
-                endpoint: Endpoint::Unix("/tmp/s".into()),
-                export_name: "".into()
-            }
-        );
-        assert_eq!(
-            "nbd+unix:///exp?socket=/tmp/a%20s"
-                .parse::<NbdUri>()
-                .unwrap(),
-            NbdUri {
-                endpoint: Endpoint::Unix("/tmp/a s".into()),
-                export_name: "exp".into()
-            }
-        );
+        for (u, want) in [
+            ("nbd://localhost", tcp("localhost", 10809, "")),
+            ("nbd://127.0.0.1:1234/disk", tcp("127.0.0.1", 1234, "disk")),
+            ("nbd://[::1]:99/a%20b", tcp("::1", 99, "a b")),
+            ("nbd://[::1]", tcp("::1", 10809, "")),
+            ("nbd+unix:///?socket=/tmp/s", unix("/tmp/s", "")),
+            ("nbd+unix:///exp?socket=/tmp/a%20s", unix("/tmp/a s", "exp")),
+        ] {
+            assert_eq!(u.parse::<NbdUri>().unwrap(), want, "{u}");
+        }
         assert_eq!(
             "nbd+unix://?socket=/x".parse::<NbdUri>().unwrap().endpoint,
             Endpoint::Unix("/x".into())

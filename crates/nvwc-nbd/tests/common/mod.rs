@@ -1,5 +1,5 @@
 //! Shared helpers for the integration tests.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports, unused_macros)]
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -25,6 +25,25 @@ pub async fn bounded<F: Future>(f: F) -> F::Output {
         .await
         .expect("test exceeded its time bound")
 }
+
+/// Multi-threaded tokio tests (two workers), each `async fn` run within
+/// [`bounded`]; after `needs "TOOL";` it skips without that tool (see
+/// [`tool_available`]).
+macro_rules! bounded_test {
+    ($(#[$m:meta])* $(needs $tool:literal;)? async fn $name:ident() $body:block) => {
+        $(#[$m])*
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            $(
+                if !$crate::common::tool_available($tool) {
+                    return;
+                }
+            )?
+            $crate::common::bounded(async $body).await
+        }
+    };
+}
+pub(crate) use bounded_test;
 
 /// A unique temporary directory, removed on drop.
 pub struct TempDir(pub PathBuf);
@@ -145,6 +164,19 @@ impl Raw {
     }
 
     /// Read option replies until a final one (ACK or error); returns (all, final type).
+    /// [`Raw::opt_replies_until_final`], which MUST end with ACK and
+    /// otherwise be replies of type `typ`, each `decode`d.
+    pub async fn acked_replies<T>(&mut self, typ: u32, decode: impl Fn(&[u8]) -> T) -> Vec<T> {
+        let (v, fin) = self.opt_replies_until_final().await;
+        assert_eq!(fin, rep::ACK);
+        v.iter()
+            .map(|(t, d)| {
+                assert_eq!(*t, typ);
+                decode(d)
+            })
+            .collect()
+    }
+
     pub async fn opt_replies_until_final(&mut self) -> (Vec<(u32, Vec<u8>)>, u32) {
         let mut v = Vec::new();
         loop {

@@ -17,11 +17,10 @@ use tokio::io::AsyncWriteExt;
 
 use crate::common::*;
 use crate::exports::*;
-use crate::{disconnected, mem, serve, MIB};
+use crate::{disconnected, gated_read, mem, serve, MIB};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_all_commands_structured() {
-    bounded(async {
+bounded_test! {
+    async fn client_all_commands_structured() {
         let m = mem("", MIB);
         let ts = serve(&m).await;
         let c = Client::connect(&ts.uri("")).await.unwrap();
@@ -107,13 +106,11 @@ async fn client_all_commands_structured() {
         // on_disconnect ran after the server closed.
         disconnected(&m, 1).await;
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_all_commands_simple_replies() {
-    bounded(async {
+bounded_test! {
+    async fn client_all_commands_simple_replies() {
         let m = mem("", MIB);
         let ts = serve(&m).await;
         let opts = ClientOptions {
@@ -143,13 +140,11 @@ async fn client_all_commands_simple_replies() {
         ));
         c.disconnect().await.unwrap();
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_are_processed_concurrently() {
-    bounded(async {
+bounded_test! {
+    async fn requests_are_processed_concurrently() {
         const N: usize = 8;
         let e = ProbeExport::barrier(N);
         let ts = TestServer::start(vec![e]).await;
@@ -172,8 +167,7 @@ async fn requests_are_processed_concurrently() {
         .expect("requests were not processed concurrently");
         assert_eq!(all, N);
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
 /// A server over a counting export (built with `limits`), and a client.
@@ -187,9 +181,8 @@ async fn counting(
     (e, ts, c)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_flight_limit_is_respected() {
-    bounded(async {
+bounded_test! {
+    async fn in_flight_limit_is_respected() {
         let (e, ts, c) = counting(|b| b.max_in_flight(4)).await;
         let mut set = tokio::task::JoinSet::new();
         for i in 0..32u64 {
@@ -203,13 +196,11 @@ async fn in_flight_limit_is_respected() {
         assert!(max <= 4, "in-flight limit exceeded: {max}");
         assert!(max >= 2, "requests were not overlapped at all: {max}");
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn in_flight_byte_budget_is_respected() {
-    bounded(async {
+bounded_test! {
+    async fn in_flight_byte_budget_is_respected() {
         let (e, ts, c) = counting(|b| {
             b.config(ServerConfig {
                 max_in_flight_bytes: 64 * 1024,
@@ -234,18 +225,12 @@ async fn in_flight_byte_budget_is_respected() {
             "64 KiB budget admits at most two 32 KiB reads, saw {max}"
         );
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replies_are_sent_in_completion_order() {
-    bounded(async {
-        let g = GateExport::new(MIB);
-        let ts = serve(&g).await;
-        let mut r = Raw::go(&ts.sock, "", true, false).await;
-        r.request(req(0, 0, 1, 0, 512), &[]).await; // blocks at the gate
-        g.entered.notified().await;
+bounded_test! {
+    async fn replies_are_sent_in_completion_order() {
+        let (g, ts, mut r) = gated_read(true, 1, 512).await; // blocks at the gate
         r.request(req(0, 0, 2, 4096, 512), &[]).await;
         let (h, p) = r.chunk().await;
         assert_eq!(
@@ -265,18 +250,12 @@ async fn replies_are_sent_in_completion_order() {
             }
         );
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn disc_waits_for_in_flight_requests() {
-    bounded(async {
-        let g = GateExport::new(MIB);
-        let ts = serve(&g).await;
-        let mut r = Raw::go(&ts.sock, "", false, false).await;
-        r.request(req(0, 0, 7, 0, 16), &[]).await;
-        g.entered.notified().await;
+bounded_test! {
+    async fn disc_waits_for_in_flight_requests() {
+        let (g, ts, mut r) = gated_read(false, 7, 16).await;
         r.request(req(2, 0, 8, 0, 0), &[]).await; // NBD_CMD_DISC
         tokio::time::sleep(Duration::from_millis(50)).await;
         g.open();
@@ -285,13 +264,11 @@ async fn disc_waits_for_in_flight_requests() {
         assert_eq!(r.read_n(16).await, vec![0u8; 16]);
         r.expect_closed().await;
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn many_clients_concurrent_integrity() {
-    bounded(async {
+bounded_test! {
+    async fn many_clients_concurrent_integrity() {
         let m = mem("", 4 * MIB);
         let ts = serve(&m).await;
         let mut set = tokio::task::JoinSet::new();
@@ -329,16 +306,14 @@ async fn many_clients_concurrent_integrity() {
         }
         ts.server.shutdown().await;
         assert_eq!(ts.server.connections_accepted(), 4);
-    })
-    .await
+    }
 }
 
-/// Large writes (whose next header the server reads unbuffered) pipelined
-/// with small writes, reads and flushes on one connection keep the stream in
-/// sync and the data intact.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pipelined_large_and_small_requests_stay_in_sync() {
-    bounded(async {
+bounded_test! {
+    /// Large writes (whose next header the server reads unbuffered) pipelined
+    /// with small writes, reads and flushes on one connection keep the stream in
+    /// sync and the data intact.
+    async fn pipelined_large_and_small_requests_stay_in_sync() {
         let m = mem("", 8 * MIB);
         let ts = serve(&m).await;
         let c = Arc::new(Client::connect(&ts.uri("")).await.unwrap());
@@ -369,13 +344,11 @@ async fn pipelined_large_and_small_requests_stay_in_sync() {
         }
         c.disconnect().await.unwrap();
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tcp_loopback_listener() {
-    bounded(async {
+bounded_test! {
+    async fn tcp_loopback_listener() {
         let server = Server::builder().export(mem("", MIB)).build().unwrap();
         let addr = server.listen_tcp("127.0.0.1:0").await.unwrap();
         assert!(addr.ip().is_loopback());
@@ -387,8 +360,7 @@ async fn tcp_loopback_listener() {
         c.disconnect().await.unwrap();
         server.shutdown().await;
         assert!(tokio::net::TcpStream::connect(addr).await.is_err());
-    })
-    .await
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -406,11 +378,10 @@ fn large_writes(payload: impl Fn(u64) -> Vec<u8>) -> Vec<u8> {
     bytes
 }
 
-/// Pipelined 64 KiB writes with small writes and reads over a unix socket:
-/// the export takes queued payloads directly, and everything reads back.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn direct_writes_take_queued_payloads() {
-    bounded(async {
+bounded_test! {
+    /// Pipelined 64 KiB writes with small writes and reads over a unix socket:
+    /// the export takes queued payloads directly, and everything reads back.
+    async fn direct_writes_take_queued_payloads() {
         let e = DirectExport::new(16 * MIB, DirectMode::All);
         let ts = serve(&e).await;
         let mut r = Raw::go(&ts.sock, "", false, false).await;
@@ -449,15 +420,13 @@ async fn direct_writes_take_queued_payloads() {
         }
         c.disconnect().await.unwrap();
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-/// An export that stops receiving part-way: the write fails, the server
-/// discards the rest of its payload, and the connection stays in sync.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn direct_write_stopped_half_way_keeps_the_stream_in_sync() {
-    bounded(async {
+bounded_test! {
+    /// An export that stops receiving part-way: the write fails, the server
+    /// discards the rest of its payload, and the connection stays in sync.
+    async fn direct_write_stopped_half_way_keeps_the_stream_in_sync() {
         let e = DirectExport::new(4 * MIB, DirectMode::Half);
         let ts = serve(&e).await;
         let mut r = Raw::go(&ts.sock, "", false, false).await;
@@ -486,15 +455,13 @@ async fn direct_write_stopped_half_way_keeps_the_stream_in_sync() {
         );
         ts.assert_other_client_works("").await;
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-/// Declined direct writes, and TCP connections (never offered one), take
-/// the buffered path.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn declined_and_tcp_writes_take_the_buffered_path() {
-    bounded(async {
+bounded_test! {
+    /// Declined direct writes, and TCP connections (never offered one), take
+    /// the buffered path.
+    async fn declined_and_tcp_writes_take_the_buffered_path() {
         let e = DirectExport::new(4 * MIB, DirectMode::Decline);
         let ts = serve(&e).await;
         let c = Client::connect(&ts.uri("")).await.unwrap();
@@ -520,17 +487,15 @@ async fn declined_and_tcp_writes_take_the_buffered_path() {
         assert_eq!(e.direct_calls.load(Ordering::SeqCst), 0);
         c.disconnect().await.unwrap();
         server.shutdown().await;
-    })
-    .await
+    }
 }
 
-/// A large write whose payload stops half-way: after a short wait for the
-/// rest, the server reads it the buffered way. If the rest comes later, the
-/// write lands whole; if the client hangs up instead, the export never sees
-/// the write and other clients are served.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn stalled_large_write_payloads_are_read_buffered() {
-    bounded(async {
+bounded_test! {
+    /// A large write whose payload stops half-way: after a short wait for the
+    /// rest, the server reads it the buffered way. If the rest comes later, the
+    /// write lands whole; if the client hangs up instead, the export never sees
+    /// the write and other clients are served.
+    async fn stalled_large_write_payloads_are_read_buffered() {
         let e = DirectExport::new(4 * MIB, DirectMode::All);
         let ts = serve(&e).await;
         let mut r = Raw::go(&ts.sock, "", false, false).await;
@@ -561,6 +526,5 @@ async fn stalled_large_write_payloads_are_read_buffered() {
         assert_eq!(e.inner.contents(2 * MIB, 64 * 1024), vec![0; 64 * 1024]);
         ts.assert_other_client_works("").await;
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }

@@ -17,7 +17,8 @@ mod session;
 
 use std::sync::Arc;
 
-use common::TestServer;
+use common::{req, Raw, TestServer};
+use exports::GateExport;
 use nvwc_nbd::{Export, MemoryExport};
 
 pub const MIB: u64 = 1 << 20;
@@ -41,4 +42,19 @@ pub async fn disconnected(m: &MemoryExport, n: u64) {
 /// A server of the one export `e`.
 pub async fn serve<E: Export>(e: &Arc<E>) -> TestServer {
     TestServer::start(vec![e.clone()]).await
+}
+
+/// A server of a fresh [`GateExport`] and a raw connection (`structured`
+/// replies or not) whose read `handle` of `len` bytes at 0 waits at the gate.
+pub async fn gated_read(
+    structured: bool,
+    handle: u64,
+    len: u32,
+) -> (Arc<GateExport>, TestServer, Raw) {
+    let g = GateExport::new(MIB);
+    let ts = serve(&g).await;
+    let mut r = Raw::go(&ts.sock, "", structured, false).await;
+    r.request(req(0, 0, handle, 0, len), &[]).await;
+    g.entered.notified().await;
+    (g, ts, r)
 }

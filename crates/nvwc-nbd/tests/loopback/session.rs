@@ -19,11 +19,10 @@ use tokio::io::AsyncWriteExt;
 use crate::bad_input::{table_server, READ, WRITE};
 use crate::common::*;
 use crate::exports::*;
-use crate::{disconnected, mem, serve, MIB};
+use crate::{disconnected, gated_read, mem, serve, MIB};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn list_exports_and_default_export() {
-    bounded(async {
+bounded_test! {
+    async fn list_exports_and_default_export() {
         let mut a = ExportInfo::new("alpha", MIB);
         a.description = "disk A".into();
         let b = ExportInfo::new("beta", 2 * MIB);
@@ -59,13 +58,11 @@ async fn list_exports_and_default_export() {
             other => panic!("expected ERR_UNKNOWN, got {other:?}"),
         }
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn export_name_handshake_with_and_without_zeroes() {
-    bounded(async {
+bounded_test! {
+    async fn export_name_handshake_with_and_without_zeroes() {
         let ts = TestServer::start(vec![mem("", MIB)]).await;
         for no_zeroes in [true, false] {
             let (mut r, _) = Raw::connect_bare(&ts.sock).await;
@@ -85,13 +82,11 @@ async fn export_name_handshake_with_and_without_zeroes() {
             assert_eq!(r.read_n(4).await, vec![0; 4]);
         }
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn opt_info_then_go_replies() {
-    bounded(async {
+bounded_test! {
+    async fn opt_info_then_go_replies() {
         let mut i = ExportInfo::new("disk", MIB).with_all_features();
         i.description = "the disk".into();
         i.min_block = 512;
@@ -102,15 +97,9 @@ async fn opt_info_then_go_replies() {
             requests: vec![info::NAME, info::DESCRIPTION, info::BLOCK_SIZE],
         };
         r.option(&ClientOption::Info(req_info.clone())).await;
-        let (infos, fin) = r.opt_replies_until_final().await;
-        assert_eq!(fin, rep::ACK);
-        let infos: Vec<InfoReply> = infos
-            .iter()
-            .map(|(t, d)| {
-                assert_eq!(*t, rep::INFO);
-                InfoReply::decode_data(d).unwrap()
-            })
-            .collect();
+        let infos = r
+            .acked_replies(rep::INFO, |d| InfoReply::decode_data(d).unwrap())
+            .await;
         assert_eq!(
             infos,
             vec![
@@ -134,13 +123,11 @@ async fn opt_info_then_go_replies() {
         r.request(req(0, 0, 1, 512, 512), &[]).await;
         assert_eq!(r.simple_reply().await.error, 0);
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn list_meta_context_queries() {
-    bounded(async {
+bounded_test! {
+    async fn list_meta_context_queries() {
         let ts = TestServer::start(vec![mem("", MIB)]).await;
         let mut r = Raw::connect(&ts.sock).await;
         r.option(&ClientOption::StructuredReply).await;
@@ -199,13 +186,11 @@ async fn list_meta_context_queries() {
             }
         );
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn meta_context_for_other_export_does_not_enable_block_status() {
-    bounded(async {
+bounded_test! {
+    async fn meta_context_for_other_export_does_not_enable_block_status() {
         let server = Server::builder()
             .export(mem("a", MIB))
             .export(mem("b", MIB))
@@ -231,13 +216,11 @@ async fn meta_context_for_other_export_does_not_enable_block_status() {
         let (_, p) = r.chunk().await;
         assert!(matches!(p, ChunkPayload::Error { error: 22, .. }), "{p:?}");
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn opt_abort_is_acked_then_closed() {
-    bounded(async {
+bounded_test! {
+    async fn opt_abort_is_acked_then_closed() {
         let ts = TestServer::start(vec![mem("", MIB)]).await;
         let mut r = Raw::connect(&ts.sock).await;
         r.send(&proto::encode_option(opt::ABORT, b"ignored data"))
@@ -247,34 +230,26 @@ async fn opt_abort_is_acked_then_closed() {
         r.expect_closed().await;
         ts.assert_other_client_works("").await;
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn list_returns_all_exports() {
-    bounded(async {
+bounded_test! {
+    async fn list_returns_all_exports() {
         let (ts, _) = table_server().await;
         let mut r = Raw::connect(&ts.sock).await;
         r.option(&ClientOption::List).await;
-        let (v, fin) = r.opt_replies_until_final().await;
-        assert_eq!(fin, rep::ACK);
-        let names: Vec<String> = v
-            .iter()
-            .map(|(t, d)| {
-                assert_eq!(*t, rep::SERVER);
+        let names = r
+            .acked_replies(rep::SERVER, |d| {
                 proto::ServerEntry::decode_data(d).unwrap().name
             })
-            .collect();
+            .await;
         assert_eq!(names, vec!["", "aligned", "plain", "ro"]);
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn handshake_timeout_closes_idle_client() {
-    bounded(async {
+bounded_test! {
+    async fn handshake_timeout_closes_idle_client() {
         let server = Server::builder()
             .export(mem("", MIB))
             .config(ServerConfig {
@@ -288,24 +263,18 @@ async fn handshake_timeout_closes_idle_client() {
         r.expect_closed().await;
         ts.assert_other_client_works("").await;
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
 // ---------------------------------------------------------------------------
 // Shutdown, disconnects, bugs
 // ---------------------------------------------------------------------------
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn graceful_shutdown_finishes_in_flight_and_answers_eshutdown() {
-    bounded(async {
-        let g = GateExport::new(MIB);
-        let ts = serve(&g).await;
-        let mut r = Raw::go(&ts.sock, "", true, false).await;
+bounded_test! {
+    async fn graceful_shutdown_finishes_in_flight_and_answers_eshutdown() {
+        let (g, ts, mut r) = gated_read(true, 1, 512).await;
         // A connection idling in the handshake is closed by shutdown.
         let mut idle = Raw::connect(&ts.sock).await;
-        r.request(req(0, 0, 1, 0, 512), &[]).await;
-        g.entered.notified().await;
 
         let server = ts.server.clone();
         let sd = tokio::spawn(async move { server.shutdown().await });
@@ -332,13 +301,11 @@ async fn graceful_shutdown_finishes_in_flight_and_answers_eshutdown() {
         assert_eq!(ts.server.active_tasks(), 0);
         assert!(!ts.sock.exists(), "unix socket removed");
         assert!(Client::connect(&ts.uri("")).await.is_err());
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn export_bugs_become_errors_not_crashes() {
-    bounded(async {
+bounded_test! {
+    async fn export_bugs_become_errors_not_crashes() {
         let mut i = ExportInfo::new("", MIB).with_all_features();
         i.name = String::new();
         let e = Arc::new(BuggyExport {
@@ -373,13 +340,11 @@ async fn export_bugs_become_errors_not_crashes() {
         c.write(4096, vec![1u8; 512], false).await.unwrap();
         assert_eq!(c.read(4096, 512).await.unwrap(), vec![1u8; 512]);
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_enforces_size_constraints_locally() {
-    bounded(async {
+bounded_test! {
+    async fn client_enforces_size_constraints_locally() {
         let mut i = ExportInfo::new("", MIB);
         i.min_block = 512;
         i.max_block = 65536;
@@ -415,13 +380,11 @@ async fn client_enforces_size_constraints_locally() {
         // Nothing reached the export.
         assert_eq!(plain.stats().reads + plain.stats().writes, 0);
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropped_client_soft_disconnects() {
-    bounded(async {
+bounded_test! {
+    async fn dropped_client_soft_disconnects() {
         let m = mem("", MIB);
         let ts = serve(&m).await;
         {
@@ -430,13 +393,11 @@ async fn dropped_client_soft_disconnects() {
         }
         disconnected(&m, 1).await;
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancelled_request_does_not_break_connection() {
-    bounded(async {
+bounded_test! {
+    async fn cancelled_request_does_not_break_connection() {
         let g = GateExport::new(MIB);
         let ts = serve(&g).await;
         let c = Arc::new(Client::connect(&ts.uri("")).await.unwrap());
@@ -454,8 +415,7 @@ async fn cancelled_request_does_not_break_connection() {
         assert_eq!(c.in_flight(), 0);
         c.disconnect().await.unwrap();
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
 /// A fake server that completes the handshake (no structured replies), then
@@ -523,9 +483,8 @@ async fn client_detects_server_protocol_violation() {
     })
     .await
 }
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn corrupted_request_magic_disconnects_only_that_client() {
-    bounded(async {
+bounded_test! {
+    async fn corrupted_request_magic_disconnects_only_that_client() {
         let (ts, _) = table_server().await;
         let mut other = Raw::go(&ts.sock, "", false, false).await;
         let mut r = Raw::go(&ts.sock, "", false, false).await;
@@ -538,13 +497,11 @@ async fn corrupted_request_magic_disconnects_only_that_client() {
         assert_eq!(other.simple_reply().await.error, 0);
         ts.assert_other_client_works("").await;
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn disconnect_mid_write_payload_ends_only_that_connection() {
-    bounded(async {
+bounded_test! {
+    async fn disconnect_mid_write_payload_ends_only_that_connection() {
         let (ts, default) = table_server().await;
         let mut r = Raw::go(&ts.sock, "", false, false).await;
         r.request(req(WRITE, 0, 1, 0, 4096), &[0xab; 100]).await;
@@ -558,21 +515,18 @@ async fn disconnect_mid_write_payload_ends_only_that_connection() {
         ts.assert_other_client_works("").await;
         assert_eq!(default.contents(0, 100), vec![0u8; 100]);
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn disconnect_mid_request_header_ends_only_that_connection() {
-    bounded(async {
+bounded_test! {
+    async fn disconnect_mid_request_header_ends_only_that_connection() {
         let (ts, _) = table_server().await;
         let mut r = Raw::go(&ts.sock, "", true, false).await;
         r.send(&req(READ, 0, 1, 0, 8).encode()[..10]).await;
         drop(r);
         ts.assert_other_client_works("").await;
         ts.server.shutdown().await;
-    })
-    .await
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -17,7 +17,10 @@ use serde::{Deserialize, Serialize};
 
 use super::spec::{build, DeviceSpec};
 use super::stats::StatsRecorder;
-use super::{check_op, DevOp, DevOpKind, DeviceError, DeviceModel, DeviceStats, HddParams, Nanos};
+use super::{
+    advance_clock, check_op, exposed_capacity, DevOp, DevOpKind, DeviceError, DeviceModel,
+    DeviceStats, HddParams, Nanos,
+};
 
 /// Array organisation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -128,16 +131,7 @@ impl ArrayModel {
                 (min_cap / stripe_bytes) * stripe_bytes * n
             }
         };
-        let capacity = match capacity_bytes {
-            None => native,
-            Some(c) if c <= native => c,
-            Some(c) => {
-                return Err(DeviceError::CapacityTooLarge {
-                    requested: c,
-                    max: native,
-                })
-            }
-        };
+        let capacity = exposed_capacity(native, capacity_bytes)?;
         Ok(ArrayModel {
             member_load: vec![0; members.len()],
             members,
@@ -254,14 +248,7 @@ impl DeviceModel for ArrayModel {
     }
 
     fn submit(&mut self, now: Nanos, op: DevOp) {
-        assert!(
-            now >= self.last_now,
-            "{}: time went backwards ({} < {})",
-            self.p.name,
-            now,
-            self.last_now
-        );
-        self.last_now = now;
+        advance_clock(&self.p.name, &mut self.last_now, now);
         check_op(&op, self.capacity);
         self.advance(now);
         assert!(
@@ -301,14 +288,7 @@ impl DeviceModel for ArrayModel {
     }
 
     fn pop_completions(&mut self, now: Nanos, out: &mut Vec<u64>) {
-        assert!(
-            now >= self.last_now,
-            "{}: time went backwards ({} < {})",
-            self.p.name,
-            now,
-            self.last_now
-        );
-        self.last_now = now;
+        advance_clock(&self.p.name, &mut self.last_now, now);
         self.advance(now);
         out.extend(self.completed.drain(..).map(|(_, id)| id));
     }

@@ -19,7 +19,7 @@ use std::collections::{BTreeSet, BinaryHeap, HashMap, HashSet, VecDeque};
 use nvwc_mrc::MixBuildHasher;
 
 use super::stats::StatsRecorder;
-use super::{check_op, DevOp, DevOpKind, DeviceStats, Nanos};
+use super::{advance_clock, check_op, DevOp, DevOpKind, DeviceStats, Nanos};
 
 /// What a queued job is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -269,15 +269,21 @@ impl<M: Mechanism> Engine<M> {
         self.heap.push(Reverse(Event { time, seq, kind }));
     }
 
-    fn check_now(&mut self, now: Nanos) {
-        assert!(
-            now >= self.last_now,
-            "{}: time went backwards ({} < {})",
-            self.name,
-            now,
-            self.last_now
+    /// Acknowledge `op`, submitted at `now` and never queued, at `at`.
+    fn ack_unqueued(&mut self, now: Nanos, at: Nanos, op: DevOp) {
+        assert!(at >= now);
+        self.push(
+            at,
+            EventKind::Ack {
+                op,
+                submitted: now,
+                started: now,
+            },
         );
-        self.last_now = now;
+    }
+
+    fn check_now(&mut self, now: Nanos) {
+        advance_clock(&self.name, &mut self.last_now, now);
     }
 
     pub fn submit(&mut self, now: Nanos, op: DevOp) {
@@ -294,17 +300,7 @@ impl<M: Mechanism> Engine<M> {
         let free = self.buffer_cap - self.buffer_used;
         let dirty = !self.dirty.is_empty();
         match self.mech.plan(now, &op, free, dirty) {
-            Plan::Complete { at } => {
-                assert!(at >= now);
-                self.push(
-                    at,
-                    EventKind::Ack {
-                        op,
-                        submitted: now,
-                        started: now,
-                    },
-                );
-            }
+            Plan::Complete { at } => self.ack_unqueued(now, at, op),
             Plan::Queue => {
                 let pieces = match op.kind {
                     DevOpKind::Read | DevOpKind::Write => {
@@ -334,20 +330,12 @@ impl<M: Mechanism> Engine<M> {
                 }
             }
             Plan::Buffer { at } => {
-                assert!(at >= now);
                 assert!(
                     op.kind == DevOpKind::Write && op.len <= free,
                     "bad Buffer plan"
                 );
                 self.buffer_used += op.len;
-                self.push(
-                    at,
-                    EventKind::Ack {
-                        op,
-                        submitted: now,
-                        started: now,
-                    },
-                );
+                self.ack_unqueued(now, at, op);
                 for (offset, len) in split_range(op.offset, op.len, self.mech.chunk_bytes()) {
                     let buf_seq = self.next_buf_seq;
                     self.next_buf_seq += 1;

@@ -36,7 +36,7 @@ use std::collections::VecDeque;
 use serde::{Deserialize, Serialize};
 
 use super::engine::{delegate_device_model, Engine, Job, JobClass, Mechanism, Plan};
-use super::{transfer_ns, DevOp, DevOpKind, DeviceError, Nanos};
+use super::{exposed_capacity, transfer_ns, DevOp, DevOpKind, DeviceError, Nanos};
 
 const NS_PER_MINUTE: u128 = 60_000_000_000;
 
@@ -651,16 +651,7 @@ impl HddModel {
     pub fn new(params: HddParams, capacity_bytes: Option<u64>) -> Result<Self, DeviceError> {
         params.validate()?;
         let native = params.native_capacity();
-        let capacity = match capacity_bytes {
-            None => native,
-            Some(c) if c <= native => c,
-            Some(c) => {
-                return Err(DeviceError::CapacityTooLarge {
-                    requested: c,
-                    max: native,
-                })
-            }
-        };
+        let capacity = exposed_capacity(native, capacity_bytes)?;
         let cache = params.write_cache_bytes;
         let name = params.name.clone();
         Ok(HddModel(Engine::new(

@@ -229,6 +229,25 @@ pub(crate) fn transfer_ns(bytes: u64, bytes_per_sec: u64) -> Nanos {
     num.div_ceil(r) as u64
 }
 
+/// Move a model's clock `last` on to `now`. Panics if time went backwards.
+pub(crate) fn advance_clock(name: &str, last: &mut Nanos, now: Nanos) {
+    assert!(now >= *last, "{name}: time went backwards ({now} < {last})");
+    *last = now;
+}
+
+/// The capacity a model exposes: `requested`, which MUST NOT exceed the
+/// `native` one; `None` is the native capacity.
+pub(crate) fn exposed_capacity(native: u64, requested: Option<u64>) -> Result<u64, DeviceError> {
+    match requested {
+        None => Ok(native),
+        Some(c) if c <= native => Ok(c),
+        Some(c) => Err(DeviceError::CapacityTooLarge {
+            requested: c,
+            max: native,
+        }),
+    }
+}
+
 /// Validate the part of the [`DeviceModel::submit`] contract that does not
 /// depend on the model's internal state. Panics on violation.
 pub(crate) fn check_op(op: &DevOp, capacity: u64) {

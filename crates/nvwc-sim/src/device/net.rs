@@ -18,8 +18,8 @@ use serde::{Deserialize, Serialize};
 use super::spec::{build, DeviceSpec};
 use super::stats::StatsRecorder;
 use super::{
-    check_op, transfer_ns, DevOp, DevOpKind, DeviceError, DeviceModel, DeviceStats, Nanos,
-    SolidStateParams,
+    advance_clock, check_op, transfer_ns, DevOp, DevOpKind, DeviceError, DeviceModel, DeviceStats,
+    Nanos, SolidStateParams,
 };
 
 /// Parameters of [`NetModel`].
@@ -73,12 +73,7 @@ impl NetParams {
             seq_read_ns: Some(593_000 - xfer_4k),
             write_ns: 5_285_000 - xfer_4k,
             seq_write_ns: Some(891_000 - xfer_4k),
-            link_read_bytes_per_sec: 0,
-            link_write_bytes_per_sec: 0,
-            link_full_duplex: false,
-            write_buffer: None,
-            flush_ns: 0,
-            trim_ns: 0,
+            ..Default::default()
         };
         NetParams {
             name: "net".into(),
@@ -283,14 +278,7 @@ impl NetModel {
     }
 
     fn check_now(&mut self, now: Nanos) {
-        assert!(
-            now >= self.last_now,
-            "{}: time went backwards ({} < {})",
-            self.p.name,
-            now,
-            self.last_now
-        );
-        self.last_now = now;
+        advance_clock(&self.p.name, &mut self.last_now, now);
     }
 }
 

@@ -43,8 +43,9 @@ pub struct WriteBufferParams {
     pub volatile: bool,
 }
 
-/// Parameters of [`SolidStateModel`]; see the presets for sources.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// Parameters of [`SolidStateModel`]; see the presets for sources. The
+/// default is all zero: no time, link limit, write buffer or capacity.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SolidStateParams {
     /// Model name.
@@ -189,12 +190,7 @@ impl SolidStateParams {
             seq_read_ns: Some(93_000),
             write_ns: 66_000,
             seq_write_ns: Some(82_000),
-            link_read_bytes_per_sec: 0,
-            link_write_bytes_per_sec: 0,
-            link_full_duplex: false,
-            write_buffer: None,
-            flush_ns: 0,
-            trim_ns: 0,
+            ..Default::default()
         }
     }
 
@@ -209,22 +205,7 @@ impl SolidStateParams {
     ///
     /// A 4 KiB access therefore takes 1 µs + 0.51 µs.
     pub fn nvdram() -> Self {
-        SolidStateParams {
-            name: "nvdram".into(),
-            capacity_bytes: 8 << 30,
-            parallel_units: 16,
-            chunk_bytes: 0,
-            read_ns: 1_000,
-            seq_read_ns: None,
-            write_ns: 1_000,
-            seq_write_ns: None,
-            link_read_bytes_per_sec: 8_000_000_000,
-            link_write_bytes_per_sec: 8_000_000_000,
-            link_full_duplex: false,
-            write_buffer: None,
-            flush_ns: 0,
-            trim_ns: 0,
-        }
+        Self::memory("nvdram", 8 << 30, 8_000_000_000, 8_000_000_000)
     }
 
     /// Intel Optane DC persistent memory (one DIMM) used as a block device.
@@ -238,21 +219,22 @@ impl SolidStateParams {
     ///
     /// A 4 KiB access therefore takes about 1.6 µs (read) / 2.8 µs (write).
     pub fn pmem() -> Self {
+        Self::memory("pmem", 128 << 30, 6_600_000_000, 2_300_000_000)
+    }
+
+    /// Memory used as a block device ([`nvdram`](Self::nvdram),
+    /// [`pmem`](Self::pmem)): 1 µs read and write, 16 units, half-duplex
+    /// links of the given rates.
+    fn memory(name: &str, capacity_bytes: u64, link_read: u64, link_write: u64) -> Self {
         SolidStateParams {
-            name: "pmem".into(),
-            capacity_bytes: 128 << 30,
+            name: name.into(),
+            capacity_bytes,
             parallel_units: 16,
-            chunk_bytes: 0,
             read_ns: 1_000,
-            seq_read_ns: None,
             write_ns: 1_000,
-            seq_write_ns: None,
-            link_read_bytes_per_sec: 6_600_000_000,
-            link_write_bytes_per_sec: 2_300_000_000,
-            link_full_duplex: false,
-            write_buffer: None,
-            flush_ns: 0,
-            trim_ns: 0,
+            link_read_bytes_per_sec: link_read,
+            link_write_bytes_per_sec: link_write,
+            ..Default::default()
         }
     }
 

@@ -43,6 +43,24 @@ fn at(done: &[(u64, u64)], id: u64) -> u64 {
         .expect("id completed")
 }
 
+/// Table 1's accesses of 4 KiB, each alone on an idle `d`, 1 ms apart:
+/// random read, sequential read, random write, sequential write; their
+/// service times.
+fn table1_latencies(d: &mut dyn DeviceModel) -> [u64; 4] {
+    let mut t = 0;
+    [
+        DevOp::read(1, 1 << 30, 4096),
+        DevOp::read(2, (1 << 30) + 4096, 4096),
+        DevOp::write(3, 5 << 30, 4096),
+        DevOp::write(4, (5 << 30) + 4096, 4096),
+    ]
+    .map(|op| {
+        let s = lone(d, t, op);
+        t += s + MS;
+        s
+    })
+}
+
 /// Time of a lone op on a fresh device.
 fn lone(dev: &mut dyn DeviceModel, t0: u64, op: DevOp) -> u64 {
     at(&run(dev, vec![(t0, op)]), op.id) - t0
@@ -425,13 +443,7 @@ fn simple(units: u32, read_ns: u64) -> SolidStateParams {
         read_ns,
         seq_read_ns: None,
         write_ns: read_ns,
-        seq_write_ns: None,
-        link_read_bytes_per_sec: 0,
-        link_write_bytes_per_sec: 0,
-        link_full_duplex: false,
-        write_buffer: None,
-        flush_ns: 0,
-        trim_ns: 0,
+        ..Default::default()
     }
 }
 
@@ -525,21 +537,9 @@ fn link_bandwidth_serialises_transfers() {
 #[test]
 fn revodrive_reproduces_table1_at_queue_depth_one() {
     let mut d = SolidStateModel::new(SolidStateParams::ssd_revodrive(), None).unwrap();
-    let mut t = 0;
-    let mut time = |d: &mut SolidStateModel, op: DevOp| {
-        let s = lone(d, t, op);
-        t += s + MS;
-        s
-    };
-    assert_eq!(time(&mut d, DevOp::read(1, 1 << 30, 4096)), 177 * US);
     assert_eq!(
-        time(&mut d, DevOp::read(2, (1 << 30) + 4096, 4096)),
-        93 * US
-    );
-    assert_eq!(time(&mut d, DevOp::write(3, 5 << 30, 4096)), 66 * US);
-    assert_eq!(
-        time(&mut d, DevOp::write(4, (5 << 30) + 4096, 4096)),
-        82 * US
+        table1_latencies(&mut d),
+        [177 * US, 93 * US, 66 * US, 82 * US]
     );
 }
 
@@ -697,21 +697,9 @@ fn network_outstanding_limit_holds_commands_at_the_client() {
 fn iscsi_preset_reproduces_table1_at_queue_depth_one() {
     let mut n = build(&"net".parse().unwrap(), None).unwrap();
     assert_eq!(n.capacity_bytes(), 1_000_000_000_000);
-    let mut t = 0;
-    let mut time = |n: &mut Box<dyn DeviceModel>, op: DevOp| {
-        let s = lone(n.as_mut(), t, op);
-        t += s + MS;
-        s
-    };
-    assert_eq!(time(&mut n, DevOp::read(1, 1 << 30, 4096)), 4813 * US);
     assert_eq!(
-        time(&mut n, DevOp::read(2, (1 << 30) + 4096, 4096)),
-        593 * US
-    );
-    assert_eq!(time(&mut n, DevOp::write(3, 5 << 30, 4096)), 5285 * US);
-    assert_eq!(
-        time(&mut n, DevOp::write(4, (5 << 30) + 4096, 4096)),
-        891 * US
+        table1_latencies(n.as_mut()),
+        [4813 * US, 593 * US, 5285 * US, 891 * US]
     );
     // Table 1's headline: random writes ~80x slower than on the local SSD.
     let mut ssd = build(&"ssd-revodrive".parse().unwrap(), None).unwrap();

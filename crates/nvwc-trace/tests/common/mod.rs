@@ -11,6 +11,27 @@ pub fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
+/// Every valid fixture, by name: the files in `tests/fixtures/` and both
+/// vSCSI versions of [`VSCSI_REQS`].
+pub fn valid_inputs() -> Vec<(String, Vec<u8>)> {
+    let mut inputs: Vec<(String, Vec<u8>)> = [
+        "msr.csv",
+        "spc.spc",
+        "blkparse.txt",
+        "cloudphysics.csv",
+        "tencent.csv",
+        "systor17.csv",
+        "heimdall.trace",
+        "mobigen.out.sample",
+    ]
+    .iter()
+    .map(|n| (n.to_string(), std::fs::read(fixture(n)).unwrap()))
+    .collect();
+    inputs.push(("vscsi1".into(), vscsi_v1(&VSCSI_REQS)));
+    inputs.push(("vscsi2".into(), vscsi_v2(&VSCSI_REQS)));
+    inputs
+}
+
 /// Shorthand record constructor.
 pub fn rec(
     ts_ns: u64,

@@ -5,9 +5,66 @@
 pub mod serve;
 
 use std::io::Read;
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
+
+/// The `nvwc` binary under test.
+pub fn nvwc() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_nvwc"))
+}
+
+/// A fresh, empty `$TMPDIR/nvwc-TAG-PID`.
+pub fn tempdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("nvwc-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A process's stdout and then its stderr, as text.
+pub fn text(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).to_string() + &String::from_utf8_lossy(&o.stderr)
+}
+
+/// A loopback TCP port nobody listens on (now).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Runs `c`, asserting success; returns its output.
+pub fn run_ok(c: &mut Command) -> Output {
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The shared traces directory (`$NVWC_TRACES`, else `../shared/traces`
+/// beside the checkout) when it holds `marker`; otherwise `None` (skip),
+/// or a panic under CI ([`strict`]).
+pub fn traces(marker: &str) -> Option<PathBuf> {
+    let d = match std::env::var_os("NVWC_TRACES") {
+        Some(d) => PathBuf::from(d),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/traces"),
+    };
+    if d.join(marker).exists() {
+        return Some(d);
+    }
+    assert!(
+        !strict(),
+        "../shared/traces (or $NVWC_TRACES) is required under CI (CI=true or NVWC_REQUIRE_TOOLS=1)"
+    );
+    eprintln!("SKIP: ../shared/traces not present (set NVWC_TRACES)");
+    None
+}
 
 /// CI (`CI=true` or `NVWC_REQUIRE_TOOLS=1`) fails a test whose tools are
 /// missing instead of skipping it.

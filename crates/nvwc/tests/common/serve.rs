@@ -16,6 +16,37 @@ impl Drop for Server {
     }
 }
 
+/// A server in a scratch directory of its own, which is removed (after the
+/// server is killed) on drop.
+pub struct Scratch {
+    pub server: Server,
+    pub dir: PathBuf,
+}
+
+impl Scratch {
+    /// `nvwc serve --listen none ARGS --log-level warn` in a fresh
+    /// [`tempdir`] `tag`.
+    pub fn start(tag: &str, args: &[&str]) -> Scratch {
+        let dir = tempdir(tag);
+        let mut args = args.to_vec();
+        args.extend(["--log-level", "warn"]);
+        let server = start_with(&dir, &args);
+        Scratch { server, dir }
+    }
+
+    pub fn sock(&self) -> PathBuf {
+        self.dir.join("nvwc-data/nvwc.sock")
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = self.server.0.kill();
+        let _ = self.server.0.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// Where a test server's backing store lives: its own file (created with
 /// `--size`), or an upstream nbdkit `file` export on a unix socket (the
 /// write-policy paper's networked storage), which outlives server restarts.
@@ -108,12 +139,12 @@ pub fn start(dir: &Path, policy: &str, backing: &Backing) -> Server {
     start_with(dir, &refs)
 }
 
-/// Wait (up to 20 s) until `path` exists: `what` started.
+/// Wait (up to 30 s) until `path` exists: `what` started.
 pub fn wait_for(path: &Path, what: &str) {
     let t = Instant::now();
     while !path.exists() {
         assert!(
-            t.elapsed() < Duration::from_secs(20),
+            t.elapsed() < Duration::from_secs(30),
             "{what} did not start"
         );
         std::thread::sleep(Duration::from_millis(50));
@@ -134,11 +165,7 @@ pub fn qemu_io(dir: &Path, cmds: &[&str]) -> String {
         c.arg("-c").arg(x);
     }
     let out = c.arg(uri(dir)).output().expect("run qemu-io");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = super::text(&out);
     assert!(out.status.success(), "qemu-io failed: {text}");
     assert!(
         !text.contains("Pattern verification failed") && !text.contains("failed"),
@@ -148,9 +175,13 @@ pub fn qemu_io(dir: &Path, cmds: &[&str]) -> String {
 }
 
 pub fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("nvwc-serve-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
+    super::tempdir(&format!("serve-{tag}"))
+}
+
+/// [`tempdir`] `tag`, in which the shell command `setup` has run.
+pub fn tempdir_with(tag: &str, setup: &str) -> PathBuf {
+    let d = tempdir(tag);
+    must(&format!("cd {} && {setup}", d.display()));
     d
 }
 
@@ -160,14 +191,7 @@ pub fn sh(cmd: &str) -> (bool, String) {
         .arg(cmd)
         .output()
         .expect("run sh");
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+    (out.status.success(), super::text(&out))
 }
 
 pub fn must(cmd: &str) -> String {
@@ -232,29 +256,84 @@ pub fn refused(dir: &Path, args: &[&str]) -> String {
 
 /// Run an `nvwc` subcommand in `dir`: (success, stdout + stderr).
 pub fn nvwc_in(dir: &Path, args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_nvwc"))
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
-    )
+    let out = super::nvwc().current_dir(dir).args(args).output().unwrap();
+    (out.status.success(), super::text(&out))
 }
 
 /// `nvwc detach` the server in `dir`, and wait (up to 20 s) until `s` exits.
 pub fn detach(dir: &Path, mut s: Server) {
     let (ok, out) = nvwc_in(dir, &["detach"]);
     assert!(ok, "{out}");
+    wait_exit(&mut s, "detach");
+}
+
+/// Wait (up to 20 s) until `s` exits after `what`.
+pub fn wait_exit(s: &mut Server, what: &str) {
     let t = Instant::now();
     while s.0.try_wait().unwrap().is_none() {
         assert!(
             t.elapsed() < Duration::from_secs(20),
-            "no exit after detach"
+            "no exit after {what}"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// `qemu-io -r` on the image file `img` running `cmds`: it MUST succeed
+/// without a failed check (`what` names the case).
+pub fn qemu_io_file(img: &Path, cmds: &[&str], what: &str) {
+    let mut c = Command::new("qemu-io");
+    c.args(["-f", "raw", "-r"]);
+    for x in cmds {
+        c.arg("-c").arg(x);
+    }
+    let out = c.arg(img).output().unwrap();
+    let text = super::text(&out);
+    assert!(
+        out.status.success() && !text.contains("failed"),
+        "{what}: {text}"
+    );
+}
+
+/// nbdcopy the file `src` into the export of the server in `dir`
+/// (`opts[0]`: nbdcopy's options), then out into `back` (`opts[1]`): the
+/// first `len` bytes of `back` MUST be `src` (`what` names the case).
+pub fn nbdcopy_round_trip(
+    dir: &Path,
+    src: &Path,
+    back: &Path,
+    opts: [&str; 2],
+    len: &str,
+    what: &str,
+) {
+    must(&format!(
+        "nbdcopy {} {} '{}'",
+        opts[0],
+        src.display(),
+        uri(dir)
+    ));
+    must(&format!(
+        "nbdcopy {} '{}' {}",
+        opts[1],
+        uri(dir),
+        back.display()
+    ));
+    let a = must(&format!("head -c {len} {} | md5sum", back.display()));
+    let b = must(&format!("md5sum < {}", src.display()));
+    assert_eq!(
+        a.split_whitespace().next(),
+        b.split_whitespace().next(),
+        "{what}: nbdcopy round trip differs"
+    );
+}
+
+/// fio's output `out` reports no error and no failed verification.
+#[track_caller]
+pub fn assert_fio_clean(out: &str, what: &str) {
+    assert!(
+        out.contains("err= 0") && !out.contains("verify: bad"),
+        "{what}: {out}"
+    );
 }
 
 pub fn read(dir: &Path, f: &str) -> Vec<u8> {
