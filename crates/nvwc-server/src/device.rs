@@ -4,13 +4,13 @@
 //! collected here and committed through the redo log (`redo.rs`, or the
 //! upstream's redo region).
 
-use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use nvwc_core::{IoError, IoOp, IoResult};
+use nvwc_dev::group::GroupStager;
 
 use crate::log::log;
 use crate::redo::Redo;
@@ -89,7 +89,8 @@ pub(crate) struct Device {
     /// rewrites into fresh slots ~171k against ~98k). `None` for the
     /// backing store, or when the file cannot be mapped.
     pub(crate) map: Option<mapped::Mapped>,
-    pub(crate) groups: Mutex<HashMap<u64, Vec<(u64, Bytes)>>>,
+    /// Atomic groups' writes until their end (`nvwc-dev/src/group.rs`).
+    pub(crate) groups: Mutex<GroupStager>,
     pub(crate) redo: Option<Redo>,
     /// Fault injection, host-crash overlay, failpoints and the failed flag (`fault.rs`).
     pub(crate) fault: crate::fault::Layer,
@@ -246,8 +247,7 @@ impl Device {
             // A group's writes wait for its end (below).
             IoOp::Write { offset, data, .. } if group.is_some() => {
                 let g = group.expect("checked");
-                let mut groups = self.groups.lock().unwrap();
-                groups.entry(g).or_default().push((*offset, data.clone()));
+                self.groups.lock().unwrap().stage(g, *offset, data.clone());
                 Ok(None)
             }
             IoOp::Read { offset, len } => rt.block_on(c.read(*offset, *len)).map(Some).map_err(e),
@@ -262,12 +262,11 @@ impl Device {
                 .map_err(e),
             IoOp::Trim { .. } => Ok(None),
             IoOp::GroupBegin { group } => {
-                self.groups.lock().unwrap().insert(*group, Vec::new());
+                self.groups.lock().unwrap().begin(*group);
                 Ok(None)
             }
             IoOp::GroupEnd { group } => {
-                let writes = self.groups.lock().unwrap().remove(group);
-                let writes = writes.unwrap_or_default();
+                let writes = self.groups.lock().unwrap().end(*group);
                 rt.block_on(c.commit_and_apply(&writes))
                     .map(|_| None)
                     .map_err(|err| {
@@ -307,12 +306,7 @@ impl Device {
             }
             IoOp::Write { offset, data, fua } => {
                 if let Some(g) = group {
-                    self.groups
-                        .lock()
-                        .unwrap()
-                        .entry(g)
-                        .or_default()
-                        .push((*offset, data.clone()));
+                    self.groups.lock().unwrap().stage(g, *offset, data.clone());
                     return Ok(None);
                 }
                 // Plain writes are `pwrite`s, also where the file is mapped
@@ -332,16 +326,11 @@ impl Device {
             }
             IoOp::Trim { .. } => Ok(None),
             IoOp::GroupBegin { group } => {
-                self.groups.lock().unwrap().insert(*group, Vec::new());
+                self.groups.lock().unwrap().begin(*group);
                 Ok(None)
             }
             IoOp::GroupEnd { group } => {
-                let writes = self
-                    .groups
-                    .lock()
-                    .unwrap()
-                    .remove(group)
-                    .unwrap_or_default();
+                let writes = self.groups.lock().unwrap().end(*group);
                 let redo = self.redo.as_ref().expect("backing device has a redo log");
                 io(redo.commit_and_apply(file, &writes)).map(|_| None)
             }

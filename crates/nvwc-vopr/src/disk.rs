@@ -11,8 +11,8 @@
 
 use bytes::Bytes;
 use nvwc_core::{layout, IoOp, IoResult};
+use nvwc_dev::group::GroupStager;
 use rand::Rng;
-use std::collections::HashMap;
 
 pub const SECTOR: usize = 512;
 
@@ -30,7 +30,7 @@ pub struct Disk {
     pub visible: Vec<u8>,
     pub durable: Vec<u8>,
     unflushed: Vec<Pending>,
-    groups: HashMap<u64, Vec<(u64, Vec<u8>)>>,
+    groups: GroupStager,
     clock: u64,
 }
 
@@ -40,7 +40,7 @@ impl Disk {
             durable: image.clone(),
             visible: image,
             unflushed: Vec::new(),
-            groups: HashMap::new(),
+            groups: GroupStager::new(),
             clock: 0,
         }
     }
@@ -70,7 +70,10 @@ impl Disk {
                 let crc = layout::data_crc(&self.read(*offset, *len as usize));
                 return Ok(Some(Bytes::copy_from_slice(&crc.to_le_bytes())));
             }
-            IoOp::Write { offset, data, fua } => self.write(*offset, data, *fua, group),
+            IoOp::Write { offset, data, fua } => match group {
+                Some(g) => self.groups.stage(g, *offset, data.clone()),
+                None => self.write(*offset, data, *fua),
+            },
             IoOp::Flush => self.flush(flush_stamp),
             IoOp::Trim { .. } => {}
             IoOp::GroupBegin { group } => self.group_begin(*group),
@@ -83,15 +86,9 @@ impl Disk {
         self.visible[offset as usize..offset as usize + len].to_vec()
     }
 
-    /// A write completes (it was issued earlier; its data lands now).
-    pub fn write(&mut self, offset: u64, data: &[u8], fua: bool, group: Option<u64>) {
-        if let Some(g) = group {
-            self.groups
-                .entry(g)
-                .or_default()
-                .push((offset, data.to_vec()));
-            return;
-        }
+    /// A write outside a group completes (it was issued earlier; its data
+    /// lands now).
+    pub fn write(&mut self, offset: u64, data: &[u8], fua: bool) {
         let o = offset as usize;
         self.visible[o..o + data.len()].copy_from_slice(data);
         self.clock += 1;
@@ -132,13 +129,12 @@ impl Disk {
     }
 
     pub fn group_begin(&mut self, g: u64) {
-        self.groups.insert(g, Vec::new());
+        self.groups.begin(g);
     }
 
     /// The group becomes visible and durable atomically.
     pub fn group_end(&mut self, g: u64) {
-        let ws = self.groups.remove(&g).unwrap_or_default();
-        for (off, d) in ws {
+        for (off, d) in self.groups.end(g) {
             let o = off as usize;
             self.visible[o..o + d.len()].copy_from_slice(&d);
             self.durable[o..o + d.len()].copy_from_slice(&d);
@@ -185,7 +181,7 @@ impl Disk {
         let mut img = self.durable.clone();
         for g in ends_in_flight {
             if rng.gen_bool(0.5) {
-                for (off, d) in self.groups.get(g).map(|v| v.as_slice()).unwrap_or(&[]) {
+                for (off, d) in self.groups.staged(*g) {
                     let o = *off as usize;
                     img[o..o + d.len()].copy_from_slice(d);
                 }
