@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 
 use crate::files::file_len;
-use crate::redo::Redo;
 use crate::spec::is_upstream;
 use crate::{bind, label, upstream};
+use nvwc_dev::redo::{FileLog, Redo};
 
 /// `nvwc recover`: make a backing store consistent on its own (after losing
 /// the cache device) by finishing a journaled checkpoint its redo log holds.
@@ -41,7 +41,7 @@ pub fn recover(a: RecoverArgs) -> Result<std::process::ExitCode> {
             .open(&a.backing)
             .with_context(|| format!("opening {}", a.backing.display()))?;
         let redo = PathBuf::from(format!("{}.nvwc-redo", a.backing.display()));
-        let n = Redo::replay(&redo, &backing)?;
+        let n = Redo::new(FileLog { path: redo }).replay(&backing)?;
         let len = file_len(&mut backing)?;
         let found = if backing.metadata()?.is_file() {
             label::read_file_label(&backing, len)?
