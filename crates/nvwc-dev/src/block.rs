@@ -147,47 +147,65 @@ fn pwritev_all(f: &File, mut offset: u64, parts: &[&[u8]], dsync: bool) -> io::R
     use std::io::IoSlice;
     use std::os::fd::AsRawFd;
     let flags = if dsync { libc::RWF_DSYNC } else { 0 };
+    // The first part not written whole, and how much of it is written.
+    let (mut i, mut skip) = (0usize, 0usize);
     let mut first = true;
-    for chunk in parts.chunks(IOV_MAX) {
-        let mut slices: Vec<IoSlice> = chunk.iter().map(|p| IoSlice::new(p)).collect();
-        let mut rest = &mut slices[..];
-        while !rest.is_empty() {
-            // SAFETY: `IoSlice` is ABI-compatible with `iovec`; the slices
-            // point into `parts`, which outlive the call; the kernel only
-            // reads from them.
-            let n = unsafe {
-                libc::pwritev2(
-                    f.as_raw_fd(),
-                    rest.as_ptr() as *const libc::iovec,
-                    rest.len().min(IOV_MAX) as libc::c_int,
-                    offset as libc::off_t,
-                    flags,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                match e.raw_os_error() {
-                    Some(libc::EINTR) => continue,
-                    Some(libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL) if dsync && first => {
-                        let mut at = offset;
-                        for p in parts {
-                            f.write_all_at(p, at)?;
-                            at += p.len() as u64;
-                        }
-                        return f.sync_data();
+    loop {
+        while i < parts.len() && parts[i].len() == skip {
+            (i, skip) = (i + 1, 0);
+        }
+        if i == parts.len() {
+            return Ok(());
+        }
+        let end = (i + IOV_MAX).min(parts.len());
+        let iov: Vec<IoSlice> = std::iter::once(&parts[i][skip..])
+            .chain(parts[i + 1..end].iter().copied())
+            .map(IoSlice::new)
+            .collect();
+        // SAFETY: `IoSlice` is ABI-compatible with `iovec`; the slices
+        // point into `parts`, which outlive the call; the kernel only reads
+        // from them.
+        let n = unsafe {
+            libc::pwritev2(
+                f.as_raw_fd(),
+                iov.as_ptr() as *const libc::iovec,
+                iov.len() as libc::c_int,
+                offset as libc::off_t,
+                flags,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL) if dsync && first => {
+                    let mut at = offset;
+                    for p in parts {
+                        f.write_all_at(p, at)?;
+                        at += p.len() as u64;
                     }
-                    _ => return Err(e),
+                    return f.sync_data();
                 }
+                _ => return Err(e),
             }
-            if n == 0 {
-                return Err(io::ErrorKind::WriteZero.into());
+        }
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        first = false;
+        offset += n as u64;
+        // Past the `n` bytes written (a short write resumes mid-part).
+        let mut n = n as usize;
+        while n > 0 {
+            let left = parts[i].len() - skip;
+            if n < left {
+                skip += n;
+                break;
             }
-            first = false;
-            offset += n as u64;
-            IoSlice::advance_slices(&mut rest, n as usize);
+            n -= left;
+            (i, skip) = (i + 1, 0);
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -210,7 +228,8 @@ mod tests {
         let parts: Vec<Vec<u8>> = (0..1500).map(|i| vec![(i % 251) as u8; 3]).collect();
         let refs: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
         f.write(100, &refs, false).unwrap();
-        f.write(5000, &[&[7u8; 10], &[8u8; 5]], true).unwrap();
+        f.write(5000, &[&[], &[7u8; 10], &[], &[8u8; 5]], true)
+            .unwrap();
         let mut buf = vec![0u8; 4500];
         f.read(100, &mut buf).unwrap();
         assert_eq!(buf, parts.concat());
