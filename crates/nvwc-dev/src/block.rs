@@ -3,12 +3,12 @@
 //! enough that a filter can wrap any device by forwarding them, the way
 //! nbdkit stacks its filters on one `next` interface.
 //!
-//! Devices: a file ([`std::fs::File`] itself, below) and the in-memory twin
-//! (`mem.rs`). Filter: atomic groups through the redo log (`redo.rs`). The
-//! server's fault and host-crash layer (`nvwc-server/src/fault.rs`, over
-//! `volatile.rs`) is a filter too, still over the engine's commands rather
-//! than this interface, and an upstream NBD export is driven by the server
-//! directly (`nvwc-server/src/device.rs`).
+//! Devices: a file ([`std::fs::File`] itself, below), the in-memory twin
+//! (`mem.rs`), and an upstream NBD export (`UpstreamDev` in
+//! `nvwc-server/src/upstream.rs`). Filter: atomic groups through the redo
+//! log (`redo.rs`). The server's fault and host-crash layer
+//! (`nvwc-server/src/fault.rs`, over `volatile.rs`) is a filter too, still
+//! over the engine's commands rather than this interface.
 //!
 //! Contract, for every implementation:
 //!

@@ -13,9 +13,11 @@
 //!
 //! Where the log lives is a [`LogStore`]: for a backing file, the file
 //! `<backing>.nvwc-redo` ([`FileLog`], format in `docs/BACKING-FORMAT.md`);
-//! for the VOPR's in-memory twin, the same bytes in memory ([`MemLog`]).
-//! The filter, [`Atomic`], is how the server's backing file and the VOPR's
-//! backing disk get their atomic groups: the VOPR runs this code at every
+//! for an upstream NBD export, the redo region at its end (`RegionLog` in
+//! `nvwc-server/src/upstream.rs`, its own format); for the VOPR's
+//! in-memory twin, a file log's bytes in memory ([`MemLog`]). The filter,
+//! [`Atomic`], is how the server's backing stores and the VOPR's backing
+//! disk get their atomic groups: the VOPR runs this code at every
 //! journaled checkpoint.
 
 use std::fs::{File, OpenOptions};

@@ -3,17 +3,16 @@
 //! export), each behind its fault layer (`fault.rs`). Files are driven
 //! through the one block-device interface (`nvwc-dev/src/block.rs`); a
 //! backing file's atomic groups go through the atomic-group filter and its
-//! redo log (`nvwc-dev/src/redo.rs`), the code the VOPR runs too. An
-//! upstream keeps its own redo region (`upstream.rs`), its groups staged by
-//! the same stager (`nvwc-dev/src/group.rs`).
+//! redo log (`nvwc-dev/src/redo.rs`), the code the VOPR runs too; an
+//! upstream's through the same filter and protocol, the log in its redo
+//! region (`upstream.rs`).
 
 use std::fs::File;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use nvwc_core::{IoError, IoOp, IoResult};
 use nvwc_dev::block::BlockDevice;
-use nvwc_dev::group::GroupStager;
 use nvwc_dev::redo::{Atomic, FileLog, Redo};
 
 use crate::log::log;
@@ -60,10 +59,22 @@ pub(crate) enum Backend {
     /// A backing file, with atomic groups through its redo log
     /// (`<backing>.nvwc-redo`).
     Journaled(Atomic<File, FileLog>),
-    /// An upstream NBD export, driven from the worker threads through the runtime.
-    /// Journaled groups go through the redo region at the end of the upstream.
-    Nbd(Arc<upstream::Upstream>, tokio::runtime::Handle),
+    /// An upstream NBD export, driven from the worker threads through the
+    /// runtime (or, for the fast path, on it: [`Device::upstream_async`]).
+    /// Atomic groups go through the same filter and redo-log protocol, the
+    /// log in the redo region at the end of the upstream.
+    Nbd(
+        Arc<upstream::Upstream>,
+        tokio::runtime::Handle,
+        Box<UpstreamGroups>,
+    ),
 }
+
+/// An upstream with atomic groups through its redo region.
+pub(crate) type UpstreamGroups = Atomic<
+    upstream::UpstreamDev<Arc<upstream::Upstream>>,
+    upstream::RegionLog<Arc<upstream::Upstream>>,
+>;
 
 impl Backend {
     /// A backing file whose groups commit through the redo log at `redo`.
@@ -71,6 +82,21 @@ impl Backend {
         let redo = Redo::new(FileLog { path: redo })
             .with_mid_apply(|| crate::fault::failpoint("redo-apply"));
         Backend::Journaled(Atomic::new(file, redo))
+    }
+
+    /// An upstream export; its groups commit through its redo region.
+    pub(crate) fn upstream(up: upstream::Upstream, rt: tokio::runtime::Handle) -> Backend {
+        let up = Arc::new(up);
+        let dev = upstream::UpstreamDev {
+            up: up.clone(),
+            rt: rt.clone(),
+        };
+        let log = upstream::RegionLog {
+            up: up.clone(),
+            rt: rt.clone(),
+        };
+        let redo = Redo::new(log).with_mid_apply(|| crate::fault::failpoint("redo-apply"));
+        Backend::Nbd(up, rt, Box::new(Atomic::new(dev, redo)))
     }
 
     /// The file, for a local file.
@@ -95,9 +121,6 @@ pub(crate) struct Device {
     /// rewrites into fresh slots ~171k against ~98k). `None` for the
     /// backing store, or when the file cannot be mapped.
     pub(crate) map: Option<mapped::Mapped>,
-    /// An upstream's atomic groups until their end (a file's are staged
-    /// by its filter, [`Backend::Journaled`]).
-    pub(crate) groups: Mutex<GroupStager>,
     /// Fault injection, host-crash overlay, failpoints and the failed flag (`fault.rs`).
     pub(crate) fault: crate::fault::Layer,
 }
@@ -138,7 +161,7 @@ impl Device {
         op: &IoOp<Bytes>,
         group: Option<u64>,
     ) -> Option<(tokio::runtime::Handle, UpFuture)> {
-        let Backend::Nbd(c, rt) = &self.backend else {
+        let Backend::Nbd(c, rt, _) = &self.backend else {
             return None;
         };
         if group.is_some() || !self.fault.passthrough() {
@@ -235,27 +258,28 @@ impl Device {
         match &self.backend {
             Backend::File(f) => self.execute_file(f, op, group),
             Backend::Journaled(a) => self.execute_file(a, op, group),
-            Backend::Nbd(c, rt) => self.execute_upstream(c, rt, op, group),
+            Backend::Nbd(c, rt, groups) => self.execute_upstream(c, rt, groups, op, group),
         }
     }
 
     /// A command on an upstream NBD export, blocking on its runtime; an
-    /// atomic group's writes are held until its end, then committed through
-    /// the redo region.
+    /// atomic group's writes are staged by `groups` until its end, then
+    /// committed through the redo region.
     fn execute_upstream(
         &self,
         c: &upstream::Upstream,
         rt: &tokio::runtime::Handle,
+        groups: &UpstreamGroups,
         op: &IoOp<Bytes>,
         group: Option<u64>,
     ) -> IoResult<Bytes> {
         let e = |_| IoError::Eio;
+        let staged = |r: std::io::Result<()>| r.map(|_| None).map_err(|_| IoError::Eio);
         match op {
             // A group's writes wait for its end (below).
             IoOp::Write { offset, data, .. } if group.is_some() => {
                 let g = group.expect("checked");
-                self.groups.lock().unwrap().stage(g, *offset, data.clone());
-                Ok(None)
+                staged(groups.group_write(g, *offset, data.clone()))
             }
             IoOp::Read { offset, len } => rt.block_on(c.read(*offset, *len)).map(Some).map_err(e),
             IoOp::Write { offset, data, fua } => rt
@@ -268,23 +292,11 @@ impl Device {
                 .map(|b| Some(crc_payload(&b)))
                 .map_err(e),
             IoOp::Trim { .. } => Ok(None),
-            IoOp::GroupBegin { group } => {
-                self.groups.lock().unwrap().begin(*group);
-                Ok(None)
-            }
-            IoOp::GroupEnd { group } => {
-                let writes = self.groups.lock().unwrap().end(*group);
-                rt.block_on(c.commit_and_apply(&writes))
-                    .map(|_| None)
-                    .map_err(|err| {
-                        log!(
-                            error,
-                            "redo_commit_failed",
-                            error = crate::errors::chain(&err)
-                        );
-                        IoError::Eio
-                    })
-            }
+            IoOp::GroupBegin { group } => staged(groups.group_begin(*group)),
+            IoOp::GroupEnd { group } => groups.group_end(*group).map(|_| None).map_err(|err| {
+                log!(error, "redo_commit_failed", error = err.to_string());
+                IoError::Eio
+            }),
         }
     }
 

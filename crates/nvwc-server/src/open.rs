@@ -252,7 +252,7 @@ fn replay_backing(
                 rt.block_on(up.ensure_region(w))
                     .with_context(|| format!("creating the redo region on {}", e.backing))?;
             }
-            rt.block_on(up.replay())?
+            up.replay(rt.handle())?
         }
     };
     if replayed > 0 {
@@ -469,7 +469,7 @@ fn devices(
 ) -> Result<(Arc<Device>, Arc<Device>)> {
     let backend = match backing.store {
         Store::File { file, redo, .. } => Backend::journaled(file, redo),
-        Store::Nbd { up, .. } => Backend::Nbd(Arc::new(up), rt.handle().clone()),
+        Store::Nbd { up, .. } => Backend::upstream(up, rt.handle().clone()),
     };
     // Block devices report size 0 in their metadata: ask the end instead.
     let cache_len = (&cache).seek(SeekFrom::End(0)).unwrap_or(0);
@@ -488,13 +488,11 @@ fn devices(
     let cache_dev = Arc::new(Device {
         backend: Backend::File(cache),
         map,
-        groups: Mutex::default(),
         fault: cache_fault,
     });
     let backing_dev = Arc::new(Device {
         backend,
         map: None,
-        groups: Mutex::default(),
         fault: crate::fault::Layer::from_env(crate::fault::Role::Backing, &e.name)?,
     });
     Ok((cache_dev, backing_dev))

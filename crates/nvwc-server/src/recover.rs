@@ -24,10 +24,13 @@ pub struct RecoverArgs {
 pub fn recover(a: RecoverArgs) -> Result<std::process::ExitCode> {
     let spec = a.backing.to_string_lossy().to_string();
     let (n, found) = if is_upstream(&spec) {
-        let rt = tokio::runtime::Builder::new_current_thread()
+        // A worker thread drives the client while this thread blocks on it
+        // (`upstream::Upstream::replay`).
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
             .enable_all()
             .build()?;
-        let (up, n) = rt.block_on(upstream::Upstream::open(&spec, None))?;
+        let (up, n) = upstream::Upstream::open(&spec, None, rt.handle())?;
         if up.region().is_none() {
             println!(
                 "nvwc recover: {spec} has no redo region (never served journaled); nothing to do"
