@@ -1,11 +1,21 @@
-//! Device filters shared by `nvwc serve` (its fault layer) and the live
-//! harnesses (`nvwc-harness`): the volatile write cache that models a host
-//! crash ([`volatile`]), the one random generator both use ([`rng`]), and
-//! the one encoder of self-identifying sectors that the VOPR and the live
-//! harnesses write ([`stamp`]).
-//! The block-device interface with stacking filters (issue 19, part 2)
-//! grows here.
+//! The block-device layer of nvwc, shared by `nvwc serve`, the VOPR and
+//! the live harnesses (`nvwc-harness`):
+//!
+//! - the one device interface, [`block::BlockDevice`], which a file
+//!   implements ([`block`]), and the in-memory twin, the VOPR's disk
+//!   ([`mem`]);
+//! - filters stacked on it: atomic groups through the one redo log
+//!   ([`redo`], over the one stager, [`group`]), and the volatile write
+//!   cache that models a host crash ([`volatile`], under the server's
+//!   fault layer);
+//! - the one random generator of the fault layers and harnesses ([`rng`]),
+//!   and the one encoder of the self-identifying sectors that the VOPR and
+//!   the live harnesses write ([`stamp`]).
 
+pub mod block;
+pub mod group;
+pub mod mem;
+pub mod redo;
 pub mod rng;
 pub mod stamp;
 pub mod volatile;

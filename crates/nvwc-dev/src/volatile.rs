@@ -1,6 +1,6 @@
 //! The host-crash model behind the `volatile` fault kind: a device with a
-//! volatile write cache, as the VOPR's `Disk` models one, under the live
-//! server.
+//! volatile write cache, as the in-memory twin (`mem.rs`) models one, under
+//! the live server.
 //!
 //! The device (the file) holds only what was made durable. Every write that
 //! is not durable yet is a *pending* record (offset, bytes, completion
@@ -27,7 +27,7 @@
 //! After the kill, [`apply_crash`] replays the log and applies a random,
 //! seeded subset of what is still pending onto the file, in completion
 //! order: each record independently lost, kept whole, or torn (each of its
-//! 512-byte sectors kept or lost at random), as `Disk::crash` does in the
+//! 512-byte sectors kept or lost at random), as `MemDisk::crash` does in the
 //! VOPR. What that models, and what it does not, is in
 //! `docs/ARCHITECTURE.md` ("Crash testing the live server").
 //!

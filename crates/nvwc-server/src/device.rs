@@ -1,19 +1,21 @@
 //! A device the engine's I/O commands run on: the cache file (mapped where
 //! it can be, `mapped.rs`) or the backing store (a file, or an upstream NBD
-//! export), each behind its fault layer (`fault.rs`). Atomic groups are
-//! collected here and committed through the redo log (`redo.rs`, or the
-//! upstream's redo region).
+//! export), each behind its fault layer (`fault.rs`). Files are driven
+//! through the one block-device interface (`nvwc-dev/src/block.rs`); a
+//! backing file's atomic groups go through the atomic-group filter and its
+//! redo log (`nvwc-dev/src/redo.rs`), the code the VOPR runs too; an
+//! upstream's through the same filter and protocol, the log in its redo
+//! region (`upstream.rs`).
 
-use std::collections::HashMap;
 use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use nvwc_core::{IoError, IoOp, IoResult};
+use nvwc_dev::block::BlockDevice;
+use nvwc_dev::redo::{Atomic, FileLog, Redo};
 
 use crate::log::log;
-use crate::redo::Redo;
 use crate::{mapped, upstream};
 
 /// The first `n` bytes of `parts`, back to back.
@@ -46,35 +48,65 @@ fn pieces(mut offset: u64, parts: &[&Bytes], mut n: usize) -> Vec<(u64, Bytes)> 
     out
 }
 
-/// `pwritev` all of `parts` at `offset`, resuming after short writes.
-fn pwritev_all(f: &File, mut offset: u64, parts: &[&Bytes]) -> std::io::Result<()> {
-    use std::io::IoSlice;
-    // Linux takes at most IOV_MAX (1024) buffers per call.
-    for chunk in parts.chunks(1024) {
-        let mut slices: Vec<IoSlice> = chunk.iter().map(|p| IoSlice::new(p)).collect();
-        let mut rest = &mut slices[..];
-        while !rest.is_empty() {
-            let n = rustix::io::pwritev(f, rest, offset)?;
-            if n == 0 {
-                return Err(std::io::ErrorKind::WriteZero.into());
-            }
-            offset += n as u64;
-            IoSlice::advance_slices(&mut rest, n);
-        }
-    }
-    Ok(())
-}
-
 /// An upstream command in flight (`Device::upstream_async`).
 pub(crate) type UpFuture =
     std::pin::Pin<Box<dyn std::future::Future<Output = IoResult<Bytes>> + Send>>;
 
 /// Where a device's bytes live.
 pub(crate) enum Backend {
+    /// The cache file (no atomic groups).
     File(File),
-    /// An upstream NBD export, driven from the worker threads through the runtime.
-    /// Journaled groups go through the redo region at the end of the upstream.
-    Nbd(Arc<upstream::Upstream>, tokio::runtime::Handle),
+    /// A backing file, with atomic groups through its redo log
+    /// (`<backing>.nvwc-redo`).
+    Journaled(Atomic<File, FileLog>),
+    /// An upstream NBD export, driven from the worker threads through the
+    /// runtime (or, for the fast path, on it: [`Device::upstream_async`]).
+    /// Atomic groups go through the same filter and redo-log protocol, the
+    /// log in the redo region at the end of the upstream.
+    Nbd(
+        Arc<upstream::Upstream>,
+        tokio::runtime::Handle,
+        Box<UpstreamGroups>,
+    ),
+}
+
+/// An upstream with atomic groups through its redo region.
+pub(crate) type UpstreamGroups = Atomic<
+    upstream::UpstreamDev<Arc<upstream::Upstream>>,
+    upstream::RegionLog<Arc<upstream::Upstream>>,
+>;
+
+impl Backend {
+    /// A backing file whose groups commit through the redo log at `redo`.
+    pub(crate) fn journaled(file: File, redo: std::path::PathBuf) -> Backend {
+        let redo = Redo::new(FileLog { path: redo })
+            .with_mid_apply(|| crate::fault::failpoint("redo-apply"));
+        Backend::Journaled(Atomic::new(file, redo))
+    }
+
+    /// An upstream export; its groups commit through its redo region.
+    pub(crate) fn upstream(up: upstream::Upstream, rt: tokio::runtime::Handle) -> Backend {
+        let up = Arc::new(up);
+        let dev = upstream::UpstreamDev {
+            up: up.clone(),
+            rt: rt.clone(),
+        };
+        let log = upstream::RegionLog {
+            up: up.clone(),
+            rt: rt.clone(),
+        };
+        let redo = Redo::new(log).with_mid_apply(|| crate::fault::failpoint("redo-apply"));
+        Backend::Nbd(up, rt, Box::new(Atomic::new(dev, redo)))
+    }
+
+    /// The file, for a local file.
+    fn file(&self) -> Option<&File> {
+        match self {
+            Backend::File(f) => Some(f),
+            Backend::Journaled(a) => Some(a.inner()),
+            Backend::Nbd(..) => None,
+        }
+    }
 }
 
 pub(crate) struct Device {
@@ -89,8 +121,6 @@ pub(crate) struct Device {
     /// rewrites into fresh slots ~171k against ~98k). `None` for the
     /// backing store, or when the file cannot be mapped.
     pub(crate) map: Option<mapped::Mapped>,
-    pub(crate) groups: Mutex<HashMap<u64, Vec<(u64, Bytes)>>>,
-    pub(crate) redo: Option<Redo>,
     /// Fault injection, host-crash overlay, failpoints and the failed flag (`fault.rs`).
     pub(crate) fault: crate::fault::Layer,
 }
@@ -117,7 +147,7 @@ impl Device {
 
     /// A local file (not an upstream NBD server).
     pub(crate) fn is_file(&self) -> bool {
-        matches!(self.backend, Backend::File(_))
+        self.backend.file().is_some()
     }
 
     /// An upstream's read, write, flush or checksum as a future on the
@@ -131,7 +161,7 @@ impl Device {
         op: &IoOp<Bytes>,
         group: Option<u64>,
     ) -> Option<(tokio::runtime::Handle, UpFuture)> {
-        let Backend::Nbd(c, rt) = &self.backend else {
+        let Backend::Nbd(c, rt, _) = &self.backend else {
             return None;
         };
         if group.is_some() || !self.fault.passthrough() {
@@ -177,13 +207,13 @@ impl Device {
     /// way, else one merged write through [`Device::execute`] (which also
     /// records errors).
     pub(crate) fn write_parts(&self, offset: u64, parts: &[&Bytes]) -> IoResult<Bytes> {
-        if let Backend::File(f) = &self.backend {
+        if let Some(f) = self.backend.file() {
+            let slices: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
             if let Some(m) = self
                 .map
                 .as_ref()
                 .filter(|m| m.private() || !self.fault.passthrough())
             {
-                let slices: Vec<&[u8]> = parts.iter().map(|p| &p[..]).collect();
                 let total = slices.iter().map(|p| p.len()).sum();
                 let r = self.fault.put_write(
                     offset,
@@ -207,7 +237,7 @@ impl Device {
                     }
                 };
             }
-            if self.fault.passthrough() && pwritev_all(f, offset, parts).is_ok() {
+            if self.fault.passthrough() && f.write(offset, &slices, false).is_ok() {
                 return Ok(None);
             }
             // Retried below, so the failure is counted and logged as usual.
@@ -227,28 +257,29 @@ impl Device {
     fn execute_raw(&self, op: &IoOp<Bytes>, group: Option<u64>) -> IoResult<Bytes> {
         match &self.backend {
             Backend::File(f) => self.execute_file(f, op, group),
-            Backend::Nbd(c, rt) => self.execute_upstream(c, rt, op, group),
+            Backend::Journaled(a) => self.execute_file(a, op, group),
+            Backend::Nbd(c, rt, groups) => self.execute_upstream(c, rt, groups, op, group),
         }
     }
 
     /// A command on an upstream NBD export, blocking on its runtime; an
-    /// atomic group's writes are held until its end, then committed through
-    /// the redo region.
+    /// atomic group's writes are staged by `groups` until its end, then
+    /// committed through the redo region.
     fn execute_upstream(
         &self,
         c: &upstream::Upstream,
         rt: &tokio::runtime::Handle,
+        groups: &UpstreamGroups,
         op: &IoOp<Bytes>,
         group: Option<u64>,
     ) -> IoResult<Bytes> {
         let e = |_| IoError::Eio;
+        let staged = |r: std::io::Result<()>| r.map(|_| None).map_err(|_| IoError::Eio);
         match op {
             // A group's writes wait for its end (below).
             IoOp::Write { offset, data, .. } if group.is_some() => {
                 let g = group.expect("checked");
-                let mut groups = self.groups.lock().unwrap();
-                groups.entry(g).or_default().push((*offset, data.clone()));
-                Ok(None)
+                staged(groups.group_write(g, *offset, data.clone()))
             }
             IoOp::Read { offset, len } => rt.block_on(c.read(*offset, *len)).map(Some).map_err(e),
             IoOp::Write { offset, data, fua } => rt
@@ -261,30 +292,22 @@ impl Device {
                 .map(|b| Some(crc_payload(&b)))
                 .map_err(e),
             IoOp::Trim { .. } => Ok(None),
-            IoOp::GroupBegin { group } => {
-                self.groups.lock().unwrap().insert(*group, Vec::new());
-                Ok(None)
-            }
-            IoOp::GroupEnd { group } => {
-                let writes = self.groups.lock().unwrap().remove(group);
-                let writes = writes.unwrap_or_default();
-                rt.block_on(c.commit_and_apply(&writes))
-                    .map(|_| None)
-                    .map_err(|err| {
-                        log!(
-                            error,
-                            "redo_commit_failed",
-                            error = crate::errors::chain(&err)
-                        );
-                        IoError::Eio
-                    })
-            }
+            IoOp::GroupBegin { group } => staged(groups.group_begin(*group)),
+            IoOp::GroupEnd { group } => groups.group_end(*group).map(|_| None).map_err(|err| {
+                log!(error, "redo_commit_failed", error = err.to_string());
+                IoError::Eio
+            }),
         }
     }
 
-    /// A command on a file (the cache, or a backing file): atomic groups
-    /// through its redo log.
-    fn execute_file(&self, file: &File, op: &IoOp<Bytes>, group: Option<u64>) -> IoResult<Bytes> {
+    /// A command on a file (the cache, or a backing file, whose atomic
+    /// groups its filter commits through the redo log).
+    fn execute_file(
+        &self,
+        dev: &impl BlockDevice,
+        op: &IoOp<Bytes>,
+        group: Option<u64>,
+    ) -> IoResult<Bytes> {
         let io = |r: std::io::Result<()>| {
             r.map_err(|e| match e.raw_os_error() {
                 Some(28) => IoError::NoSpace,
@@ -298,53 +321,26 @@ impl Device {
                     // Host-crash mode: the private mapping is what a reader
                     // sees (the file holds only what is durable).
                     Some(m) if m.private() => io(m.read(*offset, &mut buf))?,
-                    _ => io(file.read_exact_at(&mut buf, *offset))?,
+                    _ => io(dev.read(*offset, &mut buf))?,
                 }
                 if matches!(op, IoOp::Checksum { .. }) {
                     return Ok(Some(crc_payload(&buf)));
                 }
                 Ok(Some(Bytes::from(buf)))
             }
-            IoOp::Write { offset, data, fua } => {
-                if let Some(g) = group {
-                    self.groups
-                        .lock()
-                        .unwrap()
-                        .entry(g)
-                        .or_default()
-                        .push((*offset, data.clone()));
-                    return Ok(None);
-                }
-                // Plain writes are `pwrite`s, also where the file is mapped
-                // (`files::small_pages`). A private mapping never reaches the
-                // file: in host-crash mode the fault layer writes here what
-                // is durable.
-                if *fua {
-                    io(write_dsync(file, data, *offset))?;
-                } else {
-                    io(file.write_all_at(data, *offset))?;
-                }
-                Ok(None)
-            }
-            IoOp::Flush => {
-                io(file.sync_data())?;
-                Ok(None)
-            }
-            IoOp::Trim { .. } => Ok(None),
-            IoOp::GroupBegin { group } => {
-                self.groups.lock().unwrap().insert(*group, Vec::new());
-                Ok(None)
-            }
-            IoOp::GroupEnd { group } => {
-                let writes = self
-                    .groups
-                    .lock()
-                    .unwrap()
-                    .remove(group)
-                    .unwrap_or_default();
-                let redo = self.redo.as_ref().expect("backing device has a redo log");
-                io(redo.commit_and_apply(file, &writes)).map(|_| None)
-            }
+            // Plain writes are `pwrite`s, also where the file is mapped
+            // (`files::small_pages`); FUA ones `pwritev2(RWF_DSYNC)`, which
+            // syncs the written range only (`nvwc-dev/src/block.rs`). A
+            // private mapping never reaches the file: in host-crash mode the
+            // fault layer writes here what is durable.
+            IoOp::Write { offset, data, fua } => match group {
+                Some(g) => io(dev.group_write(g, *offset, data.clone())).map(|_| None),
+                None => io(dev.write(*offset, &[data], *fua)).map(|_| None),
+            },
+            IoOp::Flush => io(dev.flush()).map(|_| None),
+            IoOp::Trim { offset, len } => io(dev.trim(*offset, u64::from(*len))).map(|_| None),
+            IoOp::GroupBegin { group } => io(dev.group_begin(*group)).map(|_| None),
+            IoOp::GroupEnd { group } => io(dev.group_end(*group)).map(|_| None),
         }
     }
 }
@@ -352,50 +348,4 @@ impl Device {
 /// A checksum command's answer: the CRC-32C of `b`, little-endian.
 fn crc_payload(b: &[u8]) -> Bytes {
     Bytes::copy_from_slice(&nvwc_core::layout::data_crc(b).to_le_bytes())
-}
-
-/// A FUA write to a file: `data` at `offset`, durable when this returns, by
-/// `pwritev2(RWF_DSYNC)`, which syncs the written range only (a whole-file
-/// `fdatasync` would also write back every other dirty page, such as the
-/// many writes sent around a full cache). That is FUA's promise in the NBD
-/// protocol, and what the VOPR's disk and the host-crash layer model: the
-/// write itself is durable, nothing else. Falls back to a write and a
-/// `fdatasync` where the kernel lacks `RWF_DSYNC`.
-pub(crate) fn write_dsync(file: &std::fs::File, data: &[u8], offset: u64) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let mut done = 0usize;
-    while done < data.len() {
-        let rest = &data[done..];
-        let iov = libc::iovec {
-            iov_base: rest.as_ptr() as *mut libc::c_void,
-            iov_len: rest.len(),
-        };
-        // SAFETY: `iov` points into `data`, which outlives the call; the
-        // kernel only reads from it.
-        let n = unsafe {
-            libc::pwritev2(
-                file.as_raw_fd(),
-                &iov,
-                1,
-                (offset + done as u64) as libc::off_t,
-                libc::RWF_DSYNC,
-            )
-        };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EINTR) => continue,
-                Some(libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL) if done == 0 => {
-                    file.write_all_at(data, offset)?;
-                    return file.sync_data();
-                }
-                _ => return Err(e),
-            }
-        }
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        done += n as usize;
-    }
-    Ok(())
 }

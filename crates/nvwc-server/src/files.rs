@@ -124,10 +124,3 @@ pub(crate) fn open_or_create(path: &Path, size: u64, reserve: bool) -> Result<(F
 pub(crate) fn file_len(f: &mut File) -> Result<u64> {
     Ok(f.seek(SeekFrom::End(0))?)
 }
-
-#[cfg(test)]
-pub(crate) fn read_at(f: &File, off: u64, len: u64) -> Result<Vec<u8>> {
-    let mut b = vec![0u8; len as usize];
-    f.read_exact_at(&mut b, off)?;
-    Ok(b)
-}

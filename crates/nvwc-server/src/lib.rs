@@ -36,7 +36,8 @@
 //! * serving: `server.rs` (a running server), `run.rs` (`nvwc serve` as a
 //!   process: signals, reloads, systemd), `export.rs` (NBD requests
 //!   to engine requests), `host.rs` (the engine's pump and worker pools),
-//!   `device.rs`, `mapped.rs`, `redo.rs`, `upstream.rs`, `fault.rs`,
+//!   `device.rs` (over `nvwc-dev`: the device interface, the redo log),
+//!   `mapped.rs`, `upstream.rs`, `fault.rs`,
 //!   `tls.rs`;
 //! * watching and steering it: `control.rs`, `connections.rs`,
 //!   `metrics.rs`, `log.rs`, `notify.rs`, `status.rs`;
@@ -62,7 +63,6 @@ mod metrics;
 mod notify;
 mod open;
 mod recover;
-mod redo;
 mod run;
 mod server;
 mod spec;

@@ -20,9 +20,9 @@ use crate::device::{Backend, Device};
 use crate::export::{max_request, NvwcExport, MAX_PAYLOAD};
 use crate::files::{file_len, open_or_create, small_pages};
 use crate::log::log;
-use crate::redo::Redo;
 use crate::spec::ExportSpec;
 use crate::{bind, format, host, label, log, mapped};
+use nvwc_dev::redo::{FileLog, Redo};
 
 /// Open the backing store, cache and engine of one export and start its host.
 ///
@@ -244,13 +244,15 @@ fn replay_backing(
 ) -> Result<()> {
     // The backing store's own recovery: a checkpoint its redo log holds.
     let replayed = match &mut backing.store {
-        Store::File { file, redo, .. } => Redo::replay(redo, file)?,
+        Store::File { file, redo, .. } => {
+            Redo::new(FileLog { path: redo.clone() }).replay(&*file)?
+        }
         Store::Nbd { up, want_region } => {
             if let Some(w) = *want_region {
                 rt.block_on(up.ensure_region(w))
                     .with_context(|| format!("creating the redo region on {}", e.backing))?;
             }
-            rt.block_on(up.replay())?
+            up.replay(rt.handle())?
         }
     };
     if replayed > 0 {
@@ -465,15 +467,9 @@ fn devices(
     backing: BackingFound,
     rt: &tokio::runtime::Runtime,
 ) -> Result<(Arc<Device>, Arc<Device>)> {
-    let (backend, redo) = match backing.store {
-        Store::File { file, redo, .. } => (
-            Backend::File(file),
-            Some(Redo {
-                path: redo,
-                pending: false.into(),
-            }),
-        ),
-        Store::Nbd { up, .. } => (Backend::Nbd(Arc::new(up), rt.handle().clone()), None),
+    let backend = match backing.store {
+        Store::File { file, redo, .. } => Backend::journaled(file, redo),
+        Store::Nbd { up, .. } => Backend::upstream(up, rt.handle().clone()),
     };
     // Block devices report size 0 in their metadata: ask the end instead.
     let cache_len = (&cache).seek(SeekFrom::End(0)).unwrap_or(0);
@@ -492,15 +488,11 @@ fn devices(
     let cache_dev = Arc::new(Device {
         backend: Backend::File(cache),
         map,
-        groups: Mutex::default(),
-        redo: None,
         fault: cache_fault,
     });
     let backing_dev = Arc::new(Device {
         backend,
         map: None,
-        groups: Mutex::default(),
-        redo,
         fault: crate::fault::Layer::from_env(crate::fault::Role::Backing, &e.name)?,
     });
     Ok((cache_dev, backing_dev))

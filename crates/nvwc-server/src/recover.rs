@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 
 use crate::files::file_len;
-use crate::redo::Redo;
 use crate::spec::is_upstream;
 use crate::{bind, label, upstream};
+use nvwc_dev::redo::{FileLog, Redo};
 
 /// `nvwc recover`: make a backing store consistent on its own (after losing
 /// the cache device) by finishing a journaled checkpoint its redo log holds.
@@ -24,10 +24,13 @@ pub struct RecoverArgs {
 pub fn recover(a: RecoverArgs) -> Result<std::process::ExitCode> {
     let spec = a.backing.to_string_lossy().to_string();
     let (n, found) = if is_upstream(&spec) {
-        let rt = tokio::runtime::Builder::new_current_thread()
+        // A worker thread drives the client while this thread blocks on it
+        // (`upstream::Upstream::replay`).
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
             .enable_all()
             .build()?;
-        let (up, n) = rt.block_on(upstream::Upstream::open(&spec, None))?;
+        let (up, n) = upstream::Upstream::open(&spec, None, rt.handle())?;
         if up.region().is_none() {
             println!(
                 "nvwc recover: {spec} has no redo region (never served journaled); nothing to do"
@@ -41,7 +44,7 @@ pub fn recover(a: RecoverArgs) -> Result<std::process::ExitCode> {
             .open(&a.backing)
             .with_context(|| format!("opening {}", a.backing.display()))?;
         let redo = PathBuf::from(format!("{}.nvwc-redo", a.backing.display()));
-        let n = Redo::replay(&redo, &backing)?;
+        let n = Redo::new(FileLog { path: redo }).replay(&backing)?;
         let len = file_len(&mut backing)?;
         let found = if backing.metadata()?.is_file() {
             label::read_file_label(&backing, len)?

@@ -13,7 +13,11 @@
 //!
 //! A checkpoint group is committed as: (1) write the body and the header,
 //! FLUSH; (2) write every record in place, FLUSH; (3) overwrite the header
-//! with zeroes, FLUSH. Crash story: before (1)'s FLUSH returns, the header or
+//! with zeroes, FLUSH. That is the one redo-log protocol
+//! (`nvwc-dev/src/redo.rs`, which also finishes a group an earlier commit
+//! left half applied), run over this region as its log store
+//! ([`RegionLog`]) and the upstream as its device ([`UpstreamDev`]), both
+//! blocking on the client's runtime. Crash story: before (1)'s FLUSH returns, the header or
 //! body may be torn or missing: the header's and body's CRCs fail and replay
 //! does nothing; the in-place writes have not started, so the upstream holds
 //! the previous checkpoint. After it, the log is complete: replay (on open,
@@ -26,6 +30,8 @@ use std::ops::Deref;
 
 use anyhow::{bail, Context, Result};
 use bytes::Bytes;
+use nvwc_dev::block::BlockDevice;
+use nvwc_dev::redo::{LogStore, Redo};
 use nvwc_nbd::Client;
 
 use crate::label::{Label, LABEL_BYTES};
@@ -177,11 +183,6 @@ pub fn log_bytes_needed(max_group_bytes: u64, max_records: u64) -> u64 {
 pub struct Upstream {
     client: Client,
     region: Option<RedoRegion>,
-    /// The log may hold a group that is not fully applied (a commit failed
-    /// after it started writing the log): the next commit finishes that
-    /// group first, because writing a new log over it would make it
-    /// unreplayable while the backing store holds part of it.
-    log_pending: std::sync::atomic::AtomicBool,
 }
 
 impl Deref for Upstream {
@@ -192,16 +193,43 @@ impl Deref for Upstream {
 }
 
 impl Upstream {
-    /// Connect to `uri`. An existing region is always honoured (and a
-    /// pending log replayed); with `want_log_len = Some(n)` and no region, a
-    /// region with `n` bytes of log area is created.
-    pub async fn open(uri: &str, want_log_len: Option<u64>) -> Result<(Upstream, usize)> {
-        let mut up = Upstream::connect(uri).await?;
+    /// Connect to `uri` through `rt`, which MUST be a multi-thread
+    /// runtime's (call it outside the runtime). An existing region is
+    /// always honoured (and a pending log replayed); with
+    /// `want_log_len = Some(n)` and no region, a region with `n` bytes of
+    /// log area is created.
+    pub fn open(
+        uri: &str,
+        want_log_len: Option<u64>,
+        rt: &tokio::runtime::Handle,
+    ) -> Result<(Upstream, usize)> {
+        let mut up = rt.block_on(Upstream::connect(uri))?;
         if let Some(want) = want_log_len {
-            up.ensure_region(want).await?;
+            rt.block_on(up.ensure_region(want))?;
         }
-        let replayed = up.replay().await?;
+        let replayed = up.replay(rt)?;
         Ok((up, replayed))
+    }
+
+    /// Finish a logged group after a crash (through `rt`, which MUST be a
+    /// multi-thread runtime's: a current-thread runtime's handle cannot
+    /// drive the client while this thread blocks; call it outside the
+    /// runtime). Returns how many records it applied.
+    pub fn replay(&self, rt: &tokio::runtime::Handle) -> Result<usize> {
+        assert_eq!(
+            rt.runtime_flavor(),
+            tokio::runtime::RuntimeFlavor::MultiThread,
+            "the upstream's redo log blocks on a multi-thread runtime"
+        );
+        let dev = UpstreamDev {
+            up: self,
+            rt: rt.clone(),
+        };
+        let log = RegionLog {
+            up: self,
+            rt: rt.clone(),
+        };
+        Ok(Redo::new(log).replay(&dev)?)
     }
 
     /// Connect to `uri` and find its region, writing nothing.
@@ -212,7 +240,6 @@ impl Upstream {
         let mut up = Upstream {
             client,
             region: None,
-            log_pending: std::sync::atomic::AtomicBool::new(false),
         };
         let aligned = up.client.size() / BLOCK * BLOCK;
         if aligned >= BLOCK {
@@ -363,8 +390,9 @@ impl Upstream {
         Ok(())
     }
 
-    /// Commit a group atomically: log, FLUSH, in place, FLUSH, clear, FLUSH.
-    pub async fn commit_and_apply(&self, writes: &[(u64, Bytes)]) -> Result<()> {
+    /// Step (1): the group's log, body first, header last, in one pass
+    /// (the CRCs catch any tearing), then FLUSH.
+    async fn log_put(&self, writes: &[(u64, Bytes)]) -> Result<()> {
         let r = self.region.context("no redo region on this upstream")?;
         let log = r.encode_log(writes);
         if log.len() as u64 > r.log_len {
@@ -374,51 +402,94 @@ impl Upstream {
                 r.log_len
             );
         }
-        use std::sync::atomic::Ordering;
-        // A group an earlier commit logged but could not finish (an upstream
-        // error mid-apply) may be partly in place: finish it before its log
-        // is overwritten. If that fails too, this group is not started.
-        if self.log_pending.load(Ordering::Acquire) {
-            self.replay()
-                .await
-                .context("finishing the previous logged group")?;
-        }
-        self.log_pending.store(true, Ordering::Release);
-        // Body first, header last, in one pass: the CRCs catch any tearing.
         self.write_all(r.start + BLOCK, &log[BLOCK as usize..])
             .await?;
         self.write_all(r.start, &log[..BLOCK as usize]).await?;
         self.client.flush().await?;
-        self.apply(writes).await?;
-        self.client.flush().await?;
-        self.write_all(r.start, &[0u8; BLOCK as usize]).await?;
-        self.client.flush().await?;
-        self.log_pending.store(false, Ordering::Release);
         Ok(())
     }
 
-    /// Finish a logged group after a crash. Returns how many records it applied.
-    pub async fn replay(&self) -> Result<usize> {
+    /// The logged group, if the region holds a complete one.
+    async fn log_get(&self) -> Result<Option<Vec<(u64, Bytes)>>> {
         let Some(r) = self.region else {
-            return Ok(0);
+            return Ok(None);
         };
         let h = self.read_all(r.start, BLOCK).await?;
         let Some((n, body_len)) = r.decode_header(&h) else {
-            return Ok(0);
+            return Ok(None);
         };
         let crc = u32::from_le_bytes(h[24..28].try_into().expect("4"));
         let body = self.read_all(r.start + BLOCK, body_len).await?;
-        let Some(writes) = decode_body(&body, n, crc) else {
-            // Torn log: the group never started applying; nothing to do.
-            return Ok(0);
-        };
-        self.apply(&writes).await?;
-        self.client.flush().await?;
+        // A torn body: the group never started applying; nothing to do.
+        Ok(decode_body(&body, n, crc))
+    }
+
+    /// Step (3): overwrite the header with zeroes, FLUSH.
+    async fn log_clear(&self) -> Result<()> {
+        let r = self.region.context("no redo region on this upstream")?;
         self.write_all(r.start, &[0u8; BLOCK as usize]).await?;
         self.client.flush().await?;
-        self.log_pending
-            .store(false, std::sync::atomic::Ordering::Release);
-        Ok(writes.len())
+        Ok(())
+    }
+}
+
+/// An error of the upstream, for the device interface (the whole chain in
+/// its message, for the `redo_commit_failed` log line).
+fn io_err(e: anyhow::Error) -> std::io::Error {
+    std::io::Error::other(format!("{e:#}"))
+}
+
+/// The upstream as a block device, blocking on the client's runtime `rt`
+/// (from a worker thread, never a runtime thread). A batch keeps
+/// [`APPLY_DEPTH`] writes in flight. `U`: `&Upstream` or `Arc<Upstream>`.
+pub struct UpstreamDev<U> {
+    pub up: U,
+    pub rt: tokio::runtime::Handle,
+}
+
+impl<U: Deref<Target = Upstream>> BlockDevice for UpstreamDev<U> {
+    fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        let got = self
+            .rt
+            .block_on(self.up.read_all(offset, buf.len() as u64))
+            .map_err(io_err)?;
+        buf.copy_from_slice(&got);
+        Ok(())
+    }
+    fn write(&self, offset: u64, parts: &[&[u8]], fua: bool) -> std::io::Result<()> {
+        let data = Bytes::from(parts.concat());
+        self.rt
+            .block_on(self.up.client.write(offset, data, fua))
+            .map_err(|e| io_err(e.into()))
+    }
+    fn write_batch(&self, writes: &[(u64, Bytes)]) -> std::io::Result<()> {
+        self.rt.block_on(self.up.apply(writes)).map_err(io_err)
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        self.rt
+            .block_on(self.up.client.flush())
+            .map_err(|e| io_err(e.into()))
+    }
+    fn trim(&self, _offset: u64, _len: u64) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The redo region as the redo log's store (module docs).
+pub struct RegionLog<U> {
+    pub up: U,
+    pub rt: tokio::runtime::Handle,
+}
+
+impl<U: Deref<Target = Upstream>> LogStore for RegionLog<U> {
+    fn put(&self, writes: &[(u64, Bytes)]) -> std::io::Result<()> {
+        self.rt.block_on(self.up.log_put(writes)).map_err(io_err)
+    }
+    fn get(&self) -> std::io::Result<Option<Vec<(u64, Bytes)>>> {
+        self.rt.block_on(self.up.log_get()).map_err(io_err)
+    }
+    fn clear(&self) -> std::io::Result<()> {
+        self.rt.block_on(self.up.log_clear()).map_err(io_err)
     }
 }
 
@@ -490,67 +561,76 @@ mod tests {
 
     #[test]
     fn region_over_nbd_replays_logged_groups_only() {
-        one_thread_runtime().block_on(async {
-            let dir = test_dir("nvwc-region-");
-            let (server, mem, uri) = memory_server(&dir).await;
+        let rt = one_thread_runtime();
+        let h = rt.handle();
+        let dir = test_dir("nvwc-region-");
+        let (server, mem, uri) = rt.block_on(memory_server(&dir));
 
-            // No region unless asked for one.
-            let (up, n) = Upstream::open(&uri, None).await.unwrap();
-            assert_eq!((up.region(), n, up.usable()), (None, 0, 64 << 20));
-            let (up, _) = Upstream::open(&uri, Some(2 << 20)).await.unwrap();
-            let r = up.region().unwrap();
-            assert_eq!(
-                r.start,
-                61 << 20,
-                "2 MiB of log + trailer, aligned down to 1 MiB"
-            );
-            assert_eq!(up.usable(), r.start);
-            // Found again, whatever size is asked for now.
-            let (up, _) = Upstream::open(&uri, Some(8 << 20)).await.unwrap();
-            assert_eq!(up.region(), Some(r));
+        // No region unless asked for one.
+        let (up, n) = Upstream::open(&uri, None, h).unwrap();
+        assert_eq!((up.region(), n, up.usable()), (None, 0, 64 << 20));
+        let (up, _) = Upstream::open(&uri, Some(2 << 20), h).unwrap();
+        let r = up.region().unwrap();
+        assert_eq!(
+            r.start,
+            61 << 20,
+            "2 MiB of log + trailer, aligned down to 1 MiB"
+        );
+        assert_eq!(up.usable(), r.start);
+        // Found again, whatever size is asked for now.
+        let (up, _) = Upstream::open(&uri, Some(8 << 20), h).unwrap();
+        assert_eq!(up.region(), Some(r));
 
-            // A committed group is applied in place; nothing left to replay.
-            let g1 = vec![
-                (0u64, Bytes::from(vec![1u8; 8192])),
-                (1 << 20, Bytes::from(vec![2u8; 4096])),
-            ];
-            up.commit_and_apply(&g1).await.unwrap();
-            assert_eq!(mem.contents(0, 8192), vec![1u8; 8192]);
-            assert_eq!(up.replay().await.unwrap(), 0);
+        // A committed group (the redo-log protocol over the region) is
+        // applied in place; nothing left to replay.
+        let g1 = vec![
+            (0u64, Bytes::from(vec![1u8; 8192])),
+            (1 << 20, Bytes::from(vec![2u8; 4096])),
+        ];
+        let dev = UpstreamDev {
+            up: &up,
+            rt: h.clone(),
+        };
+        let log = RegionLog {
+            up: &up,
+            rt: h.clone(),
+        };
+        Redo::new(log).commit(&dev, &g1).unwrap();
+        assert_eq!(mem.contents(0, 8192), vec![1u8; 8192]);
+        assert_eq!(mem.contents(1 << 20, 4096), vec![2u8; 4096]);
+        assert_eq!(up.replay(h).unwrap(), 0);
 
-            // Crash after the log's FLUSH, before any in-place write.
-            let g2 = vec![
-                (4096u64, Bytes::from(vec![3u8; 4096])),
-                (5 << 20, Bytes::from(vec![4u8; 100])),
-            ];
-            let log = r.encode_log(&g2);
-            up.write_all(r.start, &log).await.unwrap();
-            up.flush().await.unwrap();
-            assert_eq!(mem.contents(4096, 4096), vec![1u8; 4096], "not applied yet");
-            let (up, n) = Upstream::open(&uri, None).await.unwrap();
-            assert_eq!(n, 2, "replayed on open");
-            assert_eq!(mem.contents(4096, 4096), vec![3u8; 4096]);
-            assert_eq!(mem.contents(5 << 20, 100), vec![4u8; 100]);
-            assert_eq!(up.replay().await.unwrap(), 0, "the header was cleared");
+        // Crash after the log's FLUSH, before any in-place write.
+        let g2 = vec![
+            (4096u64, Bytes::from(vec![3u8; 4096])),
+            (5 << 20, Bytes::from(vec![4u8; 100])),
+        ];
+        let log = r.encode_log(&g2);
+        rt.block_on(up.write_all(r.start, &log)).unwrap();
+        rt.block_on(up.flush()).unwrap();
+        assert_eq!(mem.contents(4096, 4096), vec![1u8; 4096], "not applied yet");
+        let (up, n) = Upstream::open(&uri, None, h).unwrap();
+        assert_eq!(n, 2, "replayed on open");
+        assert_eq!(mem.contents(4096, 4096), vec![3u8; 4096]);
+        assert_eq!(mem.contents(5 << 20, 100), vec![4u8; 100]);
+        assert_eq!(up.replay(h).unwrap(), 0, "the header was cleared");
 
-            // A torn log (its last body block never written) is ignored.
-            let g3 = vec![(0u64, Bytes::from(vec![9u8; 3 * 4096]))];
-            let log = r.encode_log(&g3);
-            let cut = log.len() - BLOCK as usize;
-            up.write_all(r.start, &log[..cut]).await.unwrap();
-            up.write_all(r.start + cut as u64, &vec![0u8; BLOCK as usize])
-                .await
-                .unwrap();
-            let (_up, n) = Upstream::open(&uri, None).await.unwrap();
-            assert_eq!(n, 0);
-            assert_eq!(
-                mem.contents(0, 4096),
-                vec![1u8; 4096],
-                "torn group not applied"
-            );
-            server.shutdown().await;
-            let _ = std::fs::remove_dir_all(&dir);
-        });
+        // A torn log (its last body block never written) is ignored.
+        let g3 = vec![(0u64, Bytes::from(vec![9u8; 3 * 4096]))];
+        let log = r.encode_log(&g3);
+        let cut = log.len() - BLOCK as usize;
+        rt.block_on(up.write_all(r.start, &log[..cut])).unwrap();
+        rt.block_on(up.write_all(r.start + cut as u64, &vec![0u8; BLOCK as usize]))
+            .unwrap();
+        let (_up, n) = Upstream::open(&uri, None, h).unwrap();
+        assert_eq!(n, 0);
+        assert_eq!(
+            mem.contents(0, 4096),
+            vec![1u8; 4096],
+            "torn group not applied"
+        );
+        rt.block_on(server.shutdown());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// The label lives in the trailer block's second sector: none before a

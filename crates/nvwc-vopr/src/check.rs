@@ -364,7 +364,7 @@ pub(crate) fn drain_after_recovery(
             checks += 1;
             let before = o.violations.len();
             let mut scratch = SeedOutcome::default();
-            backing_alone(cfg, backing.visible(), true, o, &mut scratch);
+            backing_alone(cfg, &backing.visible(), true, o, &mut scratch);
             if o.violations.len() > before {
                 for v in &mut o.violations[before..] {
                     *v = format!("(c) cache lost while draining after recovery: {v}");

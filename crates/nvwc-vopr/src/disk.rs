@@ -1,56 +1,54 @@
-//! An in-memory block device with a volatile write cache, atomic groups and crashes.
+//! The VOPR's disk: the in-memory twin (`nvwc-dev/src/mem.rs`: a volatile
+//! write cache, crashes, torn sectors) under the atomic-group filter
+//! (`nvwc-dev/src/redo.rs`), the stack the server puts on a backing file.
+//! A journaled checkpoint's `GroupEnd` therefore runs the server's redo-log
+//! code: log the group, write it in place, flush, clear the log. It
+//! completes in one step of the simulation, so a crash never falls inside
+//! it; a crash while a `GroupEnd` is in flight applies the group whole or
+//! not at all ([`MemDisk::crash`]), which is what the redo log guarantees.
 //!
-//! * A completed write is visible to reads but not durable until a FLUSH that
-//!   was issued after it completes, or unless it was written with FUA.
-//! * Writes tagged with a group are staged: invisible and not durable until the
-//!   group's `GroupEnd` completes, which makes them visible and durable at once
-//!   (the write-policy paper's storage-side journal, §3.2.2).
-//! * [`Disk::crash`] returns what survives: the durable image plus, for every
-//!   write not yet durable, independently: nothing, all of it, or a random
-//!   subset of its 512-byte sectors (torn).
+//! This module only maps the engine's commands onto that stack.
+
+use std::cell::{Ref, RefCell};
 
 use bytes::Bytes;
-use nvwc_core::{layout, IoOp, IoResult};
+use nvwc_core::{layout, IoError, IoOp, IoResult};
+use nvwc_dev::block::BlockDevice;
+use nvwc_dev::mem::MemDisk;
+use nvwc_dev::redo::{Atomic, MemLog, Redo};
 use rand::Rng;
-use std::collections::HashMap;
 
-pub const SECTOR: usize = 512;
-
-#[derive(Clone, Debug)]
-struct Pending {
-    offset: u64,
-    data: Vec<u8>,
-    /// Completion order stamp.
-    done_at: u64,
-}
+pub use nvwc_dev::mem::SECTOR;
 
 /// See the module docs.
-#[derive(Clone, Debug)]
 pub struct Disk {
-    pub visible: Vec<u8>,
-    pub durable: Vec<u8>,
-    unflushed: Vec<Pending>,
-    groups: HashMap<u64, Vec<(u64, Vec<u8>)>>,
-    clock: u64,
+    dev: Atomic<RefCell<MemDisk>, MemLog>,
+}
+
+fn eio(_: std::io::Error) -> IoError {
+    IoError::Eio
 }
 
 impl Disk {
     pub fn new(image: Vec<u8>) -> Self {
         Disk {
-            durable: image.clone(),
-            visible: image,
-            unflushed: Vec::new(),
-            groups: HashMap::new(),
-            clock: 0,
+            dev: Atomic::new(
+                RefCell::new(MemDisk::new(image)),
+                Redo::new(MemLog::default()),
+            ),
         }
     }
 
+    fn twin(&self) -> Ref<'_, MemDisk> {
+        self.dev.inner().borrow()
+    }
+
     pub fn len(&self) -> u64 {
-        self.visible.len() as u64
+        self.twin().len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.visible.is_empty()
+        self.twin().is_empty()
     }
 
     /// Run a device command that completes now. `flush_stamp`: for a FLUSH,
@@ -64,152 +62,94 @@ impl Disk {
     ) -> IoResult<Bytes> {
         match op {
             IoOp::Read { offset, len } => {
-                return Ok(Some(Bytes::from(self.read(*offset, *len as usize))))
+                return Ok(Some(Bytes::from(self.twin().read(*offset, *len as usize))))
             }
             IoOp::Checksum { offset, len } => {
-                let crc = layout::data_crc(&self.read(*offset, *len as usize));
+                let crc = layout::data_crc(&self.twin().read(*offset, *len as usize));
                 return Ok(Some(Bytes::copy_from_slice(&crc.to_le_bytes())));
             }
-            IoOp::Write { offset, data, fua } => self.write(*offset, data, *fua, group),
-            IoOp::Flush => self.flush(flush_stamp),
-            IoOp::Trim { .. } => {}
-            IoOp::GroupBegin { group } => self.group_begin(*group),
-            IoOp::GroupEnd { group } => self.group_end(*group),
+            IoOp::Write { offset, data, fua } => match group {
+                Some(g) => self
+                    .dev
+                    .group_write(g, *offset, data.clone())
+                    .map_err(eio)?,
+                None => self.dev.write(*offset, &[data], *fua).map_err(eio)?,
+            },
+            // A FLUSH covers what completed before its issue, not before now.
+            IoOp::Flush => self.dev.inner().borrow_mut().flush(flush_stamp),
+            IoOp::Trim { offset, len } => self.dev.trim(*offset, u64::from(*len)).map_err(eio)?,
+            IoOp::GroupBegin { group } => self.dev.group_begin(*group).map_err(eio)?,
+            IoOp::GroupEnd { group } => self.dev.group_end(*group).map_err(eio)?,
         }
         Ok(None)
     }
 
-    pub fn read(&self, offset: u64, len: usize) -> Vec<u8> {
-        self.visible[offset as usize..offset as usize + len].to_vec()
-    }
-
-    /// A write completes (it was issued earlier; its data lands now).
-    pub fn write(&mut self, offset: u64, data: &[u8], fua: bool, group: Option<u64>) {
-        if let Some(g) = group {
-            self.groups
-                .entry(g)
-                .or_default()
-                .push((offset, data.to_vec()));
-            return;
-        }
-        let o = offset as usize;
-        self.visible[o..o + data.len()].copy_from_slice(data);
-        self.clock += 1;
-        if fua {
-            self.durable[o..o + data.len()].copy_from_slice(data);
-            // Older unflushed writes to the same range must not resurrect at a crash.
-            for p in &mut self.unflushed {
-                let (a, b) = (p.offset as usize, p.offset as usize + p.data.len());
-                let (x, y) = (a.max(o), b.min(o + data.len()));
-                if x < y {
-                    p.data[x - a..y - a].copy_from_slice(&data[x - o..y - o]);
-                }
-            }
-        } else {
-            self.unflushed.push(Pending {
-                offset,
-                data: data.to_vec(),
-                done_at: self.clock,
-            });
-        }
-    }
-
-    /// Completion stamp to pass to [`Disk::flush`] for a flush issued now.
+    /// Completion stamp to pass to [`Disk::execute`] for a flush issued now.
     pub fn flush_issue_stamp(&self) -> u64 {
-        self.clock
-    }
-
-    /// A flush issued when the stamp was `issued_at` completes.
-    pub fn flush(&mut self, issued_at: u64) {
-        let (done, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.unflushed)
-            .into_iter()
-            .partition(|p| p.done_at <= issued_at);
-        for p in done {
-            let o = p.offset as usize;
-            self.durable[o..o + p.data.len()].copy_from_slice(&p.data);
-        }
-        self.unflushed = keep;
-    }
-
-    pub fn group_begin(&mut self, g: u64) {
-        self.groups.insert(g, Vec::new());
-    }
-
-    /// The group becomes visible and durable atomically.
-    pub fn group_end(&mut self, g: u64) {
-        let ws = self.groups.remove(&g).unwrap_or_default();
-        for (off, d) in ws {
-            let o = off as usize;
-            self.visible[o..o + d.len()].copy_from_slice(&d);
-            self.durable[o..o + d.len()].copy_from_slice(&d);
-            for p in &mut self.unflushed {
-                let (a, b) = (p.offset as usize, p.offset as usize + p.data.len());
-                let (x, y) = (a.max(o), b.min(o + d.len()));
-                if x < y {
-                    p.data[x - a..y - a].copy_from_slice(&d[x - o..y - o]);
-                }
-            }
-        }
+        self.twin().flush_issue_stamp()
     }
 
     /// What a reader sees now: every completed write.
-    pub fn visible(&self) -> &[u8] {
-        &self.visible
+    pub fn visible(&self) -> Ref<'_, [u8]> {
+        Ref::map(self.twin(), |d| d.visible())
     }
 
-    /// The state a surviving device shows after its host died: every completed
-    /// write, plus any subset (possibly torn) of the writes still in flight.
+    /// [`MemDisk::host_lost`].
     pub fn host_lost(&self, rng: &mut impl Rng, in_flight: &[(u64, Vec<u8>)]) -> Vec<u8> {
-        let mut img = self.visible.clone();
-        for (off, d) in in_flight {
-            let mode = rng.gen_range(0..3);
-            for (i, chunk) in d.chunks(SECTOR).enumerate() {
-                if mode == 1 || (mode == 2 && rng.gen_bool(0.5)) {
-                    let at = *off as usize + i * SECTOR;
-                    img[at..at + chunk.len()].copy_from_slice(chunk);
-                }
-            }
-        }
-        img
+        self.twin().host_lost(rng, in_flight)
     }
 
     /// What survives a power loss now, given writes still in flight.
-    /// `ends_in_flight`: groups whose `GroupEnd` was issued but not completed;
-    /// each is applied whole or not at all.
+    /// `ends_in_flight`: groups whose `GroupEnd` was issued but not completed.
     pub fn crash(
         &self,
         rng: &mut impl Rng,
         in_flight: &[(u64, Vec<u8>)],
         ends_in_flight: &[u64],
     ) -> Vec<u8> {
-        let mut img = self.durable.clone();
-        for g in ends_in_flight {
-            if rng.gen_bool(0.5) {
-                for (off, d) in self.groups.get(g).map(|v| v.as_slice()).unwrap_or(&[]) {
-                    let o = *off as usize;
-                    img[o..o + d.len()].copy_from_slice(d);
-                }
-            }
+        let ends: Vec<Vec<(u64, Bytes)>> =
+            ends_in_flight.iter().map(|g| self.dev.staged(*g)).collect();
+        self.twin().crash(rng, in_flight, &ends)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    fn write(offset: u64, v: u8) -> IoOp<Bytes> {
+        IoOp::Write {
+            offset,
+            data: Bytes::from(vec![v; SECTOR]),
+            fua: false,
         }
-        let mut apply = |off: u64, data: &[u8], rng: &mut dyn rand::RngCore| {
-            let mode = rng.gen_range(0..3);
-            if mode == 0 {
-                return;
-            }
-            let o = off as usize;
-            for (i, chunk) in data.chunks(SECTOR).enumerate() {
-                if mode == 1 || rng.gen_bool(0.5) {
-                    let at = o + i * SECTOR;
-                    img[at..at + chunk.len()].copy_from_slice(chunk);
-                }
-            }
-        };
-        for p in &self.unflushed {
-            apply(p.offset, &p.data, rng);
+    }
+
+    /// A group's writes are invisible until its end, which commits them
+    /// through the redo log (left empty) to the twin: visible and durable.
+    /// While the end is in flight, a crash keeps the group whole or drops it.
+    #[test]
+    fn a_group_end_commits_through_the_redo_log() {
+        let mut d = Disk::new(vec![0; 8 * SECTOR]);
+        d.execute(&IoOp::GroupBegin { group: 4 }, Some(4), 0)
+            .unwrap();
+        d.execute(&write(0, 1), Some(4), 0).unwrap();
+        d.execute(&write(2 * SECTOR as u64, 2), Some(4), 0).unwrap();
+        assert_eq!(d.visible()[0], 0, "staged, not visible");
+        let mut outcomes = std::collections::HashSet::new();
+        for seed in 0..16 {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+            let img = d.crash(&mut rng, &[], &[4]);
+            assert_eq!(img[0] == 1, img[2 * SECTOR] == 2, "whole or nothing");
+            outcomes.insert(img[0]);
         }
-        for (off, d) in in_flight {
-            apply(*off, d, rng);
-        }
-        img
+        assert_eq!(outcomes.len(), 2);
+        d.execute(&IoOp::GroupEnd { group: 4 }, Some(4), 0).unwrap();
+        assert!(d.dev.redo().log().bytes().is_empty(), "log cleared");
+        assert_eq!((d.visible()[0], d.visible()[2 * SECTOR]), (1, 2));
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+        let img = d.crash(&mut rng, &[], &[]);
+        assert_eq!((img[0], img[2 * SECTOR]), (1, 2), "durable at its end");
     }
 }
