@@ -147,7 +147,9 @@ for wl in $WORKLOADS; do for qd in $QDS; do for mode in $MODES; do
   CELLS+=("$wl $qd $mode")
   if [ -n "${BASE_BIN:-}" ] && [[ " ${BASE_MODES:-lazy lazy+direct} " == *" $mode "* ]]; then CELLS+=("$wl $qd $mode@base"); fi
 done; done; done
-HEAD="fio ${BS} over $(numfmt --to=iec "$RANGE_B"), nvwc write-back, ${CACHE} cache of ${BLOCK} blocks, patch memory ${PATCH_MEM}; nbdkit file + delay filter: read ${DELAY}, write ${DELAY}, ${THREADS} threads; ${RUNTIME}s + end_fsync FLUSH + clean stop timed; ${REPS} interleaved rounds, medians"
+SIZES=""
+[[ " $WORKLOADS " == *" fileserver "* ]] && SIZES=" (fileserver: 1k-64k)"
+HEAD="fio ${BS}${SIZES} over $(numfmt --to=iec "$RANGE_B"), nvwc write-back, ${CACHE} cache of ${BLOCK} blocks, patch memory ${PATCH_MEM}; nbdkit file + delay filter: read ${DELAY}, write ${DELAY}, ${THREADS} threads; ${RUNTIME}s + end_fsync FLUSH + clean stop timed; ${REPS} interleaved rounds, medians"
 echo "== non-blocking writes: $HEAD" >&2
 START=$(now)
 for r in $(seq "$REPS"); do
