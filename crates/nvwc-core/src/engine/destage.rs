@@ -199,14 +199,20 @@ impl<P: Payload> Engine<P> {
         let mut changed = false;
         for _ in 0..16 {
             let cap = self.cfg.capacity_blocks;
+            // A clean stop cleans only for a drain or for writers waiting
+            // for a slot: its final commit keeps the dirty data in the
+            // cache, and writing it back down to the low watermark first
+            // only delays the stop (by about a second with a 128 MiB cache
+            // over a 1 ms backing store: `scripts/bench-nbw.sh`).
             let wanted = self.drain && self.table.dirty > 0
                 || self.space_pressure()
-                || self.repl.should_clean(
-                    self.table.dirty,
-                    cap,
-                    self.destage.cleaning,
-                    self.cfg.watermarks,
-                );
+                || !self.shutting_down
+                    && self.repl.should_clean(
+                        self.table.dirty,
+                        cap,
+                        self.destage.cleaning,
+                        self.cfg.watermarks,
+                    );
             self.destage.cleaning = wanted;
             // Pressure for the write policy: writers wait and the slots
             // already on their way back (evicted, freed at the next metadata

@@ -346,9 +346,9 @@ impl<P: Payload> Engine<P> {
         let ps = &self.patch.sets[&b];
         if self.cfg.fetch != FetchMode::Lazy
             || !self.partial_ok
-            || self.write_patch_directly()
             || ps.parts.len() != 1
             || !ps.waiters.is_empty()
+            || self.write_patch_directly() && !self.durability_waits_for(b)
         {
             return false;
         }
@@ -382,6 +382,25 @@ impl<P: Payload> Engine<P> {
                 partial,
             },
         );
+    }
+
+    /// Does a FLUSH (or a clean stop) wait for block `b`'s patches? Then,
+    /// under lazy, a one-part set goes into its reserved slot as a partial
+    /// version even when the cache is short of room (`write_patch_directly`):
+    /// a cache write instead of a backing write on the FLUSH's path. With
+    /// many sets outstanding, writing each directly made the FLUSH wait for
+    /// one backing write per set at the backing store's parallelism (about
+    /// 19,000 sets, 2 s at 1 ms per write: `scripts/bench-nbw.sh`). The slot
+    /// was promised to the set anyway; the destage that later frees it
+    /// copies only the part's range, one backing write as the direct write
+    /// would have been, off the FLUSH's path. Not with `patch_direct`, which
+    /// asks for direct writes, nor in a drain, which writes everything back.
+    fn durability_waits_for(&self, b: u32) -> bool {
+        if self.cfg.patch_direct || self.drain {
+            return false;
+        }
+        let first = self.patch.sets[&b].first_seq;
+        self.shutting_down || self.patch.flushes.iter().any(|f| f.2 > first)
     }
 
     /// Write patches straight to the backing store (no fetch, no slot)?
