@@ -173,7 +173,7 @@ mod tests {
         let mut x = 12345u64;
         for i in 0..n {
             x = crate::hash::mix64(x);
-            if x % 10 == 0 {
+            if x.is_multiple_of(10) {
                 k.access(1_000_000 + (x >> 8) % 50_000);
             } else {
                 k.access(i % hot);

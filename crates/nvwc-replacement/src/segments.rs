@@ -207,7 +207,7 @@ impl SegmentIndex {
             panic!("blocks {other} and {} both cache lbn {l}", id.0);
         }
         let tb = self.track_blocks;
-        let left = if l % tb != 0 {
+        let left = if !l.is_multiple_of(tb) {
             self.by_lbn.get(&(l - 1)).map(|&b| self.seg_of[b as usize])
         } else {
             None

@@ -300,7 +300,7 @@ mod tests {
         let mut x = 99u64;
         for i in 0..40_000u64 {
             x = nvwc_mrc::mix64(x);
-            let lbn = if x % 10 == 0 {
+            let lbn = if x.is_multiple_of(10) {
                 10_000 + (x >> 8) % 20_000
             } else {
                 i % 200

@@ -312,7 +312,7 @@ impl TracePlan {
                 }
             }
         };
-        if region != 0 && region % bs != 0 && bs % region != 0 {
+        if region != 0 && region % bs != 0 && !bs.is_multiple_of(region) {
             return Err(SimError::Config(format!(
                 "compaction region {region} and block size {bs} must divide one another"
             )));

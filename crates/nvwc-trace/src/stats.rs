@@ -180,7 +180,8 @@ impl StatsCollector {
                     s.writes += 1;
                     s.bytes_written = s.bytes_written.saturating_add(r.len);
                     s.fua_writes += u64::from(r.fua);
-                    s.unaligned_writes += u64::from(r.offset % BLOCK != 0 || r.len % BLOCK != 0);
+                    s.unaligned_writes +=
+                        u64::from(!r.offset.is_multiple_of(BLOCK) || !r.len.is_multiple_of(BLOCK));
                     h.1 += 1;
                     self.written.insert(r.dev, first, end);
                 }

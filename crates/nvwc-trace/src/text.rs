@@ -282,7 +282,7 @@ mod tests {
     #[test]
     fn lines_are_numbered_and_bounded() {
         let mut input = b"a\r\nb\n\n".to_vec();
-        input.extend(std::iter::repeat(b'x').take(MAX_LINE_BYTES + 10));
+        input.extend(std::iter::repeat_n(b'x', MAX_LINE_BYTES + 10));
         input.extend(b"\nlast");
         let mut src = LineSource::new(Box::new(std::io::Cursor::new(input)));
         let mut got = Vec::new();

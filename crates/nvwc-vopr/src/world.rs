@@ -236,7 +236,7 @@ impl World {
             }
             if let Some(t) = self.eng.poll_timeout() {
                 let t = t.max(self.now);
-                if self.timeout_at.map_or(true, |x| t < x) {
+                if self.timeout_at.is_none_or(|x| t < x) {
                     self.timeout_at = Some(t);
                     self.push(t, Ev::Timeout);
                 }
@@ -248,7 +248,7 @@ impl World {
                 && self.events.iter().all(|e| matches!(e.0 .2, Ev::Timeout))
                 && self
                     .timeout_at
-                    .map_or(true, |t| t > self.now + 10_000_000_000)
+                    .is_none_or(|t| t > self.now + 10_000_000_000)
             {
                 return Stop::Quiet;
             }

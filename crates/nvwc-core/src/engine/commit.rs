@@ -144,7 +144,7 @@ impl LogState {
     }
     /// Remember that `slot`'s version `seq` becomes sealed with commit `n`.
     pub(super) fn note_unsealed(&mut self, n: u64, slot: u32, seq: u64) {
-        debug_assert!(self.unsealed.back().map_or(true, |b| b.0 <= n));
+        debug_assert!(self.unsealed.back().is_none_or(|b| b.0 <= n));
         self.unsealed.push_back((n, slot, seq));
     }
     pub(super) fn page_changed(&mut self, page: u64) {

@@ -189,7 +189,7 @@ impl<P: Payload> Engine<P> {
                     rewrite_pages.push(pg);
                     continue;
                 }
-                if best.map_or(true, |b| tag > b.0) {
+                if best.is_none_or(|b| tag > b.0) {
                     best = Some((tag, c));
                 }
             }

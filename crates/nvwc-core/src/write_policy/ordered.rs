@@ -538,7 +538,7 @@ impl WritePolicy for Ordered {
                 if n.ready()
                     && !n.in_wave
                     && !n.slots.is_empty()
-                    && best.map_or(true, |b| n.cidx < b.0)
+                    && best.is_none_or(|b| n.cidx < b.0)
                     && !self.needs_marks(&n.slots)
                 {
                     best = Some((n.cidx, i as u32));

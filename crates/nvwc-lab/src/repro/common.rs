@@ -71,7 +71,7 @@ pub fn img(a: &Args, name: &str) -> PathBuf {
 /// else bytes.
 pub fn prose_size(bytes: u64) -> String {
     for (unit, m) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
-        if bytes >= m && bytes % m == 0 {
+        if bytes >= m && bytes.is_multiple_of(m) {
             return format!("{} {unit}", bytes / m);
         }
     }
@@ -83,7 +83,7 @@ pub fn thousands(x: u64) -> String {
     let d = x.to_string();
     let mut out = String::new();
     for (i, c) in d.chars().enumerate() {
-        if i > 0 && (d.len() - i) % 3 == 0 {
+        if i > 0 && (d.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);

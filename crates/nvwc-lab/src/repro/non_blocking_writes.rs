@@ -394,7 +394,7 @@ fn figure11(a: &Args, base: &SimConfig, st: &Streams) -> Result<(String, Vec<Run
 /// The stream parameters the prose quotes.
 fn stream_values(v: &mut Values, st: &Streams) {
     assert!(
-        st.patch_mem > 0 && st.cache % st.patch_mem == 0,
+        st.patch_mem > 0 && st.cache.is_multiple_of(st.patch_mem),
         "patch memory divides the cache"
     );
     v.set("straddle", prose_size(st.sizes[3]))

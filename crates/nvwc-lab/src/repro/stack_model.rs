@@ -71,7 +71,7 @@ pub(super) fn knee_within(h: &Histogram, max: u64) -> Option<u64> {
         .collect::<Vec<_>>();
     let mut dedup: Vec<(f64, f64)> = Vec::new();
     for p in pts {
-        if dedup.last().map_or(true, |q| q.0 < p.0) {
+        if dedup.last().is_none_or(|q| q.0 < p.0) {
             dedup.push(p);
         }
     }

@@ -493,7 +493,7 @@ impl Client {
             }
         }
         let mb = u64::from(d.min_block.max(1));
-        if offset % mb != 0 || u64::from(len) % mb != 0 {
+        if !offset.is_multiple_of(mb) || u64::from(len) % mb != 0 {
             return Err(ClientError::InvalidArgument(format!(
                 "range {offset}+{len} not aligned to minimum block size {mb}"
             )));

@@ -178,7 +178,7 @@ impl ChunkPayload {
                 ChunkPayload::OffsetHole { offset, len: hl }
             }
             chunk_type::BLOCK_STATUS => {
-                if len < 12 || (len - 4) % 8 != 0 {
+                if len < 12 || !(len - 4).is_multiple_of(8) {
                     return Err(malformed(format!(
                         "BLOCK_STATUS length {len} is not 4 + a positive multiple of 8"
                     )));

@@ -689,7 +689,7 @@ fn validate(conn: &Conn, hdr: &RequestHeader) -> Result<(), NbdError> {
         );
     }
     let mb = u64::from(info.min_block);
-    if mb > 1 && (hdr.offset % mb != 0 || u64::from(hdr.length) % mb != 0) {
+    if mb > 1 && (!hdr.offset.is_multiple_of(mb) || u64::from(hdr.length) % mb != 0) {
         return Err(NbdError::inval(format!(
             "request not aligned to minimum block size {mb}"
         )));

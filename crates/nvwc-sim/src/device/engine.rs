@@ -423,7 +423,7 @@ impl<M: Mechanism> Engine<M> {
 
     fn release_waiters(&mut self, t: Nanos) {
         while let Some(w) = self.waiters.front() {
-            let clean = self.dirty.first().map_or(true, |&first| first > w.target);
+            let clean = self.dirty.first().is_none_or(|&first| first > w.target);
             if !clean {
                 break;
             }

@@ -21,7 +21,7 @@ fn run(dev: &mut dyn DeviceModel, mut ops: Vec<(u64, DevOp)>) -> Vec<(u64, u64)>
         let ts = next.peek().map(|&(t, _)| t);
         match (tn, ts) {
             (None, None) => break,
-            (Some(c), s) if s.map_or(true, |s| c <= s) => {
+            (Some(c), s) if s.is_none_or(|s| c <= s) => {
                 buf.clear();
                 dev.pop_completions(c, &mut buf);
                 done.extend(buf.iter().map(|&id| (id, c)));
