@@ -466,6 +466,8 @@ impl<P: Payload> Engine<P> {
                 }
                 for (piece, block) in pieces {
                     self.bypass.io.remove(&block);
+                    // A reissue waiting for a slot is moot now.
+                    self.bypass.pending_reissues.retain(|r| r.0 != block);
                     self.on_piece_io_done(piece, res.is_ok());
                 }
                 for block in orphans {

@@ -592,3 +592,72 @@ fn a_full_write_back_cache_paces_its_cleaning() {
         "paced: {paced} blocks destaged, at full speed {full_speed}"
     );
 }
+
+/// I/O criticality inheritance in a cache full of clean blocks: the reissue
+/// finds no free slot, waits for one (a clean block is evicted for it and
+/// a commit frees the slot), and then goes to the cache while the original
+/// backing write is still in flight. Refusing it instead (the engine before
+/// the deferred reissue) left the critical request waiting for the backing
+/// store.
+#[test]
+fn a_reissue_in_a_cache_full_of_clean_blocks_waits_for_a_slot() {
+    let mut c = cfg(WritePolicyKind::WriteBack, AdmissionKind::CriticalPiIoi);
+    c.free_reserve = 0;
+    c.watermarks = Watermarks {
+        high: 0.0,
+        low: 0.0,
+    };
+    let mut h = MemHarness::new(c);
+    // Fill every slot with a clean block: critical writes, destaged at once.
+    for b in 0..64u64 {
+        let id = 10 + b;
+        h.submit_tagged(id, write(b * BS, 7, BS), tag(true));
+        h.wait(id, &mut |_| 0).result.unwrap();
+    }
+    h.settle(&mut |_| 0);
+    assert_eq!(h.engine.stats().dirty_blocks, 0, "all clean");
+    assert_eq!(h.engine.stats().free_slots, 0, "no free slot left");
+    // A non-critical write bypasses the cache; keep its backing write back.
+    h.submit_tagged(1, write(100 * BS, 5, BS), tag(false));
+    let is_bypass = |c: &IoCmd<Bytes>| {
+        c.dev == Dev::Backing && matches!(c.op, IoOp::Write { offset, .. } if offset == 100 * BS)
+    };
+    assert!(h.inflight().iter().any(is_bypass), "bypass write in flight");
+    // A critical read waits behind it: I/O inheritance asks for a reissue.
+    h.submit_tagged(
+        2,
+        ReqOp::Read {
+            offset: 100 * BS,
+            len: BS as u32,
+        },
+        tag(true),
+    );
+    // Run everything but the bypass write until the reissue reaches the cache.
+    for _ in 0..100 {
+        if h.engine.stats().reissued_writes == 1 {
+            break;
+        }
+        let Some(i) = h.inflight().iter().position(|c| !is_bypass(c)) else {
+            break;
+        };
+        h.step(&mut |_| i);
+    }
+    let st = h.engine.stats().clone();
+    assert_eq!(
+        st.reissued_writes, 1,
+        "the reissue waited for a slot: {st:?}"
+    );
+    assert!(
+        st.evictions >= 1,
+        "a clean block was evicted for it: {st:?}"
+    );
+    assert!(
+        h.inflight().iter().any(is_bypass),
+        "the original backing write is still in flight"
+    );
+    let r = h.wait(2, &mut |_| 0);
+    assert_block(r.result.unwrap().unwrap().to_vec(), 5, "critical read");
+    h.settle(&mut |_| 0);
+    assert_eq!(h.engine.stats().discarded_completions, 1);
+    assert_eq!(h.backing[100 * BS as usize], 5);
+}

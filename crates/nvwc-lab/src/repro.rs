@@ -10,6 +10,7 @@
 
 mod admission;
 mod admission_claims;
+mod admission_timeline;
 mod common;
 mod non_blocking_writes;
 mod non_blocking_writes_claims;

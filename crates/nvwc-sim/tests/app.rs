@@ -103,6 +103,7 @@ fn go(
         duration_ns: 2000 * MS,
         warmup_ns: 0,
         seed: 1,
+        timeline_ns: None,
     };
     let r = run("toy", &mut m, &cfg).unwrap();
     assert_eq!(r.requests, 1, "the critical request finished");

@@ -281,8 +281,19 @@ impl<P: Payload> Engine<P> {
     /// lands with the older bytes (tried: the test
     /// `an_orphaned_bypass_write_never_lands_over_a_later_destage` fails with
     /// ordered reissue). Only for a
-    /// whole-block piece (a partial one would need the block's other bytes),
-    /// and only when a spare slot is free. Otherwise the waiter waits.
+    /// whole-block piece (a partial one would need the block's other bytes).
+    ///
+    /// It needs a spare free slot. When there is none, the reissue waits
+    /// for one ([`BypassState::pending_reissues`]): `ensure_free` evicts a
+    /// clean block for it, and `progress` retries it as soon as a slot is
+    /// free, if the backing write is still in flight by then (else the
+    /// piece has completed from the backing store, and nothing is left to
+    /// do). This is the paper's "immediate reissue" in a cache whose clean
+    /// blocks are reused only after a commit: FlashCache, which the paper
+    /// modified, writes a reissued block into a clean block's place at
+    /// once; refusing the reissue instead left the critical process
+    /// waiting for the disk's whole queue whenever the cache was full of
+    /// clean data (`reports/admission.md`, the timeline).
     ///
     /// Crash story: the version is dirty and newer than anything recovery
     /// could find for the block (it had none, `can_bypass`); the old backing
@@ -296,10 +307,13 @@ impl<P: Payload> Engine<P> {
             let pc = self.pieces.get(p);
             (pc.lbn, pc.start, pc.end)
         };
-        if start != 0
-            || end as u64 != self.bs
-            || self.table.free.len() as u64 <= self.table.reserved
-        {
+        if start != 0 || end as u64 != self.bs {
+            return;
+        }
+        if self.table.free.len() as u64 <= self.table.reserved {
+            if !self.bypass.pending_reissues.contains(&(b, p, io)) {
+                self.bypass.pending_reissues.push_back((b, p, io));
+            }
             return;
         }
         let Some(s) = self.alloc_slot(lbn) else {
@@ -335,6 +349,24 @@ impl<P: Payload> Engine<P> {
         let data = pc.data.clone().unwrap();
         self.write_new_version(p, s, data);
     }
+
+    /// Retry the reissues that waited for a free slot, oldest first, while
+    /// spare slots are free. One whose backing write is no longer in flight
+    /// is dropped (the piece completed from the backing store). Returns
+    /// whether any ran or was dropped.
+    pub(super) fn retry_reissues(&mut self) -> bool {
+        let mut changed = false;
+        while self.table.free.len() as u64 > self.table.reserved {
+            let Some((b, p, io)) = self.bypass.pending_reissues.pop_front() else {
+                break;
+            };
+            changed = true;
+            if self.bypass.io.get(&b) == Some(&(p, io)) {
+                self.reissue(b, p, io);
+            }
+        }
+        changed
+    }
 }
 
 /// Admission and bypass state. The maps are used only when admission can
@@ -360,6 +392,10 @@ pub(super) struct BypassState {
     /// The write piece holding each busy block (the blocking object a
     /// waiter's dependency chain follows).
     pub(super) holders: IdMap<u32, u32>,
+    /// Reissues waiting for a free slot: (block, piece, backing write), in
+    /// the order they were asked for ([`Engine::reissue`]). Each counts as a
+    /// slot wanted (`free_wanted`), so clean blocks are evicted for it.
+    pub(super) pending_reissues: VecDeque<(u32, u32, IoId)>,
 }
 
 impl BypassState {
@@ -375,6 +411,7 @@ impl BypassState {
             batch: Vec::new(),
             through_batch: Vec::new(),
             holders: IdMap::default(),
+            pending_reissues: VecDeque::new(),
         }
     }
 }

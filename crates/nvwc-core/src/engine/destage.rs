@@ -90,6 +90,7 @@ impl<P: Payload> Engine<P> {
                 }
                 changed = true;
             }
+            changed |= self.retry_reissues();
             changed |= self.admit();
             while self.active_pieces < self.max_active {
                 let Some(p) = self.piece_queue.pop_front() else {
@@ -188,6 +189,7 @@ impl<P: Payload> Engine<P> {
         self.cfg.free_reserve as u64
             + self.table.reserved
             + self.alloc_waiters.len() as u64
+            + self.bypass.pending_reissues.len() as u64
             + self.admit_queue.front().map_or(0, |a| a.need)
     }
 

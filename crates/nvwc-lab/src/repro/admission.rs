@@ -20,6 +20,10 @@ use super::common::{listed, prose_size, range, thousands, Args};
 use super::template::{template, Values};
 
 const SEC: u64 = 1_000_000_000;
+/// Timeline interval of the smallest cache's runs: fine enough to show a
+/// checkpoint cycle of the model (seconds), coarse enough to keep the JSON
+/// small.
+const TIMELINE_NS: u64 = SEC / 2;
 
 struct Plan {
     app: &'static str,
@@ -111,8 +115,11 @@ pub fn admission(a: &Args) -> Result<String> {
     };
     let p = plan(app_name, a.quick)?;
     let mut jobs: Vec<AppConfig> = Vec::new();
-    for (dev, sizes) in &p.devices {
-        for &size in sizes {
+    for (i, (dev, sizes)) in p.devices.iter().enumerate() {
+        for (j, &size) in sizes.iter().enumerate() {
+            // The first device's smallest cache, where the policies part
+            // ways, gets a timeline (the report's timeline figure).
+            let timeline_ns = (i == 0 && j == 0).then_some(TIMELINE_NS);
             for policy in Policy::ALL {
                 jobs.push(AppConfig {
                     policy,
@@ -122,6 +129,7 @@ pub fn admission(a: &Args) -> Result<String> {
                     duration_ns: p.duration,
                     warmup_ns: p.warmup,
                     seed: 42,
+                    timeline_ns,
                 });
             }
         }
@@ -250,6 +258,10 @@ fn from_json(v: &serde_json::Value) -> Option<AppResult> {
         sync_bytes_by_process: pairs("sync_bytes_by_process"),
         async_bytes_by_process: pairs("async_bytes_by_process"),
         critical_wait_ms: [wm(0), wm(1), wm(2)],
+        timeline: v
+            .get("timeline")
+            .and_then(|t| serde_json::from_value(t.clone()).ok())
+            .unwrap_or_default(),
     })
 }
 
@@ -311,6 +323,8 @@ fn report(out: &Path, quick: bool, when: &str) -> Result<String> {
             }
             writeln!(md)?;
         }
+        let warmup = plan(app, quick)?.warmup;
+        md.push_str(&super::admission_timeline::section(out, app, &rs, warmup)?);
         // Table 1-style breakdown from the ALL run with the largest ramdisk.
         if let Some(r) = rs
             .iter()
@@ -433,6 +447,46 @@ fn notes_values(v: &mut Values, out: &Path, quick: bool) -> Result<()> {
         .set("warmup", p.warmup / SEC)
         .set("ckpt_wal", prose_size(pgp.ckpt_wal))
         .set("ckpt_s", pgp.ckpt_timeout / SEC)
-        .set("pool_pages", thousands(pgp.pool_pages));
+        .set("pool_pages", thousands(pgp.pool_pages))
+        .set("backends", pgp.backends);
+    timeline_values(v, &pg, p.warmup);
     Ok(())
+}
+
+/// The numbers of the timeline paragraph: ALL against CP+PI+IOI at the
+/// smallest cache (the runs that carry a timeline).
+fn timeline_values(v: &mut Values, pg: &[AppResult], warmup: u64) {
+    let sums = super::admission_timeline::summaries(pg, warmup);
+    let get = |p: &str| sums.iter().find(|s| s.policy == p);
+    let f1 = |x: f64| format!("{x:.1}");
+    let pct = |x: f64| format!("{:.0} %", x * 100.0);
+    let (all, ioi) = (get("ALL"), get("CP+PI+IOI"));
+    fn set(
+        v: &mut Values,
+        k: &'static str,
+        s: Option<&super::admission_timeline::Summary>,
+        f: &dyn Fn(&super::admission_timeline::Summary) -> String,
+    ) {
+        v.set(k, s.map_or_else(|| "(not run)".to_string(), f));
+    }
+    set(v, "tl_all_full", all, &|s| pct(s.full));
+    set(v, "tl_all_stalled", all, &|s| {
+        format!("{:.0}", s.stalled_per_s)
+    });
+    set(v, "tl_all_behind", all, &|s| f1(s.behind_io));
+    set(v, "tl_all_bflush", all, &|s| f1(s.backing_flushes_per_s));
+    set(v, "tl_ioi_asks", ioi, &|s| {
+        format!("{:.0}", s.inherits_per_s)
+    });
+    set(v, "tl_ioi_reissues", ioi, &|s| f1(s.reissued_per_s));
+    set(v, "tl_ioi_on_io", ioi, &|s| format!("{:.2}", s.on_io));
+    set(v, "tl_ioi_behind", ioi, &|s| f1(s.behind_io));
+    set(v, "tl_ioi_behind_flush", ioi, &|s| f1(s.behind_flush));
+    set(v, "tl_all_behind_flush", all, &|s| f1(s.behind_flush));
+    set(v, "tl_ioi_process", ioi, &|s| f1(s.on_process));
+    set(v, "tl_ioi_bflush", ioi, &|s| f1(s.backing_flushes_per_s));
+    set(v, "tl_ioi_flush", ioi, &|s| f1(s.flushes_per_s));
+    set(v, "tl_ioi_queue", ioi, &|s| {
+        format!("{:.0}", s.backing_queue)
+    });
 }

@@ -87,7 +87,7 @@ fn ratio_row(
 // explains it.
 const NO_PI_WRITES: &str =
     "the lock holder has no write left to issue when it inherits (\"CP+PI equals CP\")";
-const DISK_CACHE: &str = "the backing disk's write cache and C-LOOK let ALL destage a full cache quickly; a reissue needs a free slot (\"ALL is not the worst\")";
+const DISK_CACHE: &str = "the backing disk's write cache and C-LOOK let ALL destage a full cache quickly, while under CP each WAL fsync also flushes the disk that the bypassed writes wait in (\"ALL is not the worst\", \"The timeline\")";
 const CKPT_HDD: &str = "backends wait on the checkpointer's fsync and the flusher, whose writes reach the disk at any cache size (\"ALL is not the worst\")";
 const SSD_MODEL: &str = "our SSD model has parallel units and no garbage collection, so ALL does not suffer the paper's queue congestion (\"SSD\")";
 const JBD2: &str =

@@ -42,6 +42,7 @@
 pub mod fs;
 pub mod postgres;
 pub mod redis;
+pub mod timeline;
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
@@ -54,6 +55,7 @@ use nvwc_core::{
 use serde::Serialize;
 
 use crate::device::{build, DevOp, DevOpKind, DeviceModel, DeviceSpec, Nanos};
+use timeline::{Snapshot, Timeline, TimelineSample};
 
 /// Process id.
 pub type Pid = usize;
@@ -208,6 +210,8 @@ pub struct AppConfig {
     pub duration_ns: Nanos,
     pub warmup_ns: Nanos,
     pub seed: u64,
+    /// Sample a timeline at this interval of virtual time (`timeline.rs`).
+    pub timeline_ns: Option<Nanos>,
 }
 
 /// One run's results (measured after the warm-up).
@@ -241,6 +245,9 @@ pub struct AppResult {
     pub async_bytes_by_process: Vec<(String, u64)>,
     /// Total time critical processes spent blocked, per blocking object kind.
     pub critical_wait_ms: [(String, f64); 3],
+    /// The run's timeline, when [`AppConfig::timeline_ns`] asked for one.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub timeline: Vec<TimelineSample>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -495,6 +502,10 @@ pub fn run(name: &str, model: &mut dyn Model, cfg: &AppConfig) -> Result<AppResu
     let mut done = Vec::new();
     let debug = std::env::var_os("NVWC_APP_DEBUG").is_some();
     let mut timeout_served: Option<Nanos> = None;
+    let mut timeline = cfg.timeline_ns.map(Timeline::new);
+    let mut ends = 0u64;
+    // Client FLUSH requests in flight (for the timeline's "behind a FLUSH").
+    let mut flush_ids: std::collections::HashSet<ReqId> = Default::default();
 
     macro_rules! pump {
         () => {
@@ -622,6 +633,12 @@ pub fn run(name: &str, model: &mut dyn Model, cfg: &AppConfig) -> Result<AppResu
                         }
                     }
                     Step::Flush => {
+                        if timeline.is_some() {
+                            if flush_ids.len() > 4096 {
+                                flush_ids.retain(|r| rt.outstanding.contains_key(r));
+                            }
+                            flush_ids.insert(next_req);
+                        }
                         let id = next_req;
                         next_req += 1;
                         rt.outstanding.insert(id, p);
@@ -700,6 +717,7 @@ pub fn run(name: &str, model: &mut dyn Model, cfg: &AppConfig) -> Result<AppResu
                     }
                     Step::Begin => procs[p].begin = rt.now,
                     Step::End(t) => {
+                        ends += 1;
                         let t0 = t.unwrap_or(procs[p].begin);
                         if t0 >= cfg.warmup_ns {
                             requests += 1;
@@ -738,6 +756,22 @@ pub fn run(name: &str, model: &mut dyn Model, cfg: &AppConfig) -> Result<AppResu
             t = t.min(*x);
         }
         if t > cfg.duration_ns {
+            if let Some(tl) = timeline.as_mut() {
+                let end = cfg.duration_ns.max(rt.now);
+                tl.advance(
+                    rt.now,
+                    end,
+                    &snapshot(
+                        &eng,
+                        &procs,
+                        &locks,
+                        &backing,
+                        &flush_ids,
+                        ends,
+                        io_inheritances,
+                    ),
+                );
+            }
             break;
         }
         if t == u64::MAX {
@@ -774,6 +808,21 @@ pub fn run(name: &str, model: &mut dyn Model, cfg: &AppConfig) -> Result<AppResu
                 backing.a.next_completion(),
                 cache.next_completion(),
                 eng.debug_state()
+            );
+        }
+        if let Some(tl) = timeline.as_mut() {
+            tl.advance(
+                rt.now,
+                t,
+                &snapshot(
+                    &eng,
+                    &procs,
+                    &locks,
+                    &backing,
+                    &flush_ids,
+                    ends,
+                    io_inheritances,
+                ),
             );
         }
         rt.now = rt.now.max(t);
@@ -880,7 +929,68 @@ pub fn run(name: &str, model: &mut dyn Model, cfg: &AppConfig) -> Result<AppResu
             ("io".into(), wait_ns[1] as f64 / 1e6),
             ("other".into(), wait_ns[2] as f64 / 1e6),
         ],
+        timeline: timeline.map(Timeline::finish).unwrap_or_default(),
     })
+}
+
+/// The I/O request `p` waits for behind a lock: the holder's (or its
+/// holder's, and so on), if the chain of lock holders ends at one.
+fn behind_io(procs: &[Proc], locks: &[Lock], p: Pid) -> Option<ReqId> {
+    let mut cur = p;
+    for _ in 0..procs.len() {
+        let Blocker::Lock(l) = procs[cur].blocker else {
+            break;
+        };
+        match locks[l].owner {
+            Some(o) if o != cur => cur = o,
+            _ => return None,
+        }
+        if let Blocker::Io(r) = procs[cur].blocker {
+            return Some(r);
+        }
+    }
+    None
+}
+
+/// The state a timeline sample reads (see `timeline.rs`).
+fn snapshot(
+    eng: &Engine<Phantom>,
+    procs: &[Proc],
+    locks: &[Lock],
+    backing: &Split,
+    flush_ids: &std::collections::HashSet<ReqId>,
+    ends: u64,
+    io_inherits: u64,
+) -> Snapshot {
+    let s = eng.stats();
+    let blocked = |f: fn(&Blocker) -> bool| {
+        procs
+            .iter()
+            .filter(|p| (p.critical || p.inherited) && f(&p.blocker))
+            .count() as u32
+    };
+    let queue = |q: &Queue| (q.q.len() + q.out) as u32;
+    let blocks = eng.config().capacity_blocks as f64;
+    // The I/O each critical process waits for behind a lock holder.
+    let behind: Vec<ReqId> = (0..procs.len())
+        .filter(|&p| procs[p].critical || procs[p].inherited)
+        .filter_map(|p| behind_io(procs, locks, p))
+        .collect();
+    Snapshot {
+        ends,
+        dirty_frac: eng.dirty_versions() as f64 / blocks,
+        free_frac: s.free_slots as f64 / blocks,
+        stalled: s.stalled_writes,
+        reissued: s.reissued_writes,
+        io_inherits,
+        critical_on_io: blocked(|b| matches!(b, Blocker::Io(_))),
+        critical_on_process: blocked(|b| matches!(b, Blocker::Lock(_) | Blocker::Cond(_))),
+        critical_behind_io: behind.len() as u32,
+        critical_behind_flush: behind.iter().filter(|r| flush_ids.contains(r)).count() as u32,
+        flushes: s.flushes,
+        backing_flushes: s.backing_flushes,
+        backing_queue: queue(&backing.a) + backing.b.as_ref().map_or(0, |(_, q)| queue(q)),
+    }
 }
 
 /// Drain the engine: device commands to the models, replies to waiters.
