@@ -89,6 +89,10 @@ pub struct Args {
     /// Cost of a journaled checkpoint's GroupEnd: free or write-flush.
     #[arg(long, default_value = "free")]
     pub group_end: String,
+    /// Host CPU time per request, NS,NS_PER_KIB (default: measured on this
+    /// machine, 4520,188; `0,0` for none; see crates/nvwc-sim/src/cpu.rs).
+    #[arg(long)]
+    pub cpu_ns: Option<String>,
     /// Dirty watermarks HIGH,LOW (fractions of the cache).
     #[arg(long)]
     pub watermarks: Option<String>,
@@ -183,6 +187,13 @@ pub fn base_config(a: &Args) -> Result<SimConfig> {
         .group_end
         .parse()
         .map_err(|e: String| anyhow::anyhow!(e))?;
+    if let Some(x) = &a.cpu_ns {
+        let (r, k) = x.split_once(',').context("--cpu-ns NS,NS_PER_KIB")?;
+        c.cpu = nvwc_sim::cpu::CpuCost {
+            per_request_ns: r.trim().parse().context("--cpu-ns: per-request ns")?,
+            per_kib_ns: k.trim().parse().context("--cpu-ns: ns per KiB")?,
+        };
+    }
     if let Some(w) = &a.watermarks {
         let (h, l) = w.split_once(',').context("--watermarks HIGH,LOW")?;
         c.tuning.watermarks = Some((h.trim().parse()?, l.trim().parse()?));

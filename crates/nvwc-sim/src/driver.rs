@@ -63,6 +63,7 @@ use nvwc_core::{
 use nvwc_mrc::MixBuildHasher;
 use nvwc_trace::{Op, TraceError, TraceRecord};
 
+use crate::cpu::{CpuCost, CpuQueue};
 use crate::device::{build, DevOp, DevOpKind, DeviceModel, DeviceSpec, Nanos};
 use crate::idring::IdRing;
 use crate::metrics::{IntervalRecord, Latency, RunHistogram, RunResult};
@@ -208,6 +209,9 @@ pub struct SimConfig {
     pub backing_qd: usize,
     /// Cost of `GroupEnd`.
     pub group_end: GroupEndCost,
+    /// Host CPU time per request (`cpu.rs`; default: measured on this
+    /// machine).
+    pub cpu: CpuCost,
     /// Interval of virtual time between snapshots (None: no snapshots).
     pub interval_ns: Option<u64>,
     /// Engine overrides.
@@ -242,6 +246,7 @@ impl SimConfig {
             backing_qd: 1,
             read_priority: true,
             group_end: GroupEndCost::Free,
+            cpu: CpuCost::measured(),
             interval_ns: None,
             tuning: EngineTuning::default(),
             label: String::new(),
@@ -470,6 +475,8 @@ pub struct Simulator<I: Iterator<Item = Result<TraceRecord, TraceError>>> {
     lat_flush: Latency,
     lat_interval: Latency,
     last_reply: Nanos,
+    /// Requests whose I/O is done, waiting for their CPU time (`cpu.rs`).
+    cpu_queue: CpuQueue<ReqId>,
     dirty_peak: u64,
     dirty_integral: u128,
     next_boundary: Option<Nanos>,
@@ -553,6 +560,7 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
             lat_flush: Latency::default(),
             lat_interval: Latency::default(),
             last_reply: 0,
+            cpu_queue: CpuQueue::default(),
             dirty_peak: 0,
             dirty_integral: 0,
             next_boundary,
@@ -607,6 +615,7 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
         };
         consider(self.cache.next_completion());
         consider(self.backing.next_completion());
+        consider(self.cpu_queue.next_at());
         if self.cfg.mode == Mode::Open && self.pending.len() < self.cfg.max_outstanding {
             consider(self.open_waiting.front().map(|&(_, at)| at));
         }
@@ -660,6 +669,9 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
             self.dev_done(id, true);
         }
         self.done_buf = buf;
+        while let Some(parent) = self.cpu_queue.pop_done(t) {
+            self.complete(parent);
+        }
         if self.engine.poll_timeout().is_some_and(|x| x <= t) && self.timeout_fired_at != Some(t) {
             self.engine.handle_timeout(t);
             self.timeout_fired_at = Some(t);
@@ -903,6 +915,16 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
         if p.parts_left > 0 {
             return;
         }
+        let cost = self.cfg.cpu.cost(p.bytes);
+        if cost > 0 {
+            self.cpu_queue.push(self.now, cost, parent);
+            return;
+        }
+        self.complete(parent);
+    }
+
+    /// Request `parent` is done, I/O and CPU: the client sees it now.
+    fn complete(&mut self, parent: ReqId) {
         let p = self.pending.remove(parent).expect("parent request");
         let lat = self.now - p.arrived;
         self.last_reply = self.now;

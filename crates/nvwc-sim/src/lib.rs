@@ -12,6 +12,7 @@
 
 pub mod addr;
 pub mod app;
+pub mod cpu;
 pub mod device;
 pub mod driver;
 pub mod hitratio;

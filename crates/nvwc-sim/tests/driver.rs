@@ -35,6 +35,11 @@ fn alone(spec: &str, op: DevOp, cap: u64) -> u64 {
 
 const BACKING: u64 = 64 << 20;
 
+/// The host CPU time the driver charges a 4 KiB request (`cpu.rs`).
+fn cpu_4k() -> u64 {
+    nvwc_sim::cpu::CpuCost::measured().cost(4096)
+}
+
 #[test]
 fn read_miss_costs_one_backing_read() {
     let mut c = cfg(WritePolicyKind::WriteBack);
@@ -51,7 +56,8 @@ fn read_miss_costs_one_backing_read() {
     .unwrap()
     .run()
     .unwrap();
-    let expect = alone("ssd-sata", DevOp::read(1, 1 << 20, 4096), BACKING);
+    // The device's time, then the host's CPU time for the request.
+    let expect = alone("ssd-sata", DevOp::read(1, 1 << 20, 4096), BACKING) + cpu_4k();
     assert_eq!(r.requests, 1);
     assert_eq!(r.read_misses, 1);
     assert!(expect > 10_000, "the SSD model takes time: {expect}");
@@ -67,7 +73,7 @@ fn write_back_write_costs_one_cache_write_and_write_through_waits_for_backing() 
         .run()
         .unwrap();
     let cache_cap = 1 << 30;
-    let cache_write = alone("nvdram", DevOp::write(1, 1 << 20, 4096), cache_cap);
+    let cache_write = alone("nvdram", DevOp::write(1, 1 << 20, 4096), cache_cap) + cpu_4k();
     // The slot's offset does not change an NV-DRAM write's latency.
     assert_eq!(wb.sim_time_us, cache_write as f64 / 1e3);
     assert_eq!(wb.backing_writes, 0);
@@ -75,7 +81,7 @@ fn write_back_write_costs_one_cache_write_and_write_through_waits_for_backing() 
         .unwrap()
         .run()
         .unwrap();
-    let backing_write = alone("ssd-sata", DevOp::write(1, 8192, 4096), BACKING);
+    let backing_write = alone("ssd-sata", DevOp::write(1, 8192, 4096), BACKING) + cpu_4k();
     assert_eq!(wt.backing_writes, 1);
     assert_eq!(wt.sim_time_us, backing_write.max(cache_write) as f64 / 1e3);
     assert!(wt.sim_time_us > wb.sim_time_us);

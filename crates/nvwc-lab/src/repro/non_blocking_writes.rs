@@ -415,6 +415,13 @@ fn discussion(v: &mut Values, st: &Streams, r10: &[RunResult]) {
     let straddle = st.sizes[3];
     v.set("lazy_max", format!("{max:.0}"))
         .set(
+            "cpu",
+            format!(
+                "{:.2} µs",
+                nvwc_sim::cpu::CpuCost::measured().cost(4096) as f64 / 1e3
+            ),
+        )
+        .set(
             "straddle_fallbacks",
             thousands(find(r10, &format!("hdd {straddle} false lazy")).patch_fallbacks),
         )

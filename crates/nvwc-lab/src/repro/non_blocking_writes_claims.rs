@@ -33,8 +33,8 @@ fn gmean(v: &[f64]) -> f64 {
 
 // Causes: each names the paragraph of "Why the numbers differ" that explains it.
 const WHAT_BLOCKS: &str = "a cache block below any page cache, and block-level traces, not file-system pages, decide what is partial (\"What blocks\")";
-const NO_CPU: &str = "the simulator charges no CPU per request and lazy persists patches as partial versions, which a page cache cannot (\"Lazy's magnitudes here\")";
-const BOTH: &str = "async and async-bg: every write meets a cold block, so they retire patches at the fetch rate (\"Steady state\"); lazy: no CPU charged per request, and patches persist as partial versions (\"Lazy's magnitudes here\")";
+const NO_CPU: &str = "a request answered from memory costs only the host CPU measured live (about 5 µs), and lazy persists patches as partial versions, which a page cache cannot (\"Lazy's magnitudes here\")";
+const BOTH: &str = "async and async-bg: every write meets a cold block, so they retire patches at the fetch rate (\"Steady state\"); lazy: a write answered from memory costs only the host CPU measured live, and patches persist as partial versions (\"Lazy's magnitudes here\")";
 const STEADY: &str = "every write in the stream meets a cold block, so async and async-bg retire patches at the backing store's fetch rate once the limit is reached (\"Steady state\", \"The limit\")";
 
 fn figure5(r: &Runs, rows: &mut Vec<Row>) {
