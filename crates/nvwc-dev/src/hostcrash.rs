@@ -253,8 +253,7 @@ mod tests {
     #[test]
     fn a_fua_write_is_never_undone_by_an_older_pending_one() {
         let d = twin();
-        let v = state();
-        let f = HostCrash::new(v.clone(), &d);
+        let f = HostCrash::new(state(), &d);
         f.write(0, &[&[1; 1024]], false).unwrap();
         f.write(512, &[&[2; 512]], true).unwrap();
         f.flush().unwrap();

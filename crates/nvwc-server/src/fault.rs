@@ -483,3 +483,56 @@ impl Layer {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nvwc_dev::hostcrash::NoView;
+    use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn host_crash_mode_over_a_file_reads_its_writes_and_loses_unsynced_ones() {
+        let path = std::env::temp_dir().join(format!("nvwc-fault-layer-{}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        file.set_len(4096).unwrap();
+        let l = Layer::new(Role::Backing, "volatile", "t").unwrap();
+        assert!(l.filtered() && l.volatile());
+        let on_disk = |at: u64| {
+            let mut b = [0u8; 1];
+            file.read_exact_at(&mut b, at).unwrap();
+            b[0]
+        };
+        let run = |f: &dyn Fn(&dyn BlockDevice) -> io::Result<()>| {
+            l.with_filters(&file, None::<NoView>, None, f).unwrap()
+        };
+        run(&|d| d.write(0, &[&[1; 512]], false));
+        let mut b = [0u8; 1024];
+        l.with_filters(&file, None::<NoView>, None, |d| d.read(0, &mut b))
+            .unwrap();
+        assert_eq!(&b[..512], &[1u8; 512][..]);
+        assert_eq!(on_disk(0), 0, "not on the device before a sync");
+        run(&|d| d.write(512, &[&[2; 512]], true));
+        assert_eq!(on_disk(512), 2, "FUA reaches the device");
+        assert_eq!(on_disk(0), 0);
+        run(&|d| d.flush());
+        assert_eq!(on_disk(0), 1, "a sync makes it durable");
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn injected_faults_become_the_engines_errors() {
+        let l = Layer::new(Role::Backing, "enospc,op=flush;timeout,ms=0,op=read", "t").unwrap();
+        assert!(l.filtered() && !l.volatile());
+        let dev = std::fs::File::open("/dev/null").unwrap();
+        let r = l.with_filters(&dev, None::<NoView>, None, |d| d.flush());
+        assert!(matches!(l.io_error(&r.unwrap_err()), IoError::NoSpace));
+        let r = l.with_filters(&dev, None::<NoView>, None, |d| d.read(0, &mut [0u8; 1]));
+        assert!(matches!(l.io_error(&r.unwrap_err()), IoError::Timeout));
+    }
+}
