@@ -108,7 +108,13 @@ impl<D: BlockDevice, V: View> HostCrash<D, V> {
 
     /// A FLUSH or group end through this filter covers the writes completed
     /// before `stamp` ([`Volatile::stamp`] at its issue; `None`: now).
+    /// `stamp` MUST be one the model handed out: a flush cannot be issued
+    /// in the future.
     pub fn issued(mut self, stamp: Option<u64>) -> Self {
+        assert!(
+            stamp.is_none_or(|s| s <= self.state.stamp()),
+            "a flush issued at {stamp:?}, after every completed write"
+        );
         self.issued = stamp;
         self
     }
