@@ -5,10 +5,30 @@
 //!
 //! Devices: a file ([`std::fs::File`] itself, below), the in-memory twin
 //! (`mem.rs`), and an upstream NBD export (`UpstreamDev` in
-//! `nvwc-server/src/upstream.rs`). Filter: atomic groups through the redo
-//! log (`redo.rs`). The server's fault and host-crash layer
-//! (`nvwc-server/src/fault.rs`, over `volatile.rs`) is a filter too, still
-//! over the engine's commands rather than this interface.
+//! `nvwc-server/src/upstream.rs`). Filters, each wrapping any device and
+//! forwarding what it does not change:
+//!
+//! - atomic groups through the redo log (`redo.rs`);
+//! - injected faults (`fault.rs`): eio, enospc, timeout, delay, torn and
+//!   torn-crash writes, from the rule language of `rules.rs`
+//!   (`NVWC_FAULT_CACHE` / `NVWC_FAULT_BACKING`);
+//! - a volatile write cache and host crashes (`hostcrash.rs`, over the
+//!   model and side log of `volatile.rs`).
+//!
+//! `nvwc serve` stacks the fault filter over the host-crash filter over its
+//! devices when a fault spec asks (`nvwc-server/src/fault.rs`). What is
+//! not a filter, and why:
+//!
+//! - writes whose bytes the server places itself, straight into the
+//!   mapped cache file (a payload received from the socket, buffered cache
+//!   writes copied in by the kernel): [`BlockDevice::write`] takes bytes
+//!   that exist before the write, these exist only once written. The
+//!   server's fault layer asks the same rules (`rules::Rules::decide`) and
+//!   records them in the same host-crash state (`volatile::Volatile`)
+//!   around its copy (`Layer::put_write`);
+//! - failpoints and the degraded mode stay in the server: they are about
+//!   the engine's crash story and the export, not a device
+//!   (`nvwc-server/src/fault.rs`).
 //!
 //! Contract, for every implementation:
 //!

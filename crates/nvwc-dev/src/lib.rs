@@ -5,17 +5,21 @@
 //!   implements ([`block`]), and the in-memory twin, the VOPR's disk
 //!   ([`mem`]);
 //! - filters stacked on it: atomic groups through the one redo log
-//!   ([`redo`], over the one stager, [`group`]), and the volatile write
-//!   cache that models a host crash ([`volatile`], under the server's
-//!   fault layer);
+//!   ([`redo`], over the one stager, [`group`]), injected faults
+//!   ([`fault`], from the rule language of [`rules`]), and the volatile
+//!   write cache that models a host crash ([`hostcrash`], over the model
+//!   and side log of [`volatile`]);
 //! - the one random generator of the fault layers and harnesses ([`rng`]),
 //!   and the one encoder of the self-identifying sectors that the VOPR and
 //!   the live harnesses write ([`stamp`]).
 
 pub mod block;
+pub mod fault;
 pub mod group;
+pub mod hostcrash;
 pub mod mem;
 pub mod redo;
 pub mod rng;
+pub mod rules;
 pub mod stamp;
 pub mod volatile;

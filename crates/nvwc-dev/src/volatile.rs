@@ -1,6 +1,6 @@
 //! The host-crash model behind the `volatile` fault kind: a device with a
 //! volatile write cache, as the in-memory twin (`mem.rs`) models one, under
-//! the live server.
+//! the live server. The filter that drives it is `hostcrash.rs`.
 //!
 //! The device (the file) holds only what was made durable. Every write that
 //! is not durable yet is a *pending* record (offset, bytes, completion
@@ -9,7 +9,7 @@
 //!
 //! - a plain write completes once its bytes are in the device's *view*
 //!   (the cache file's private mapping, `nvwc-server/src/mapped.rs`; or, for a device
-//!   without one, the layer's overlay of pending records on reads) and its
+//!   without one, the filter's overlay of pending records on reads) and its
 //!   record is logged;
 //! - a FLUSH takes the stamp at its issue, writes every record pending then
 //!   to the file in completion order, syncs the file, and logs `synced`
@@ -248,21 +248,13 @@ impl Volatile {
         }
     }
 
-    /// What a device without a view of its own shows: `got` (the device's
-    /// bytes at `offset`, `len` long) with the pending writes over it.
-    pub fn overlay(&self, offset: u64, len: u32, got: Option<Bytes>) -> Option<Bytes> {
+    /// What a device without a view of its own shows: `buf` (the device's
+    /// bytes at `offset`) with the pending writes over it, in order.
+    pub fn overlay(&self, offset: u64, buf: &mut [u8]) {
         let st = self.lock();
-        let end = offset + u64::from(len);
-        let hits = |p: &&Pending| p.offset < end && offset < p.offset + p.data.len() as u64;
-        if !st.pending.iter().any(|p| hits(&p)) {
-            return got;
+        for p in &st.pending {
+            patch(offset, buf, p.offset, &p.data);
         }
-        let mut buf = got.map(|b| b.to_vec()).unwrap_or_default();
-        buf.resize(len as usize, 0);
-        for p in st.pending.iter().filter(hits) {
-            patch(offset, &mut buf, p.offset, &p.data);
-        }
-        Some(Bytes::from(buf))
     }
 }
 
@@ -534,8 +526,11 @@ mod tests {
     fn overlay_shows_pending_writes_in_order() {
         let v = Volatile::new(None).unwrap();
         v.completed(vec![(0, b(1, 8)), (4, b(2, 8))]).unwrap();
-        let got = v.overlay(0, 16, Some(b(9, 16))).unwrap();
-        assert_eq!(&got[..], &[1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 9, 9, 9, 9]);
-        assert_eq!(v.overlay(100, 4, Some(b(9, 4))).unwrap(), b(9, 4));
+        let mut got = [9u8; 16];
+        v.overlay(0, &mut got);
+        assert_eq!(got, [1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 9, 9, 9, 9]);
+        let mut far = [9u8; 4];
+        v.overlay(100, &mut far);
+        assert_eq!(far, [9u8; 4]);
     }
 }

@@ -5,7 +5,11 @@
 //! backing file's atomic groups go through the atomic-group filter and its
 //! redo log (`nvwc-dev/src/redo.rs`), the code the VOPR runs too; an
 //! upstream's through the same filter and protocol, the log in its redo
-//! region (`upstream.rs`).
+//! region (`upstream.rs`). With faults or host-crash mode configured, every
+//! command goes through the fault and host-crash filters
+//! (`nvwc-dev/src/fault.rs`, `nvwc-dev/src/hostcrash.rs`) stacked on that
+//! device ([`Backend::dev`]), the private mapping as the host-crash
+//! filter's view; without, straight to it.
 
 use std::fs::File;
 use std::sync::Arc;
@@ -13,24 +17,13 @@ use std::sync::Arc;
 use bytes::Bytes;
 use nvwc_core::{IoError, IoOp, IoResult};
 use nvwc_dev::block::BlockDevice;
+use nvwc_dev::fault::prefix;
+use nvwc_dev::hostcrash::View;
 use nvwc_dev::redo::{Atomic, FileLog, Redo};
+use nvwc_dev::rules::Injected;
 
 use crate::log::log;
 use crate::{mapped, upstream};
-
-/// The first `n` bytes of `parts`, back to back.
-fn prefix<'a>(parts: &[&'a [u8]], mut n: usize) -> Vec<&'a [u8]> {
-    let mut out = Vec::new();
-    for p in parts {
-        if n == 0 {
-            break;
-        }
-        let k = p.len().min(n);
-        out.push(&p[..k]);
-        n -= k;
-    }
-    out
-}
 
 /// The first `n` bytes of `parts` written back to back at `offset`, as
 /// (offset, bytes) pieces, one per part.
@@ -99,6 +92,16 @@ impl Backend {
         Backend::Nbd(up, rt, Box::new(Atomic::new(dev, redo)))
     }
 
+    /// The device the filters stack on: the file, the backing file with its
+    /// atomic groups, or the upstream with its atomic groups.
+    fn dev(&self) -> &dyn BlockDevice {
+        match self {
+            Backend::File(f) => f,
+            Backend::Journaled(a) => a,
+            Backend::Nbd(_, _, groups) => &**groups,
+        }
+    }
+
     /// The file, for a local file.
     fn file(&self) -> Option<&File> {
         match self {
@@ -126,23 +129,32 @@ pub(crate) struct Device {
 }
 
 impl crate::fault::Media for Device {
-    fn raw(&self, op: &IoOp<Bytes>, group: Option<u64>) -> IoResult<Bytes> {
-        self.execute_raw(op, group)
+    fn flush_unfaulted(&self) -> IoResult<Bytes> {
+        self.fault
+            .without_rules(self.backend.dev(), self.view(), |d| d.flush())
+            .map(|()| None)
+            .map_err(|e| self.fault.io_error(&e))
     }
-    fn has_view(&self) -> bool {
-        self.map.as_ref().is_some_and(|m| m.private())
+}
+
+/// The private mapping, host-crash mode's view of the cache (`mapped.rs`).
+impl View for mapped::Mapped {
+    fn show(&self, offset: u64, parts: &[&[u8]]) -> std::io::Result<()> {
+        self.write(offset, parts)
     }
-    fn show(&self, offset: u64, data: &[u8]) -> Result<(), IoError> {
-        match &self.map {
-            Some(m) if m.private() => m.write(offset, &[data]).map_err(|_| IoError::Eio),
-            _ => Ok(()),
-        }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        mapped::Mapped::read(self, offset, buf)
     }
 }
 
 impl Device {
     pub(crate) fn execute(&self, op: &IoOp<Bytes>, group: Option<u64>) -> IoResult<Bytes> {
-        self.fault.run(op, group, self)
+        self.execute_issued(op, group, None)
+    }
+
+    /// Host-crash mode's view: the private mapping, if the cache is mapped.
+    fn view(&self) -> Option<&mapped::Mapped> {
+        self.map.as_ref().filter(|m| m.private())
     }
 
     /// A local file (not an upstream NBD server).
@@ -196,7 +208,25 @@ impl Device {
         group: Option<u64>,
         issued: Option<u64>,
     ) -> IoResult<Bytes> {
-        self.fault.run_issued(op, group, self, issued)
+        self.fault.run(op, group, || {
+            if !self.fault.filtered() {
+                return self.execute_raw(op, group);
+            }
+            let dev = self.backend.dev();
+            let r = self
+                .fault
+                .with_filters(dev, self.view(), issued, |d| run_op(d, op, group));
+            r.map_err(|e| {
+                if matches!(
+                    (op, &self.backend),
+                    (IoOp::GroupEnd { .. }, Backend::Nbd(..))
+                ) && Injected::of(&e).is_none()
+                {
+                    commit_failed(&e);
+                }
+                self.fault.io_error(&e)
+            })
+        })
     }
 
     /// Write adjacent `parts` starting at `offset` as one command: one copy
@@ -256,8 +286,14 @@ impl Device {
 
     fn execute_raw(&self, op: &IoOp<Bytes>, group: Option<u64>) -> IoResult<Bytes> {
         match &self.backend {
-            Backend::File(f) => self.execute_file(f, op, group),
-            Backend::Journaled(a) => self.execute_file(a, op, group),
+            // A file (the cache, or a backing file, whose atomic groups its
+            // filter commits through the redo log). Plain writes are
+            // `pwrite`s, also where the file is mapped (`files::small_pages`);
+            // FUA ones `pwritev2(RWF_DSYNC)`, which syncs the written range
+            // only (`nvwc-dev/src/block.rs`).
+            Backend::File(_) | Backend::Journaled(_) => {
+                run_op(self.backend.dev(), op, group).map_err(|e| self.fault.io_error(&e))
+            }
             Backend::Nbd(c, rt, groups) => self.execute_upstream(c, rt, groups, op, group),
         }
     }
@@ -294,54 +330,41 @@ impl Device {
             IoOp::Trim { .. } => Ok(None),
             IoOp::GroupBegin { group } => staged(groups.group_begin(*group)),
             IoOp::GroupEnd { group } => groups.group_end(*group).map(|_| None).map_err(|err| {
-                log!(error, "redo_commit_failed", error = err.to_string());
+                commit_failed(&err);
                 IoError::Eio
             }),
         }
     }
+}
 
-    /// A command on a file (the cache, or a backing file, whose atomic
-    /// groups its filter commits through the redo log).
-    fn execute_file(
-        &self,
-        dev: &impl BlockDevice,
-        op: &IoOp<Bytes>,
-        group: Option<u64>,
-    ) -> IoResult<Bytes> {
-        let io = |r: std::io::Result<()>| {
-            r.map_err(|e| match e.raw_os_error() {
-                Some(28) => IoError::NoSpace,
-                _ => IoError::Eio,
-            })
-        };
-        match op {
-            IoOp::Read { offset, len } | IoOp::Checksum { offset, len } => {
-                let mut buf = vec![0u8; *len as usize];
-                match &self.map {
-                    // Host-crash mode: the private mapping is what a reader
-                    // sees (the file holds only what is durable).
-                    Some(m) if m.private() => io(m.read(*offset, &mut buf))?,
-                    _ => io(dev.read(*offset, &mut buf))?,
-                }
-                if matches!(op, IoOp::Checksum { .. }) {
-                    return Ok(Some(crc_payload(&buf)));
-                }
-                Ok(Some(Bytes::from(buf)))
+/// An upstream's atomic group could not be committed.
+fn commit_failed(e: &std::io::Error) {
+    log!(error, "redo_commit_failed", error = e.to_string());
+}
+
+/// Run the engine's command `op` (of atomic group `group`, if any) on `dev`.
+fn run_op(
+    dev: &dyn BlockDevice,
+    op: &IoOp<Bytes>,
+    group: Option<u64>,
+) -> std::io::Result<Option<Bytes>> {
+    match op {
+        IoOp::Read { offset, len } | IoOp::Checksum { offset, len } => {
+            let mut buf = vec![0u8; *len as usize];
+            dev.read(*offset, &mut buf)?;
+            if matches!(op, IoOp::Checksum { .. }) {
+                return Ok(Some(crc_payload(&buf)));
             }
-            // Plain writes are `pwrite`s, also where the file is mapped
-            // (`files::small_pages`); FUA ones `pwritev2(RWF_DSYNC)`, which
-            // syncs the written range only (`nvwc-dev/src/block.rs`). A
-            // private mapping never reaches the file: in host-crash mode the
-            // fault layer writes here what is durable.
-            IoOp::Write { offset, data, fua } => match group {
-                Some(g) => io(dev.group_write(g, *offset, data.clone())).map(|_| None),
-                None => io(dev.write(*offset, &[data], *fua)).map(|_| None),
-            },
-            IoOp::Flush => io(dev.flush()).map(|_| None),
-            IoOp::Trim { offset, len } => io(dev.trim(*offset, u64::from(*len))).map(|_| None),
-            IoOp::GroupBegin { group } => io(dev.group_begin(*group)).map(|_| None),
-            IoOp::GroupEnd { group } => io(dev.group_end(*group)).map(|_| None),
+            Ok(Some(Bytes::from(buf)))
         }
+        IoOp::Write { offset, data, fua } => match group {
+            Some(g) => dev.group_write(g, *offset, data.clone()).map(|_| None),
+            None => dev.write(*offset, &[data], *fua).map(|_| None),
+        },
+        IoOp::Flush => dev.flush().map(|_| None),
+        IoOp::Trim { offset, len } => dev.trim(*offset, u64::from(*len)).map(|_| None),
+        IoOp::GroupBegin { group } => dev.group_begin(*group).map(|_| None),
+        IoOp::GroupEnd { group } => dev.group_end(*group).map(|_| None),
     }
 }
 

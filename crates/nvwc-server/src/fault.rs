@@ -1,4 +1,5 @@
-//! Fault injection for the live server's devices, and crash failpoints.
+//! Fault injection for the live server's devices, and crash failpoints:
+//! the wiring of the device filters of `nvwc-dev` into `nvwc serve`.
 //!
 //! Every device command of `nvwc serve` goes through a [`Layer`] (one per
 //! device, see `device::Device::execute`). With nothing configured the layer
@@ -12,13 +13,16 @@
 //!   the process: a crash in the middle of a write), and `volatile` (below).
 //!   A rule fires on the matching commands after the first `after`, at most
 //!   `count` times (default: always), each time with probability `prob`.
-//! - **simulate a host crash** (`volatile[,log=PATH]`; `nvwc-dev/src/volatile.rs`):
+//!   The language is `nvwc-dev/src/rules.rs`; the filter that injects the
+//!   faults into any block device, `nvwc-dev/src/fault.rs`.
+//! - **simulate a host crash** (`volatile[,log=PATH]`): the host-crash
+//!   filter (`nvwc-dev/src/hostcrash.rs`, over `nvwc-dev/src/volatile.rs`):
 //!   the file holds only what is durable; a write reaches it only at a
 //!   FLUSH issued after the write completed (or as a FUA write, or before a
 //!   journaled group ends). Until then it is visible in the device's own
 //!   view (the cache file mapped *private*, so mapped cache writes and
 //!   direct writes take their usual path, `mapped.rs`) or in the
-//!   layer's overlay on reads, and, with `log=PATH`, recorded in a side log
+//!   filter's overlay on reads, and, with `log=PATH`, recorded in a side log
 //!   that outlives a `kill -9` (a named export's log is `PATH.NAME`). After
 //!   the kill, `nvwc crashtest` applies a random, seeded subset of the
 //!   logged writes, torn at 512-byte sectors ([`volatile::apply_crash`]), as
@@ -38,41 +42,47 @@
 //! and zeroes with EPERM (it is read-only now, and they never reach a
 //! device) and FLUSH with EIO: nothing more is acknowledged that the cache
 //! could not hold. A restart (after replacing the device) clears it.
+//!
+//! What stays here, not in a filter, and why:
+//!
+//! - failpoints and degraded mode are about the server, not a device: a
+//!   failpoint names a step of the engine's crash story (`commit-record` is
+//!   the cache's FUA write, `writeback` a backing write outside a group),
+//!   which a device cannot tell apart, and the armed counts are one per
+//!   process, shared by every export; degraded mode is the export's answer
+//!   to a failed cache device (and counts every failure, the filters' and
+//!   the device's own alike);
+//! - a write whose bytes the driver puts in the device's view itself
+//!   ([`Layer::put_write`]: a payload received from the socket straight
+//!   into the mapped cache file, and buffered cache writes copied into the
+//!   mapping) cannot go through the interface's `write`, which takes bytes
+//!   that exist before the write: the layer asks the same rules
+//!   ([`Rules::decide`]) and records what was written in the same
+//!   host-crash state ([`Volatile::completed`]) around the driver's copy.
 
 use std::collections::HashMap;
+use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, OnceLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
 use nvwc_core::{IoError, IoOp, IoResult};
+use nvwc_dev::block::BlockDevice;
+use nvwc_dev::fault::Faulty;
+use nvwc_dev::hostcrash::{HostCrash, SideLogFailed, View};
+use nvwc_dev::rules::{self, Fate, Injected, OpClass, Rules};
+use nvwc_dev::volatile::Volatile;
 
 use crate::log::log;
-use nvwc_dev::rng::Rng;
 
+pub use nvwc_dev::rules::SpecError;
 pub use nvwc_dev::volatile;
 
-/// The device under a [`Layer`].
+/// The device under a [`Layer`], for what the layer does itself.
 pub trait Media {
-    /// Run `op` on the device itself.
-    fn raw(&self, op: &IoOp<Bytes>, group: Option<u64>) -> IoResult<Bytes>;
-    /// Whether the device has a view of its own for writes that are not
-    /// durable (the cache file's private mapping in host-crash mode): the
-    /// layer puts them there with [`Media::show`], and `raw` reads see them.
-    /// Otherwise the layer overlays them on reads.
-    fn has_view(&self) -> bool {
-        false
-    }
-    /// Put a write in the device's view (never on the device itself).
-    fn show(&self, _offset: u64, _data: &[u8]) -> Result<(), IoError> {
-        Ok(())
-    }
-}
-
-impl<F: Fn(&IoOp<Bytes>, Option<u64>) -> IoResult<Bytes>> Media for F {
-    fn raw(&self, op: &IoOp<Bytes>, group: Option<u64>) -> IoResult<Bytes> {
-        self(op, group)
-    }
+    /// FLUSH the device through the host-crash filter, if on, but no
+    /// fault rule (a torn crash's last act).
+    fn flush_unfaulted(&self) -> IoResult<Bytes>;
 }
 
 /// The bytes of a write the driver puts in the device's view itself
@@ -120,170 +130,6 @@ impl Role {
     }
 }
 
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-enum Kind {
-    Eio,
-    NoSpace,
-    Timeout,
-    Delay,
-    Torn,
-    TornCrash,
-}
-
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-enum OpClass {
-    Read,
-    Write,
-    Flush,
-    Any,
-}
-
-#[derive(Debug)]
-struct Rule {
-    kind: Kind,
-    op: OpClass,
-    after: u64,
-    count: u64,
-    prob: f64,
-    ms: u64,
-    seen: AtomicU64,
-    fired: AtomicU64,
-    rng: Mutex<Rng>,
-}
-
-/// A bad fault or failpoint spec.
-#[derive(Debug, thiserror::Error)]
-#[error("fault spec {spec:?}: {why}")]
-pub struct SpecError {
-    spec: String,
-    why: String,
-}
-
-/// The `volatile` rule: host-crash mode, and where its side log goes.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct VolatileSpec {
-    log: Option<std::path::PathBuf>,
-}
-
-fn parse_rules(spec: &str) -> Result<(Vec<Rule>, Option<VolatileSpec>), SpecError> {
-    let err = |why: String| SpecError {
-        spec: spec.to_string(),
-        why,
-    };
-    let mut rules = Vec::new();
-    let mut volatile = None;
-    for r in spec.split(';').map(str::trim).filter(|r| !r.is_empty()) {
-        let mut parts = r.split(',').map(str::trim);
-        let kind = match parts.next().unwrap_or_default() {
-            "volatile" => {
-                let mut v = VolatileSpec::default();
-                for kv in parts {
-                    match kv.split_once('=') {
-                        Some(("log", path)) if !path.is_empty() => v.log = Some(path.into()),
-                        _ => {
-                            return Err(err(format!("volatile: unknown option {kv:?} (log=PATH)")))
-                        }
-                    }
-                }
-                volatile = Some(v);
-                continue;
-            }
-            "eio" => Kind::Eio,
-            "enospc" => Kind::NoSpace,
-            "timeout" => Kind::Timeout,
-            "delay" => Kind::Delay,
-            "torn" => Kind::Torn,
-            "torn-crash" => Kind::TornCrash,
-            k => {
-                return Err(err(format!(
-                    "unknown kind {k:?} (eio, enospc, timeout, delay, torn, torn-crash, volatile)"
-                )))
-            }
-        };
-        let mut rule = Rule {
-            kind,
-            op: if matches!(kind, Kind::Torn | Kind::TornCrash) {
-                OpClass::Write
-            } else {
-                OpClass::Any
-            },
-            after: 0,
-            count: u64::MAX,
-            prob: 1.0,
-            ms: 100,
-            seen: AtomicU64::new(0),
-            fired: AtomicU64::new(0),
-            rng: Mutex::new(Rng::new(0)),
-        };
-        for kv in parts {
-            let (k, v) = kv
-                .split_once('=')
-                .ok_or_else(|| err(format!("expected key=value, got {kv:?}")))?;
-            let num = |v: &str| {
-                v.parse::<u64>()
-                    .map_err(|_| err(format!("{k}: not a number: {v:?}")))
-            };
-            match k {
-                "op" => {
-                    rule.op = match v {
-                        "read" => OpClass::Read,
-                        "write" => OpClass::Write,
-                        "flush" => OpClass::Flush,
-                        "any" => OpClass::Any,
-                        _ => return Err(err(format!("op: {v:?} (read, write, flush, any)"))),
-                    }
-                }
-                "after" => rule.after = num(v)?,
-                "count" => rule.count = num(v)?,
-                "ms" => rule.ms = num(v)?,
-                "seed" => *rule.rng.get_mut().unwrap() = Rng::new(num(v)?),
-                "prob" => {
-                    rule.prob = v
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|p| (0.0..=1.0).contains(p))
-                        .ok_or_else(|| err(format!("prob: {v:?} is not in [0, 1]")))?
-                }
-                _ => {
-                    return Err(err(format!(
-                        "unknown key {k:?} (op, after, count, prob, ms, seed)"
-                    )))
-                }
-            }
-        }
-        if matches!(kind, Kind::Torn | Kind::TornCrash) && rule.op != OpClass::Write {
-            return Err(err("torn faults apply to writes only".into()));
-        }
-        rules.push(rule);
-    }
-    Ok((rules, volatile))
-}
-
-impl Rule {
-    fn matches(&self, op: &IoOp<Bytes>) -> bool {
-        let class = match op {
-            IoOp::Read { .. } | IoOp::Checksum { .. } => OpClass::Read,
-            IoOp::Write { .. } => OpClass::Write,
-            IoOp::Flush | IoOp::GroupEnd { .. } => OpClass::Flush,
-            IoOp::Trim { .. } | IoOp::GroupBegin { .. } => return false,
-        };
-        self.op == OpClass::Any || self.op == class
-    }
-    /// Does the rule fire for this (matching) command? Also returns a random number.
-    fn fires(&self) -> Option<u64> {
-        let n = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
-        if n <= self.after || self.fired.load(Ordering::Relaxed) >= self.count {
-            return None;
-        }
-        let r = self.rng.lock().unwrap().next_u64();
-        if self.prob < 1.0 && (r >> 11) as f64 / (1u64 << 53) as f64 >= self.prob {
-            return None;
-        }
-        self.fired.fetch_add(1, Ordering::Relaxed);
-        Some(r)
-    }
-}
-
 // ------------------------------------------------------------------ failpoints
 
 fn failpoints() -> &'static Mutex<HashMap<String, u64>> {
@@ -328,9 +174,9 @@ fn failpoints_armed() -> bool {
 /// The fault layer of one device (see the module docs).
 pub struct Layer {
     role: Role,
-    rules: Vec<Rule>,
+    rules: Rules,
     /// Host-crash mode: what is not durable yet (`nvwc-dev/src/volatile.rs`).
-    volatile: Option<volatile::Volatile>,
+    volatile: Option<Arc<Volatile>>,
     failed: AtomicBool,
     errors: AtomicU64,
     export: String,
@@ -346,18 +192,21 @@ impl Layer {
     }
 
     pub fn new(role: Role, spec: &str, export: &str) -> Result<Layer, SpecError> {
-        let (rules, volatile) = parse_rules(spec)?;
-        let volatile = volatile
+        let parsed = rules::parse(spec)?;
+        let volatile = parsed
+            .volatile
             .map(|v| {
                 // One log per export.
                 let log = v.log.map(|p| match export {
                     "" => p,
                     name => format!("{}.{name}", p.display()).into(),
                 });
-                volatile::Volatile::new(log.clone()).map_err(|e| SpecError {
-                    spec: spec.to_string(),
-                    why: format!("volatile: side log {log:?}: {e}"),
-                })
+                Volatile::new(log.clone())
+                    .map(Arc::new)
+                    .map_err(|e| SpecError {
+                        spec: spec.to_string(),
+                        why: format!("volatile: side log {log:?}: {e}"),
+                    })
             })
             .transpose()?;
         if !spec.trim().is_empty() {
@@ -371,7 +220,7 @@ impl Layer {
         }
         Ok(Layer {
             role,
-            rules,
+            rules: parsed.rules,
             volatile,
             failed: AtomicBool::new(false),
             errors: AtomicU64::new(0),
@@ -382,7 +231,13 @@ impl Layer {
 
     /// Nothing to inject, overlay or check: a command may bypass [`Layer::run`].
     pub fn passthrough(&self) -> bool {
-        self.rules.is_empty() && self.volatile.is_none() && !failpoints_armed()
+        !self.filtered() && !failpoints_armed()
+    }
+
+    /// Commands go through the device filters (fault rules, or host-crash
+    /// mode): [`Layer::with_filters`].
+    pub fn filtered(&self) -> bool {
+        !self.rules.is_empty() || self.volatile.is_some()
     }
 
     /// Host-crash mode (`volatile`): the device's file must hold only what
@@ -402,32 +257,97 @@ impl Layer {
     }
 
     /// Host-crash mode: the stamp of a FLUSH (or group end) issued now, to
-    /// pass to [`Layer::run_issued`] when it runs later (on a worker): it
+    /// pass to [`Layer::with_filters`] when it runs later (on a worker): it
     /// covers the writes completed before its issue, not those completed
     /// while it waited to run. `None` otherwise.
     pub fn issue_stamp(&self) -> Option<u64> {
         self.volatile.as_ref().map(|v| v.stamp())
     }
 
-    /// Run `op` through the layer on `dev`.
-    pub fn run(&self, op: &IoOp<Bytes>, group: Option<u64>, dev: &impl Media) -> IoResult<Bytes> {
-        self.run_issued(op, group, dev, None)
+    /// Run `f` on `base` under this layer's filters: the fault filter over
+    /// the host-crash filter (if on, showing pending writes in `view`; its
+    /// FLUSH covering the writes completed before `issued`) over `base`.
+    pub fn with_filters<D: BlockDevice, V: View, R>(
+        &self,
+        base: D,
+        view: Option<V>,
+        issued: Option<u64>,
+        f: impl FnOnce(&dyn BlockDevice) -> R,
+    ) -> R {
+        self.stack(self.rules.clone(), base, view, issued, f)
     }
 
-    /// [`Layer::run`] for a command issued at `issued` ([`Layer::issue_stamp`];
-    /// `None`: now).
-    pub fn run_issued(
+    fn stack<D: BlockDevice, V: View, R>(
+        &self,
+        rules: Rules,
+        base: D,
+        view: Option<V>,
+        issued: Option<u64>,
+        f: impl FnOnce(&dyn BlockDevice) -> R,
+    ) -> R {
+        match &self.volatile {
+            Some(v) => {
+                let crash = HostCrash::new(v.clone(), base)
+                    .with_view(view)
+                    .issued(issued);
+                f(&Faulty::new(rules, crash))
+            }
+            None => f(&Faulty::new(rules, base)),
+        }
+    }
+
+    /// [`Layer::with_filters`] without the fault rules.
+    pub fn without_rules<D: BlockDevice, V: View, R>(
+        &self,
+        base: D,
+        view: Option<V>,
+        f: impl FnOnce(&dyn BlockDevice) -> R,
+    ) -> R {
+        self.stack(Rules::default(), base, view, None, f)
+    }
+
+    /// Run `op` (`exec`: on the device, through [`Layer::with_filters`] if
+    /// [`Layer::filtered`]) with the failpoints around it; its failure is
+    /// counted and logged ([`Layer::record_error`]).
+    pub fn run(
         &self,
         op: &IoOp<Bytes>,
         group: Option<u64>,
-        dev: &impl Media,
-        issued: Option<u64>,
+        exec: impl FnOnce() -> IoResult<Bytes>,
     ) -> IoResult<Bytes> {
-        let r = self.run_inner(op, group, dev, issued);
+        if failpoints_armed() {
+            self.failpoints_before(op, group);
+        }
+        let r = exec();
+        if failpoints_armed() && r.is_ok() {
+            match (self.role, op) {
+                (Role::Cache, IoOp::Flush) => failpoint("cache-flush"),
+                (Role::Backing, IoOp::Flush) => failpoint("backing-flush"),
+                _ => {}
+            }
+        }
         if let Err(e) = &r {
             self.record_error(e);
         }
         r
+    }
+
+    /// The engine's error for a failed device command: an injected fault's
+    /// own, no space, or EIO (a failed side log logged first).
+    pub fn io_error(&self, e: &io::Error) -> IoError {
+        match Injected::of(e) {
+            Some(Injected::Eio) => return IoError::Eio,
+            Some(Injected::NoSpace) => return IoError::NoSpace,
+            Some(Injected::Timeout) => return IoError::Timeout,
+            None => {}
+        }
+        if let Some(e) = SideLogFailed::of(e) {
+            return self.log_failed(e);
+        }
+        match e.raw_os_error() {
+            Some(libc::ENOSPC) => IoError::NoSpace,
+            _ => IoError::Eio,
+        }
     }
 
     /// Count and log a failed command; the first on the cache device
@@ -461,7 +381,7 @@ impl Layer {
     /// in by the kernel, direct writes received into it): `put(n)` writes
     /// its first `n` bytes (`n < len` for a torn write), and `written`
     /// gives them to host-crash mode to record. Faults apply as to a write
-    /// through [`Layer::run`]; with nothing configured this is just `put(len)`.
+    /// through the fault filter; with nothing configured this is just `put(len)`.
     pub fn put_write(
         &self,
         offset: u64,
@@ -477,73 +397,73 @@ impl Layer {
             self.record_error(&e);
             PutError::Device(e)
         };
-        let probe = IoOp::Write {
-            offset,
-            data: Bytes::new(),
-            fua: false,
-        };
         if failpoints_armed() {
+            let probe = IoOp::Write {
+                offset,
+                data: Bytes::new(),
+                fua: false,
+            };
             self.failpoints_before(&probe, None);
         }
-        let (mut keep, mut torn) = (len, None);
-        for rule in &self.rules {
-            if !rule.matches(&probe) {
-                continue;
-            }
-            let Some(r) = rule.fires() else { continue };
-            match rule.kind {
-                Kind::Eio => return Err(fail(IoError::Eio)),
-                Kind::NoSpace => return Err(fail(IoError::NoSpace)),
-                Kind::Timeout => {
-                    std::thread::sleep(Duration::from_millis(rule.ms));
-                    return Err(fail(IoError::Timeout));
-                }
-                Kind::Delay => std::thread::sleep(Duration::from_millis(rule.ms)),
-                Kind::Torn | Kind::TornCrash => {
-                    let sectors = len.div_ceil(512) as u64;
-                    keep = (((r % sectors.max(1)) * 512) as usize).min(len);
-                    torn = Some(rule.kind);
-                    break;
-                }
-            }
-        }
+        let fate = self
+            .rules
+            .decide(OpClass::Write, len)
+            .map_err(|e| fail(self.io_error(&e)))?;
+        let keep = match fate {
+            Fate::Run => len,
+            Fate::Torn { keep, .. } => keep,
+        };
         if keep > 0 {
-            let record = |w: std::io::Result<Vec<(u64, Bytes)>>| match &self.volatile {
-                Some(v) => w
-                    .and_then(|w| v.completed(w))
-                    .map_err(|e| fail(self.log_failed(e))),
-                None => Ok(()),
-            };
-            match written {
-                Written::Before(w) => {
-                    if self.volatile.is_some() {
-                        record(Ok(w(keep)))?;
-                    }
-                    put(keep).map_err(PutError::Put)?;
-                }
-                Written::After(w) => {
-                    put(keep).map_err(PutError::Put)?;
-                    if self.volatile.is_some() {
-                        record(w(keep))?;
-                    }
-                }
-            }
+            self.put_kept(keep, put, written).map_err(|e| match e {
+                PutError::Device(e) => fail(e),
+                put => put,
+            })?;
         }
-        match torn {
-            Some(Kind::TornCrash) => {
+        match fate {
+            Fate::Torn { crash: true, .. } => {
                 // The page cache keeps what was written: a crash mid-write.
-                let _ = self.exec(&IoOp::Flush, None, dev, None);
+                let _ = dev.flush_unfaulted();
                 eprintln!("nvwc: torn-crash fault: abort after {keep} of {len} bytes");
                 std::process::abort();
             }
-            Some(_) => Err(fail(IoError::Eio)),
+            Fate::Torn { .. } => Err(fail(IoError::Eio)),
+            Fate::Run => Ok(()),
+        }
+    }
+
+    /// `put(keep)`, recorded by host-crash mode before or after (`written`).
+    fn put_kept(
+        &self,
+        keep: usize,
+        put: &mut dyn FnMut(usize) -> std::io::Result<()>,
+        written: Written<'_>,
+    ) -> Result<(), PutError> {
+        let record = |w: std::io::Result<Vec<(u64, Bytes)>>| match &self.volatile {
+            Some(v) => w
+                .and_then(|w| v.completed(w))
+                .map_err(|e| PutError::Device(self.log_failed(&e))),
             None => Ok(()),
+        };
+        match written {
+            Written::Before(w) => {
+                if self.volatile.is_some() {
+                    record(Ok(w(keep)))?;
+                }
+                put(keep).map_err(PutError::Put)
+            }
+            Written::After(w) => {
+                put(keep).map_err(PutError::Put)?;
+                if self.volatile.is_some() {
+                    record(w(keep))?;
+                }
+                Ok(())
+            }
         }
     }
 
     /// The side log could not be written: the host-crash model is broken,
     /// so the write fails (and the export degrades) rather than go unrecorded.
-    fn log_failed(&self, e: std::io::Error) -> IoError {
+    fn log_failed(&self, e: &io::Error) -> IoError {
         log!(
             error,
             "volatile_log_failed",
@@ -554,71 +474,6 @@ impl Layer {
         IoError::Eio
     }
 
-    fn run_inner(
-        &self,
-        op: &IoOp<Bytes>,
-        group: Option<u64>,
-        dev: &impl Media,
-        issued: Option<u64>,
-    ) -> IoResult<Bytes> {
-        if failpoints_armed() {
-            self.failpoints_before(op, group);
-        }
-        for rule in &self.rules {
-            if !rule.matches(op) {
-                continue;
-            }
-            let Some(r) = rule.fires() else { continue };
-            match rule.kind {
-                Kind::Eio => return Err(IoError::Eio),
-                Kind::NoSpace => return Err(IoError::NoSpace),
-                Kind::Timeout => {
-                    std::thread::sleep(Duration::from_millis(rule.ms));
-                    return Err(IoError::Timeout);
-                }
-                Kind::Delay => std::thread::sleep(Duration::from_millis(rule.ms)),
-                Kind::Torn | Kind::TornCrash => {
-                    if let IoOp::Write { offset, data, .. } = op {
-                        let sectors = data.len().div_ceil(512) as u64;
-                        let keep = ((r % sectors.max(1)) * 512) as usize;
-                        if keep > 0 {
-                            let part = data.slice(..keep.min(data.len()));
-                            let _ = self.exec(
-                                &IoOp::Write {
-                                    offset: *offset,
-                                    data: part,
-                                    fua: false,
-                                },
-                                group,
-                                dev,
-                                None,
-                            );
-                        }
-                        if rule.kind == Kind::TornCrash {
-                            // The page cache keeps what was written: a crash mid-write.
-                            let _ = self.exec(&IoOp::Flush, None, dev, None);
-                            eprintln!(
-                                "nvwc: torn-crash fault: abort after {keep} of {} bytes",
-                                data.len()
-                            );
-                            std::process::abort();
-                        }
-                        return Err(IoError::Eio);
-                    }
-                }
-            }
-        }
-        let r = self.exec(op, group, dev, issued);
-        if failpoints_armed() && r.is_ok() {
-            match (self.role, op) {
-                (Role::Cache, IoOp::Flush) => failpoint("cache-flush"),
-                (Role::Backing, IoOp::Flush) => failpoint("backing-flush"),
-                _ => {}
-            }
-        }
-        r
-    }
-
     fn failpoints_before(&self, op: &IoOp<Bytes>, group: Option<u64>) {
         match (self.role, op) {
             (Role::Cache, IoOp::Write { fua: true, .. }) => failpoint("commit-record"),
@@ -627,163 +482,57 @@ impl Layer {
             _ => {}
         }
     }
-
-    /// Execute on `dev`, through the host-crash model if it is on
-    /// (`nvwc-dev/src/volatile.rs`); `issued`: a FLUSH's issue stamp.
-    fn exec(
-        &self,
-        op: &IoOp<Bytes>,
-        group: Option<u64>,
-        dev: &impl Media,
-        issued: Option<u64>,
-    ) -> IoResult<Bytes> {
-        let Some(v) = &self.volatile else {
-            return dev.raw(op, group);
-        };
-        match op {
-            IoOp::Write {
-                offset,
-                data,
-                fua: false,
-            } if group.is_none() => {
-                // Recorded before it is shown: a crash in the middle of the
-                // copy may keep any part of it (a write in flight).
-                v.completed(vec![(*offset, data.clone())])
-                    .map_err(|e| self.log_failed(e))?;
-                if dev.has_view() {
-                    dev.show(*offset, data)?;
-                }
-                Ok(None)
-            }
-            IoOp::Write { offset, data, .. } if group.is_none() => {
-                // FUA: to the device now. Flushes wait, so that no older
-                // batch lands over it.
-                let _sync = v.sync_lock();
-                if dev.has_view() {
-                    dev.show(*offset, data)?;
-                }
-                dev.raw(op, None)?;
-                v.durable(*offset, data).map_err(|e| self.log_failed(e))?;
-                Ok(None)
-            }
-            IoOp::Checksum { offset, len } => {
-                // Over what a read shows now (the overlay included).
-                let read = IoOp::Read {
-                    offset: *offset,
-                    len: *len,
-                };
-                let got = self.exec(&read, group, dev, issued)?.unwrap_or_default();
-                let crc = nvwc_core::layout::data_crc(&got);
-                Ok(Some(Bytes::copy_from_slice(&crc.to_le_bytes())))
-            }
-            IoOp::Read { .. } if dev.has_view() => dev.raw(op, group),
-            IoOp::Read { offset, len } => {
-                // The device and the overlay as of one moment: a FLUSH
-                // moves records from the one to the other.
-                let _sync = v.sync_lock();
-                let got = dev.raw(op, group)?;
-                Ok(v.overlay(*offset, *len, got))
-            }
-            IoOp::Write { .. } | IoOp::Trim { .. } | IoOp::GroupBegin { .. } => dev.raw(op, group),
-            IoOp::Flush | IoOp::GroupEnd { .. } => {
-                // Every write completed before the FLUSH was issued
-                // reaches the device, then the sync makes it durable. A
-                // group's end syncs first too: its redo log's sync of the
-                // backing file makes every completed write durable as well.
-                let _sync = v.sync_lock();
-                let (stamp, batch) = v.batch(issued);
-                for (offset, data) in batch {
-                    let w = IoOp::Write {
-                        offset,
-                        data,
-                        fua: false,
-                    };
-                    dev.raw(&w, None)?;
-                }
-                if matches!(op, IoOp::Flush) {
-                    dev.raw(op, group)?;
-                    v.synced(stamp).map_err(|e| self.log_failed(e))?;
-                    return Ok(None);
-                }
-                dev.raw(&IoOp::Flush, None)?;
-                v.synced(stamp).map_err(|e| self.log_failed(e))?;
-                dev.raw(op, group)
-            }
-        }
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use nvwc_dev::hostcrash::NoView;
+    use std::os::unix::fs::FileExt;
 
     #[test]
-    fn specs_parse_and_reject() {
-        let (r, v) = parse_rules("eio,op=write,after=3,count=2;volatile").unwrap();
-        assert_eq!(v, Some(VolatileSpec::default()));
-        assert_eq!(r.len(), 1);
-        assert_eq!(r[0].kind, Kind::Eio);
-        assert_eq!(r[0].op, OpClass::Write);
-        assert!(parse_rules("bogus").is_err());
-        assert!(parse_rules("eio,prob=2").is_err());
-        assert!(parse_rules("torn,op=read").is_err());
-        let (_, v) = parse_rules("volatile,log=/tmp/x.log").unwrap();
-        assert_eq!(v.unwrap().log.unwrap(), std::path::Path::new("/tmp/x.log"));
-        assert!(parse_rules("volatile,bogus").is_err());
-        assert_eq!(parse_rules("eio").unwrap().1, None);
-    }
-
-    #[test]
-    fn rule_fires_after_and_count() {
-        let (r, _) = parse_rules("eio,after=2,count=1").unwrap();
-        let fired: Vec<bool> = (0..5).map(|_| r[0].fires().is_some()).collect();
-        assert_eq!(fired, vec![false, false, true, false, false]);
-    }
-
-    #[test]
-    fn overlay_reads_its_writes_and_loses_unsynced_ones() {
-        let disk = Mutex::new(vec![0u8; 4096]);
-        let raw = |op: &IoOp<Bytes>, _g: Option<u64>| -> IoResult<Bytes> {
-            let mut d = disk.lock().unwrap();
-            match op {
-                IoOp::Read { offset, len } => Ok(Some(Bytes::copy_from_slice(
-                    &d[*offset as usize..(*offset + u64::from(*len)) as usize],
-                ))),
-                IoOp::Write { offset, data, .. } => {
-                    d[*offset as usize..*offset as usize + data.len()].copy_from_slice(data);
-                    Ok(None)
-                }
-                _ => Ok(None),
-            }
-        };
-        let l = Layer::new(Role::Backing, "volatile", "t").unwrap();
-        let w = |o: u64, b: u8, fua: bool| IoOp::Write {
-            offset: o,
-            data: Bytes::from(vec![b; 512]),
-            fua,
-        };
-        l.run(&w(0, 1, false), None, &raw).unwrap();
-        let r = l
-            .run(
-                &IoOp::Read {
-                    offset: 0,
-                    len: 1024,
-                },
-                None,
-                &raw,
-            )
-            .unwrap()
+    fn host_crash_mode_over_a_file_reads_its_writes_and_loses_unsynced_ones() {
+        let path = std::env::temp_dir().join(format!("nvwc-fault-layer-{}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
             .unwrap();
-        assert_eq!(&r[..512], &[1u8; 512][..]);
-        assert_eq!(
-            disk.lock().unwrap()[0],
-            0,
-            "not on the device before a sync"
-        );
-        l.run(&w(512, 2, true), None, &raw).unwrap();
-        assert_eq!(disk.lock().unwrap()[512], 2, "FUA reaches the device");
-        assert_eq!(disk.lock().unwrap()[0], 0);
-        l.run(&IoOp::Flush, None, &raw).unwrap();
-        assert_eq!(disk.lock().unwrap()[0], 1, "a sync makes it durable");
+        file.set_len(4096).unwrap();
+        let l = Layer::new(Role::Backing, "volatile", "t").unwrap();
+        assert!(l.filtered() && l.volatile());
+        let on_disk = |at: u64| {
+            let mut b = [0u8; 1];
+            file.read_exact_at(&mut b, at).unwrap();
+            b[0]
+        };
+        let run = |f: &dyn Fn(&dyn BlockDevice) -> io::Result<()>| {
+            l.with_filters(&file, None::<NoView>, None, f).unwrap()
+        };
+        run(&|d| d.write(0, &[&[1; 512]], false));
+        let mut b = [0u8; 1024];
+        l.with_filters(&file, None::<NoView>, None, |d| d.read(0, &mut b))
+            .unwrap();
+        assert_eq!(&b[..512], &[1u8; 512][..]);
+        assert_eq!(on_disk(0), 0, "not on the device before a sync");
+        run(&|d| d.write(512, &[&[2; 512]], true));
+        assert_eq!(on_disk(512), 2, "FUA reaches the device");
+        assert_eq!(on_disk(0), 0);
+        run(&|d| d.flush());
+        assert_eq!(on_disk(0), 1, "a sync makes it durable");
+        let _ = std::fs::remove_file(&path);
+    }
+
+    #[test]
+    fn injected_faults_become_the_engines_errors() {
+        let l = Layer::new(Role::Backing, "enospc,op=flush;timeout,ms=0,op=read", "t").unwrap();
+        assert!(l.filtered() && !l.volatile());
+        let dev = std::fs::File::open("/dev/null").unwrap();
+        let r = l.with_filters(&dev, None::<NoView>, None, |d| d.flush());
+        assert!(matches!(l.io_error(&r.unwrap_err()), IoError::NoSpace));
+        let r = l.with_filters(&dev, None::<NoView>, None, |d| d.read(0, &mut [0u8; 1]));
+        assert!(matches!(l.io_error(&r.unwrap_err()), IoError::Timeout));
     }
 }

@@ -34,8 +34,9 @@
 //! the process's own copy-on-write pages and never reach the file, which
 //! keeps only what the fault layer made durable; reads come from the
 //! mapping ([`Mapped::read`], the kernel's copy again), so they see every
-//! write. The fault layer is told of each such write and writes it to the
-//! file at the FLUSH that makes it durable (`nvwc-dev/src/volatile.rs`): the mapping
+//! write. The fault layer is told of each such write, and the host-crash
+//! filter writes it to the file at the FLUSH that makes it durable
+//! (`nvwc-dev/src/hostcrash.rs`, this mapping as its view): the mapping
 //! stands for the page cache, the file for the device.
 
 use std::fs::File;
