@@ -57,6 +57,7 @@ impl NetParams {
     /// | RTT | 0 (folded into the backend times) | Table 1 times are end-to-end |
     /// | max outstanding | 32 | open-iscsi default `node.session.queue_depth = 32` |
     /// | capacity | 1 TB | §5.1: RAID 1 of two 1 TB disks |
+    /// | FLUSH | 100 µs | one round trip of a header-only SYNCHRONIZE CACHE over the LAN: the RTT assumed by the other network models ([`NetParams::hdd_over_gbe`]); Table 1's write times are end-to-end, so the store has no volatile cache left to write, but the command still crosses the network (it is not folded into Table 1 as the data commands' RTT is) |
     ///
     /// "Sequential" means a request starting where the previous request of
     /// the same kind ended. Table 1 does not state the request size; 4 KiB
@@ -73,6 +74,7 @@ impl NetParams {
             seq_read_ns: Some(593_000 - xfer_4k),
             write_ns: 5_285_000 - xfer_4k,
             seq_write_ns: Some(891_000 - xfer_4k),
+            flush_ns: 100_000,
             ..Default::default()
         };
         NetParams {

@@ -143,7 +143,7 @@ impl SolidStateParams {
     /// | write buffer | 32 MiB, ack 20 µs, power-loss protected | ack: spec sequential write latency; PLP: spec "enhanced power-loss data protection"; size: assumption |
     /// | link | 2800 MB/s read, 2000 MB/s write, full duplex | spec "Seq R/W: up to 2800/2000 MB/s" (PCIe is full duplex) |
     /// | capacity | 800 GB | a P3700 capacity point |
-    /// | FLUSH, TRIM | 0 | assumption |
+    /// | FLUSH, TRIM | 0 | assumption (power-loss-protected buffer, as above: a FLUSH has nothing to wait for) |
     pub fn ssd_nvme() -> Self {
         SolidStateParams {
             name: "ssd-nvme".into(),
@@ -180,6 +180,7 @@ impl SolidStateParams {
     /// | capacity | 120 GB | §5.1 |
     /// | parallel units | 2 | assumption: the RevoDrive is two SandForce controllers striped behind a PCIe bridge (product design, not in the paper) |
     /// | write buffer, link limit | none | not given; Table 1 write times are end-to-end, so no separate buffer is modelled |
+    /// | FLUSH | 66 µs | assumption: one random program (Table 1's write time); the RevoDrive has no power-loss protection, and with no buffer modelled a FLUSH finds at most the last write's page to program |
     pub fn ssd_revodrive() -> Self {
         SolidStateParams {
             name: "ssd-revodrive".into(),
@@ -190,6 +191,7 @@ impl SolidStateParams {
             seq_read_ns: Some(93_000),
             write_ns: 66_000,
             seq_write_ns: Some(82_000),
+            flush_ns: 66_000,
             ..Default::default()
         }
     }
@@ -202,6 +204,7 @@ impl SolidStateParams {
     /// | bandwidth | 8 GB/s, half duplex | assumption: one core's memcpy rate (the brief's 2–8 GB/s range) |
     /// | parallel units | 16 | assumption: submitting cores |
     /// | capacity | 8 GiB | assumption (NVDIMM-N modules are 8–32 GB) |
+    /// | FLUSH | 1 µs | assumption: the same software path as a read or write; nothing is buffered below it (battery/flash-backed DRAM is durable as written) |
     ///
     /// A 4 KiB access therefore takes 1 µs + 0.51 µs.
     pub fn nvdram() -> Self {
@@ -216,6 +219,7 @@ impl SolidStateParams {
     /// | bandwidth | 6.6 GB/s read, 2.3 GB/s write, half duplex | Izraelevitz et al. 2019, single DIMM |
     /// | parallel units | 16 | assumption |
     /// | capacity | 128 GiB | smallest Optane DC PMM module |
+    /// | FLUSH | 1 µs | assumption: the same software path as a read or write; the pmem driver writes with non-temporal stores, so a FLUSH only drains the memory controller's write queue (ADR makes that queue durable) |
     ///
     /// A 4 KiB access therefore takes about 1.6 µs (read) / 2.8 µs (write).
     pub fn pmem() -> Self {
@@ -223,8 +227,8 @@ impl SolidStateParams {
     }
 
     /// Memory used as a block device ([`nvdram`](Self::nvdram),
-    /// [`pmem`](Self::pmem)): 1 µs read and write, 16 units, half-duplex
-    /// links of the given rates.
+    /// [`pmem`](Self::pmem)): 1 µs read, write and FLUSH, 16 units,
+    /// half-duplex links of the given rates.
     fn memory(name: &str, capacity_bytes: u64, link_read: u64, link_write: u64) -> Self {
         SolidStateParams {
             name: name.into(),
@@ -232,6 +236,7 @@ impl SolidStateParams {
             parallel_units: 16,
             read_ns: 1_000,
             write_ns: 1_000,
+            flush_ns: 1_000,
             link_read_bytes_per_sec: link_read,
             link_write_bytes_per_sec: link_write,
             ..Default::default()
