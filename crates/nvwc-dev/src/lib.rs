@@ -5,15 +5,15 @@
 //!   implements ([`block`]), and the in-memory twin, the VOPR's disk
 //!   ([`mem`]);
 //! - filters stacked on it: atomic groups through the one redo log
-//!   ([`redo`], over the one stager, [`group`]), and the volatile write
-//!   cache that models a host crash ([`volatile`], under the server's
-//!   fault layer);
+//!   ([`redo`], over the one stager, [`group`]: the engine's, re-exported),
+//!   and the volatile write cache that models a host crash ([`volatile`],
+//!   under the server's fault layer);
 //! - the one random generator of the fault layers and harnesses ([`rng`]),
 //!   and the one encoder of the self-identifying sectors that the VOPR and
 //!   the live harnesses write ([`stamp`]).
 
 pub mod block;
-pub mod group;
+pub use nvwc_core::group;
 pub mod mem;
 pub mod redo;
 pub mod rng;
