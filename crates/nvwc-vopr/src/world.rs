@@ -7,11 +7,10 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
 use bytes::Bytes;
+use nvwc_core::pump::{pump, Driver};
 use nvwc_core::*;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
-
-use nvwc_core::pump::{pump, Driver};
 
 use crate::disk::Disk;
 use crate::oracle::Oracle;
@@ -307,27 +306,32 @@ impl World {
         let stamp = disk.flush_issue_stamp();
         self.count_table_write(&cmd);
         if self.verbose {
-            let what = match &cmd.op {
-                IoOp::Read { offset, len } => format!("read {offset}+{len}"),
-                IoOp::Write { offset, data, fua } => format!(
-                    "write {offset}+{} fua={fua} stamp=w{}/s{}",
-                    data.len(),
-                    u64::from_le_bytes(data[8..16].try_into().unwrap()),
-                    u64::from_le_bytes(data[16..24].try_into().unwrap())
-                ),
-                other => format!("{other:?}"),
-            };
-            eprintln!(
-                "t={}   io {} {:?} {what} group={:?} fail={fail} done_at={}",
-                self.now,
-                cmd.id,
-                cmd.dev,
-                cmd.group,
-                self.now + lat
-            );
+            self.trace_issue(&cmd, fail, lat);
         }
         self.push(self.now + lat, Ev::Io(cmd.id));
         self.inflight.insert(cmd.id, InFlight { cmd, stamp, fail });
+    }
+
+    /// Print a command put in flight (`--verbose`).
+    fn trace_issue(&self, cmd: &IoCmd<Bytes>, fail: bool, lat: u64) {
+        let what = match &cmd.op {
+            IoOp::Read { offset, len } => format!("read {offset}+{len}"),
+            IoOp::Write { offset, data, fua } => format!(
+                "write {offset}+{} fua={fua} stamp=w{}/s{}",
+                data.len(),
+                u64::from_le_bytes(data[8..16].try_into().unwrap()),
+                u64::from_le_bytes(data[16..24].try_into().unwrap())
+            ),
+            other => format!("{other:?}"),
+        };
+        eprintln!(
+            "t={}   io {} {:?} {what} group={:?} fail={fail} done_at={}",
+            self.now,
+            cmd.id,
+            cmd.dev,
+            cmd.group,
+            self.now + lat
+        );
     }
 
     /// Count metadata-page writes per commit (a commit record write ends one).
