@@ -192,6 +192,11 @@ impl<P: Payload> Engine<P> {
     pub fn poll_reply(&mut self) -> Option<Reply<P>> {
         self.out_reply.pop_front()
     }
+    /// Whether a device command or a reply waits to be polled (what a pump
+    /// that drained the engine MUST have left: none).
+    pub fn has_output(&self) -> bool {
+        !self.out_io.is_empty() || !self.out_reply.is_empty()
+    }
     /// Next event.
     pub fn poll_event(&mut self) -> Option<Event> {
         while let Some(e) = self.policy.poll_event() {

@@ -12,10 +12,12 @@
 pub mod admission;
 pub mod config;
 pub mod engine;
+pub mod group;
 mod index;
 pub mod layout;
 pub mod mutation;
 pub mod payload;
+pub mod pump;
 mod slab;
 pub mod stats;
 #[doc(hidden)]

@@ -7,7 +7,9 @@ use std::collections::VecDeque;
 use bytes::Bytes;
 
 use crate::engine::{CacheImage, Engine};
+use crate::group::GroupStager;
 use crate::layout::{self, Layout};
+use crate::pump::{pump, Driver};
 use crate::types::*;
 use crate::Config;
 
@@ -19,7 +21,21 @@ pub struct MemHarness {
     pub now: u64,
     inflight: VecDeque<IoCmd<Bytes>>,
     pub replies: Vec<Reply<Bytes>>,
-    groups: std::collections::HashMap<u64, Vec<(u64, Bytes)>>,
+    groups: GroupStager,
+}
+
+/// The harness's pump puts the engine's commands in flight (completed
+/// later, by [`MemHarness::step`]) and keeps its replies for the test.
+impl Driver<Bytes> for MemHarness {
+    fn engine(&mut self) -> &mut Engine<Bytes> {
+        &mut self.engine
+    }
+    fn command(&mut self, cmd: IoCmd<Bytes>) {
+        self.inflight.push_back(cmd);
+    }
+    fn reply(&mut self, reply: Reply<Bytes>) {
+        self.replies.push(reply);
+    }
 }
 
 impl MemHarness {
@@ -124,12 +140,7 @@ impl MemHarness {
     }
 
     fn collect(&mut self) {
-        while let Some(c) = self.engine.poll_io() {
-            self.inflight.push_back(c);
-        }
-        while let Some(r) = self.engine.poll_reply() {
-            self.replies.push(r);
-        }
+        pump(self);
     }
 
     fn execute(&mut self, cmd: &IoCmd<Bytes>) -> IoResult<Bytes> {
@@ -143,21 +154,18 @@ impl MemHarness {
             ))),
             IoOp::Write { offset, data, .. } => {
                 if let Some(g) = cmd.group {
-                    self.groups
-                        .entry(g)
-                        .or_default()
-                        .push((*offset, data.clone()));
+                    self.groups.stage(g, *offset, data.clone());
                 } else {
                     dev[*offset as usize..*offset as usize + data.len()].copy_from_slice(data);
                 }
                 Ok(None)
             }
             IoOp::GroupBegin { group } => {
-                self.groups.insert(*group, Vec::new());
+                self.groups.begin(*group);
                 Ok(None)
             }
             IoOp::GroupEnd { group } => {
-                for (off, d) in self.groups.remove(group).unwrap_or_default() {
+                for (off, d) in self.groups.end(*group) {
                     self.backing[off as usize..off as usize + d.len()].copy_from_slice(&d);
                 }
                 Ok(None)

@@ -5,7 +5,8 @@
 //!   implements ([`block`]), and the in-memory twin, the VOPR's disk
 //!   ([`mem`]);
 //! - filters stacked on it: atomic groups through the one redo log
-//!   ([`redo`], over the one stager, [`group`]), injected faults
+//!   ([`redo`], over the one stager, [`group`]: the engine's, re-exported),
+//!   injected faults
 //!   ([`fault`], from the rule language of [`rules`]), and the volatile
 //!   write cache that models a host crash ([`hostcrash`], over the model
 //!   and side log of [`volatile`]);
@@ -15,7 +16,7 @@
 
 pub mod block;
 pub mod fault;
-pub mod group;
+pub use nvwc_core::group;
 pub mod hostcrash;
 pub mod mem;
 pub mod redo;

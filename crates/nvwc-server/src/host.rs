@@ -29,6 +29,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use nvwc_core::pump::{pump, Driver};
 use nvwc_core::*;
 use tokio::sync::oneshot;
 
@@ -371,95 +372,20 @@ impl Host {
         r
     }
 
-    /// Run the engine's outputs until it has nothing more to say. Returns
-    /// the reply to request `mine` if it came out (0: none is wanted).
+    /// Run the engine's outputs until it has nothing more to say (the one
+    /// pump, `nvwc_core::pump`, through [`Pumped`]). Returns the reply to
+    /// request `mine` if it came out (0: none is wanted).
     fn pump(&self, c: &mut Core, mine: ReqId) -> Option<Reply<Bytes>> {
-        let mut own = None;
-        // At most one timeout per pump: while the engine waits for a device
-        // (e.g. a commit it wants "as soon as possible"), its deadline stays
-        // due, and spinning on it under the lock would starve the very
-        // completion it waits for.
-        let mut timed = false;
-        let mut writes: Vec<IoCmd<Bytes>> = Vec::new();
-        loop {
-            while let Some(cmd) = c.eng.poll_io() {
-                // Cache-device reads, checksums and plain writes go to the
-                // page cache: done here, inline. Syncs, FUA writes and everything for the
-                // backing store run on the pools.
-                let inline = cmd.dev == Dev::Cache
-                    && cmd.group.is_none()
-                    && matches!(
-                        cmd.op,
-                        IoOp::Read { .. } | IoOp::Write { fua: false, .. } | IoOp::Checksum { .. }
-                    );
-                if inline && matches!(cmd.op, IoOp::Write { .. }) {
-                    // Collected, to write adjacent slots with one call.
-                    writes.push(cmd);
-                    continue;
-                }
-                // Anything else is started only after the writes the engine
-                // emitted before it completed (the order the engine chose).
-                self.write_batch(c, &mut writes);
-                if inline {
-                    let res = self.cache_dev.execute(&cmd.op, None);
-                    let now = self.now();
-                    c.eng.handle_completion(now, cmd.id, res);
-                    continue;
-                }
-                let (q, dev) = self.device(cmd.dev);
-                // Host-crash mode: a FLUSH (or group end) covers the writes
-                // completed before the engine issued it, which is now.
-                let issued = matches!(cmd.op, IoOp::Flush | IoOp::GroupEnd { .. })
-                    .then(|| dev.fault.issue_stamp())
-                    .flatten();
-                if c.caller_cmd.is_none() && self.caller_may_run(c.caller_runs, &cmd) {
-                    // The requesting thread runs it (`Host::call`).
-                    c.caller_cmd = Some((cmd, issued));
-                    continue;
-                }
-                if let Some((rt, fut)) = dev.upstream_async(&cmd.op, cmd.group) {
-                    // An upstream's request: sent from a task on its
-                    // runtime, completed there when the reply comes.
-                    self.spawn_upstream(rt, fut, cmd.id);
-                    continue;
-                }
-                // The pools live as long as the host; a send cannot fail.
-                q.send((cmd, issued)).expect("device pool is gone");
-            }
-            if !writes.is_empty() {
-                // Their completions may make the engine emit more commands.
-                self.write_batch(c, &mut writes);
-                continue;
-            }
-            while let Some(r) = c.eng.poll_reply() {
-                if r.id == mine {
-                    own = Some(r);
-                } else if let Some(w) = c.waiting.remove(&r.id) {
-                    let _ = w.send(r);
-                }
-            }
-            while let Some(ev) = c.eng.poll_event() {
-                if let Event::BackgroundError { what } = ev {
-                    if let Some(held) = self.bg_log.pass() {
-                        log!(
-                            warn,
-                            "background_error",
-                            export = &self.name,
-                            what = what,
-                            suppressed = held
-                        );
-                    }
-                }
-            }
-            let now = self.now();
-            match c.eng.poll_timeout() {
-                Some(t) if t <= now && !timed => {
-                    c.eng.handle_timeout(now);
-                    timed = true;
-                }
-                _ => break,
-            }
-        }
+        let mut p = Pumped {
+            host: self,
+            c: &mut *c,
+            mine,
+            own: None,
+            writes: Vec::new(),
+            timer_checked: false,
+        };
+        pump(&mut p);
+        let own = p.own;
         if !c.drains.is_empty() && c.eng.dirty_versions() == 0 && c.eng.is_idle() {
             if !c.keep_draining {
                 c.eng.end_drain();
@@ -614,6 +540,124 @@ impl Host {
         let now = self.now();
         c.eng.handle_completion(now, id, res);
         self.pump(&mut c, 0);
+    }
+}
+
+/// The host as the engine's pump sees it (`Host::pump`): cache-device
+/// reads, checksums and plain writes run inline (the writes batched),
+/// everything else goes to the calling thread, an upstream's runtime or a
+/// device's pool; replies go to their waiters.
+struct Pumped<'a> {
+    host: &'a Host,
+    c: &'a mut Core,
+    /// The request whose own pump this is (0: none), and its reply.
+    mine: ReqId,
+    own: Option<Reply<Bytes>>,
+    /// Plain cache writes held back, to write adjacent slots with one call.
+    writes: Vec<IoCmd<Bytes>>,
+    /// Whether the one timeout check of this pump was made.
+    timer_checked: bool,
+}
+
+impl Driver<Bytes> for Pumped<'_> {
+    fn engine(&mut self) -> &mut Engine<Bytes> {
+        &mut self.c.eng
+    }
+
+    fn command(&mut self, cmd: IoCmd<Bytes>) {
+        let h = self.host;
+        // Cache-device reads, checksums and plain writes go to the page
+        // cache: done here, inline. Syncs, FUA writes and everything for
+        // the backing store run on the pools.
+        let inline = cmd.dev == Dev::Cache
+            && cmd.group.is_none()
+            && matches!(
+                cmd.op,
+                IoOp::Read { .. } | IoOp::Write { fua: false, .. } | IoOp::Checksum { .. }
+            );
+        if inline && matches!(cmd.op, IoOp::Write { .. }) {
+            // Collected, to write adjacent slots with one call.
+            self.writes.push(cmd);
+            return;
+        }
+        // Anything else is started only after the writes the engine
+        // emitted before it completed (the order the engine chose).
+        h.write_batch(self.c, &mut self.writes);
+        if inline {
+            let res = h.cache_dev.execute(&cmd.op, None);
+            let now = h.now();
+            self.c.eng.handle_completion(now, cmd.id, res);
+            return;
+        }
+        let (q, dev) = h.device(cmd.dev);
+        // Host-crash mode: a FLUSH (or group end) covers the writes
+        // completed before the engine issued it, which is now.
+        let issued = matches!(cmd.op, IoOp::Flush | IoOp::GroupEnd { .. })
+            .then(|| dev.fault.issue_stamp())
+            .flatten();
+        if self.c.caller_cmd.is_none() && h.caller_may_run(self.c.caller_runs, &cmd) {
+            // The requesting thread runs it (`Host::call`).
+            self.c.caller_cmd = Some((cmd, issued));
+            return;
+        }
+        if let Some((rt, fut)) = dev.upstream_async(&cmd.op, cmd.group) {
+            // An upstream's request: sent from a task on its runtime,
+            // completed there when the reply comes.
+            h.spawn_upstream(rt, fut, cmd.id);
+            return;
+        }
+        // The pools live as long as the host; a send cannot fail.
+        q.send((cmd, issued)).expect("device pool is gone");
+    }
+
+    fn commands_taken(&mut self) -> bool {
+        if self.writes.is_empty() {
+            return false;
+        }
+        // Their completions may make the engine emit more commands.
+        self.host.write_batch(self.c, &mut self.writes);
+        true
+    }
+
+    fn reply(&mut self, r: Reply<Bytes>) {
+        if r.id == self.mine {
+            self.own = Some(r);
+        } else if let Some(w) = self.c.waiting.remove(&r.id) {
+            let _ = w.send(r);
+        }
+    }
+
+    fn event(&mut self, ev: Event) {
+        let h = self.host;
+        if let Event::BackgroundError { what } = ev {
+            if let Some(held) = h.bg_log.pass() {
+                log!(
+                    warn,
+                    "background_error",
+                    export = &h.name,
+                    what = what,
+                    suppressed = held
+                );
+            }
+        }
+    }
+
+    /// One timeout check per pump, after its first pass: while the engine
+    /// waits for a device (e.g. a commit it wants "as soon as possible"),
+    /// its deadline stays due, and spinning on it under the lock would
+    /// starve the very completion it waits for.
+    fn pass_done(&mut self) -> bool {
+        if std::mem::replace(&mut self.timer_checked, true) {
+            return false;
+        }
+        let now = self.host.now();
+        match self.c.eng.poll_timeout() {
+            Some(t) if t <= now => {
+                self.c.eng.handle_timeout(now);
+                true
+            }
+            _ => false,
+        }
     }
 }
 

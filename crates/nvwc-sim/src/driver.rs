@@ -56,9 +56,10 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
+use nvwc_core::pump::{self, Driver};
 use nvwc_core::{
-    Config, Dev, Engine, FetchMode, IoCmd, IoId, IoOp, Phantom, ReplacementKind, ReqId, ReqOp,
-    Request, Tag, Watermarks, WritePolicyKind,
+    Config, Dev, Engine, FetchMode, IoCmd, IoId, IoOp, Phantom, ReplacementKind, Reply, ReqId,
+    ReqOp, Request, Tag, Watermarks, WritePolicyKind,
 };
 use nvwc_mrc::MixBuildHasher;
 use nvwc_trace::{Op, TraceError, TraceRecord};
@@ -968,28 +969,11 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
 
     // ------------------------------------------------------------ devices
 
-    /// Drains every engine output at the current instant.
+    /// Drains every engine output at the current instant (the one pump,
+    /// [`pump::pump`], through [`Pumped`]).
     fn pump(&mut self) {
-        loop {
-            let mut progress = false;
-            while let Some(io) = self.immediate.pop_front() {
-                self.engine.handle_completion(self.now, io, Ok(None));
-                progress = true;
-            }
-            while let Some(cmd) = self.engine.poll_io() {
-                self.submit(cmd);
-                progress = true;
-            }
-            self.dispatch_backing();
-            while let Some(r) = self.engine.poll_reply() {
-                self.on_reply(r.id, r.result.is_ok());
-                progress = true;
-            }
-            while self.engine.poll_event().is_some() {}
-            if !progress && self.immediate.is_empty() {
-                break;
-            }
-        }
+        debug_assert!(self.immediate.is_empty(), "a pump left completions behind");
+        pump::pump(&mut Pumped(self));
         self.dirty_peak = self.dirty_peak.max(self.engine.dirty_versions());
     }
 
@@ -1365,5 +1349,35 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
             },
             intervals: std::mem::take(&mut self.intervals),
         }
+    }
+}
+
+/// The simulator as the engine's pump sees it: commands go to the device
+/// models (those that cost nothing complete when the pass is over), the
+/// queued backing commands start once the engine has no more, and replies
+/// end their requests (in closed loop, issuing the client's next one).
+struct Pumped<'a, I: Iterator<Item = Result<TraceRecord, TraceError>>>(&'a mut Simulator<I>);
+
+impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Driver<Phantom> for Pumped<'_, I> {
+    fn engine(&mut self) -> &mut Engine<Phantom> {
+        &mut self.0.engine
+    }
+    fn command(&mut self, cmd: IoCmd<Phantom>) {
+        self.0.submit(cmd);
+    }
+    fn commands_taken(&mut self) -> bool {
+        self.0.dispatch_backing();
+        false
+    }
+    fn reply(&mut self, r: Reply<Phantom>) {
+        self.0.on_reply(r.id, r.result.is_ok());
+    }
+    fn pass_done(&mut self) -> bool {
+        let s = &mut *self.0;
+        let fed = !s.immediate.is_empty();
+        while let Some(io) = s.immediate.pop_front() {
+            s.engine.handle_completion(s.now, io, Ok(None));
+        }
+        fed
     }
 }

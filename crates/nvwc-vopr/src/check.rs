@@ -9,6 +9,7 @@
 
 use bytes::Bytes;
 use nvwc_core::layout::{self, Layout};
+use nvwc_core::pump::{pump, Driver};
 use nvwc_core::*;
 use rand_chacha::ChaCha8Rng;
 
@@ -434,39 +435,76 @@ fn run_instant(
     what: &str,
     seed: u64,
     o: &mut Oracle,
-    mut see: impl FnMut(Seen<'_>, &mut Oracle) -> Result<(), ()>,
+    see: impl FnMut(Seen<'_>, &mut Oracle) -> Result<(), ()>,
     done: impl Fn(&Engine<Bytes>) -> bool,
 ) -> Option<bool> {
+    let mut d = InstantDevices {
+        eng,
+        now: *now,
+        cache,
+        backing,
+        o,
+        see,
+        failed: false,
+    };
     for _ in 0..10_000_000u64 {
-        if done(eng) {
+        if done(d.eng) {
             return Some(true);
         }
-        *now += 1000;
-        let mut did = false;
-        while let Some(cmd) = eng.poll_io() {
-            did = true;
-            let res = instant_io(&cmd, cache, backing);
-            eng.handle_completion(*now, cmd.id, res);
-            see(Seen::Io(&cmd, backing), o).ok()?;
-        }
-        while let Some(r) = eng.poll_reply() {
-            did = true;
-            see(Seen::Reply(r), o).ok()?;
+        d.now += 1000;
+        *now = d.now;
+        let did = pump(&mut d);
+        if d.failed {
+            return None;
         }
         if !did {
-            match eng.poll_timeout() {
+            match d.eng.poll_timeout() {
                 Some(t) => {
-                    *now = (*now).max(t);
-                    eng.handle_timeout(*now);
+                    d.now = d.now.max(t);
+                    *now = d.now;
+                    d.eng.handle_timeout(d.now);
                 }
-                None => return Some(done(eng)),
+                None => return Some(done(d.eng)),
             }
         }
     }
-    o.violations.push(format!(
+    d.o.violations.push(format!(
         "(b) recovered engine did not finish {what} (seed {seed})"
     ));
     None
+}
+
+/// A recovered engine as [`run_instant`]'s pump sees it: each command runs
+/// at once on the disk models and is completed, then shown to `see`, as is
+/// each reply. Once `see` fails the run is over: the rest is dropped (the
+/// engine is abandoned).
+struct InstantDevices<'a, S> {
+    eng: &'a mut Engine<Bytes>,
+    now: u64,
+    cache: &'a mut Disk,
+    backing: &'a mut Disk,
+    o: &'a mut Oracle,
+    see: S,
+    failed: bool,
+}
+
+impl<S: FnMut(Seen<'_>, &mut Oracle) -> Result<(), ()>> Driver<Bytes> for InstantDevices<'_, S> {
+    fn engine(&mut self) -> &mut Engine<Bytes> {
+        self.eng
+    }
+    fn command(&mut self, cmd: IoCmd<Bytes>) {
+        if self.failed {
+            return;
+        }
+        let res = instant_io(&cmd, self.cache, self.backing);
+        self.eng.handle_completion(self.now, cmd.id, res);
+        self.failed = (self.see)(Seen::Io(&cmd, self.backing), self.o).is_err();
+    }
+    fn reply(&mut self, r: Reply<Bytes>) {
+        if !self.failed {
+            self.failed = (self.see)(Seen::Reply(r), self.o).is_err();
+        }
+    }
 }
 
 /// (c) The backing store alone, `img`, is a state the write policy allows

@@ -562,20 +562,26 @@ fn collect_events(
     out: &mut SeedOutcome,
 ) {
     while let Some(e) = eng.poll_event() {
-        if let Event::Policy(PolicyEvent::TxnClosed {
-            txn,
-            first_seq,
-            last_seq,
-            forced,
-        }) = e
-        {
-            if forced {
-                out.forced_closes += 1;
-            }
-            oracle
-                .txns
-                .push((txn, first_seq, last_seq, forced, at_flush));
+        record_event(e, oracle, at_flush, out);
+    }
+}
+
+/// One of the engine's events: a journal transaction closed is recorded
+/// (for check (c)); the rest are dropped.
+fn record_event(e: Event, oracle: &mut Oracle, at_flush: bool, out: &mut SeedOutcome) {
+    if let Event::Policy(PolicyEvent::TxnClosed {
+        txn,
+        first_seq,
+        last_seq,
+        forced,
+    }) = e
+    {
+        if forced {
+            out.forced_closes += 1;
         }
+        oracle
+            .txns
+            .push((txn, first_seq, last_seq, forced, at_flush));
     }
 }
 

@@ -7,6 +7,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 
 use bytes::Bytes;
+use nvwc_core::pump::{pump, Driver};
 use nvwc_core::*;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -221,19 +222,7 @@ impl World {
                     }
                 }
             }
-            self.issue_io(rng);
-            let mut retry = false;
-            while let Some(r) = self.eng.poll_reply() {
-                retry |= client.reply(r, self.now, o, out);
-            }
-            if retry {
-                self.push(self.now, Ev::Client);
-            }
-            if client.records_txns() {
-                crate::collect_events(&mut self.eng, o, false, out);
-            } else {
-                while self.eng.poll_event().is_some() {}
-            }
+            self.pump(client, rng, o, out);
             if let Some(t) = self.eng.poll_timeout() {
                 let t = t.max(self.now);
                 if self.timeout_at.is_none_or(|x| t < x) {
@@ -268,49 +257,81 @@ impl World {
         disk.execute(&f.cmd.op, f.cmd.group, f.stamp)
     }
 
-    /// Take the engine's commands (direct writes' parts first: they were
-    /// due first), each with a latency and maybe an error.
-    fn issue_io(&mut self, rng: &mut ChaCha8Rng) {
-        while let Some(cmd) = self.direct_cmds.pop_front().or_else(|| self.eng.poll_io()) {
-            let (lo, hi) = if cmd.dev == Dev::Cache {
-                self.lat.cache
-            } else {
-                self.lat.backing
-            };
-            let lat = rng.gen_range(lo..hi);
-            let disk = if cmd.dev == Dev::Cache {
-                &self.cache
-            } else {
-                &self.backing
-            };
-            let fail = self.lat.err_rate > 0.0
-                && rng.gen_bool(self.lat.err_rate)
-                && !matches!(cmd.op, IoOp::GroupBegin { .. });
-            let stamp = disk.flush_issue_stamp();
-            self.count_table_write(&cmd);
-            if self.verbose {
-                let what = match &cmd.op {
-                    IoOp::Read { offset, len } => format!("read {offset}+{len}"),
-                    IoOp::Write { offset, data, fua } => format!(
-                        "write {offset}+{} fua={fua} stamp=w{}/s{}",
-                        data.len(),
-                        u64::from_le_bytes(data[8..16].try_into().unwrap()),
-                        u64::from_le_bytes(data[16..24].try_into().unwrap())
-                    ),
-                    other => format!("{other:?}"),
-                };
-                eprintln!(
-                    "t={}   io {} {:?} {what} group={:?} fail={fail} done_at={}",
-                    self.now,
-                    cmd.id,
-                    cmd.dev,
-                    cmd.group,
-                    self.now + lat
-                );
-            }
-            self.push(self.now + lat, Ev::Io(cmd.id));
-            self.inflight.insert(cmd.id, InFlight { cmd, stamp, fail });
+    /// Drain the engine (the one pump, [`pump`]): direct writes' parts
+    /// first (they were due first), then the engine's commands, each put in
+    /// flight; replies to the client (a retry it asks for is a client event
+    /// now); events to the oracle when the client records transactions.
+    fn pump(
+        &mut self,
+        client: &mut dyn Client,
+        rng: &mut ChaCha8Rng,
+        o: &mut Oracle,
+        out: &mut SeedOutcome,
+    ) {
+        while let Some(cmd) = self.direct_cmds.pop_front() {
+            self.issue(cmd, rng);
         }
+        let records = client.records_txns();
+        let mut p = Pumped {
+            w: self,
+            client,
+            rng,
+            o,
+            out,
+            records,
+            retry: false,
+        };
+        pump(&mut p);
+        if p.retry {
+            self.push(self.now, Ev::Client);
+        }
+    }
+
+    /// Put one command in flight, with a latency and maybe an error.
+    fn issue(&mut self, cmd: IoCmd<Bytes>, rng: &mut ChaCha8Rng) {
+        let (lo, hi) = if cmd.dev == Dev::Cache {
+            self.lat.cache
+        } else {
+            self.lat.backing
+        };
+        let lat = rng.gen_range(lo..hi);
+        let disk = if cmd.dev == Dev::Cache {
+            &self.cache
+        } else {
+            &self.backing
+        };
+        let fail = self.lat.err_rate > 0.0
+            && rng.gen_bool(self.lat.err_rate)
+            && !matches!(cmd.op, IoOp::GroupBegin { .. });
+        let stamp = disk.flush_issue_stamp();
+        self.count_table_write(&cmd);
+        if self.verbose {
+            self.trace_issue(&cmd, fail, lat);
+        }
+        self.push(self.now + lat, Ev::Io(cmd.id));
+        self.inflight.insert(cmd.id, InFlight { cmd, stamp, fail });
+    }
+
+    /// Print a command put in flight (`--verbose`).
+    fn trace_issue(&self, cmd: &IoCmd<Bytes>, fail: bool, lat: u64) {
+        let what = match &cmd.op {
+            IoOp::Read { offset, len } => format!("read {offset}+{len}"),
+            IoOp::Write { offset, data, fua } => format!(
+                "write {offset}+{} fua={fua} stamp=w{}/s{}",
+                data.len(),
+                u64::from_le_bytes(data[8..16].try_into().unwrap()),
+                u64::from_le_bytes(data[16..24].try_into().unwrap())
+            ),
+            other => format!("{other:?}"),
+        };
+        eprintln!(
+            "t={}   io {} {:?} {what} group={:?} fail={fail} done_at={}",
+            self.now,
+            cmd.id,
+            cmd.dev,
+            cmd.group,
+            self.now + lat
+        );
     }
 
     /// Count metadata-page writes per commit (a commit record write ends one).
@@ -353,6 +374,36 @@ impl World {
                 _ => None,
             })
             .collect()
+    }
+}
+
+/// The world as the engine's pump sees it (`World::pump`).
+struct Pumped<'a> {
+    w: &'a mut World,
+    client: &'a mut dyn Client,
+    rng: &'a mut ChaCha8Rng,
+    o: &'a mut Oracle,
+    out: &'a mut SeedOutcome,
+    /// The client records journal transactions (`Client::records_txns`).
+    records: bool,
+    /// The client asked for a retry.
+    retry: bool,
+}
+
+impl Driver<Bytes> for Pumped<'_> {
+    fn engine(&mut self) -> &mut Engine<Bytes> {
+        &mut self.w.eng
+    }
+    fn command(&mut self, cmd: IoCmd<Bytes>) {
+        self.w.issue(cmd, self.rng);
+    }
+    fn reply(&mut self, r: Reply<Bytes>) {
+        self.retry |= self.client.reply(r, self.w.now, self.o, self.out);
+    }
+    fn event(&mut self, ev: Event) {
+        if self.records {
+            crate::record_event(ev, self.o, false, self.out);
+        }
     }
 }
 

@@ -48,9 +48,10 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 use hdrhistogram::Histogram;
+use nvwc_core::pump::{pump, Driver};
 use nvwc_core::{
-    AdmissionKind, Config, Dev, Engine, Phantom, ReplacementKind, ReqId, ReqOp, Request, Tag,
-    WritePolicyKind,
+    AdmissionKind, Config, Dev, Engine, IoCmd, Phantom, ReplacementKind, Reply, ReqId, ReqOp,
+    Request, Tag, WritePolicyKind,
 };
 use serde::Serialize;
 
@@ -509,18 +510,17 @@ pub fn run(name: &str, model: &mut dyn Model, cfg: &AppConfig) -> Result<AppResu
 
     macro_rules! pump {
         () => {
-            pump(
-                &mut eng,
-                &mut cache,
-                &mut backing,
-                &mut devops,
-                &mut next_devop,
-                &mut rt,
-                &mut io_waiters,
-                &mut ready,
+            pump(&mut Pumped {
+                eng: &mut eng,
+                cache: &mut cache,
+                backing: &mut backing,
+                devops: &mut devops,
+                next_devop: &mut next_devop,
+                rt: &mut rt,
+                io_waiters: &mut io_waiters,
+                ready: &mut ready,
                 model,
-                &mut procs,
-            )
+            })
         };
     }
 
@@ -993,53 +993,49 @@ fn snapshot(
     }
 }
 
-/// Drain the engine: device commands to the models, replies to waiters.
-#[allow(clippy::too_many_arguments)]
-fn pump(
-    eng: &mut Engine<Phantom>,
-    cache: &mut Box<dyn DeviceModel>,
-    backing: &mut Split,
-    devops: &mut HashMap<u64, (u64, Option<u32>)>,
-    next_devop: &mut u64,
-    rt: &mut Rt,
-    io_waiters: &mut HashMap<ReqId, Vec<Pid>>,
-    ready: &mut VecDeque<Pid>,
-    model: &mut dyn Model,
-    procs: &mut [Proc],
-) {
-    loop {
-        let mut any = false;
-        while let Some(cmd) = eng.poll_io() {
-            any = true;
-            let id = *next_devop;
-            *next_devop += 1;
-            // A trim has nothing to do on these models (write-back never
-            // sends one to a device it does not own; group markers are free).
-            let Some((op, rl)) =
-                crate::driver::dev_op(id, &cmd.op).filter(|(op, _)| op.kind != DevOpKind::Trim)
-            else {
-                eng.handle_completion(rt.now, cmd.id, Ok(None));
-                continue;
-            };
-            devops.insert(id, (cmd.id, rl));
-            match cmd.dev {
-                Dev::Cache => cache.submit(rt.now, op),
-                Dev::Backing => backing.submit(rt.now, op),
-            }
+/// A run as the engine's pump sees it: device commands go to the device
+/// models (those with nothing to do complete at once), replies to the
+/// model and to the processes waiting for them.
+struct Pumped<'a> {
+    eng: &'a mut Engine<Phantom>,
+    cache: &'a mut Box<dyn DeviceModel>,
+    backing: &'a mut Split,
+    /// Device operation id to the engine's command and its read length.
+    devops: &'a mut HashMap<u64, (u64, Option<u32>)>,
+    next_devop: &'a mut u64,
+    rt: &'a mut Rt,
+    io_waiters: &'a mut HashMap<ReqId, Vec<Pid>>,
+    ready: &'a mut VecDeque<Pid>,
+    model: &'a mut dyn Model,
+}
+
+impl Driver<Phantom> for Pumped<'_> {
+    fn engine(&mut self) -> &mut Engine<Phantom> {
+        self.eng
+    }
+    fn command(&mut self, cmd: IoCmd<Phantom>) {
+        let id = *self.next_devop;
+        *self.next_devop += 1;
+        // A trim has nothing to do on these models (write-back never
+        // sends one to a device it does not own; group markers are free).
+        let Some((op, rl)) =
+            crate::driver::dev_op(id, &cmd.op).filter(|(op, _)| op.kind != DevOpKind::Trim)
+        else {
+            self.eng.handle_completion(self.rt.now, cmd.id, Ok(None));
+            return;
+        };
+        self.devops.insert(id, (cmd.id, rl));
+        match cmd.dev {
+            Dev::Cache => self.cache.submit(self.rt.now, op),
+            Dev::Backing => self.backing.submit(self.rt.now, op),
         }
-        while let Some(r) = eng.poll_reply() {
-            any = true;
-            assert!(r.result.is_ok(), "simulated I/O cannot fail: {r:?}");
-            if rt.outstanding.remove(&r.id).is_some() {
-                model.io_done(rt, r.id);
-            }
-            for p in io_waiters.remove(&r.id).unwrap_or_default() {
-                let _ = &procs[p];
-                ready.push_back(p);
-            }
+    }
+    fn reply(&mut self, r: Reply<Phantom>) {
+        assert!(r.result.is_ok(), "simulated I/O cannot fail: {r:?}");
+        if self.rt.outstanding.remove(&r.id).is_some() {
+            self.model.io_done(self.rt, r.id);
         }
-        if !any {
-            break;
-        }
+        self.ready
+            .extend(self.io_waiters.remove(&r.id).unwrap_or_default());
     }
 }

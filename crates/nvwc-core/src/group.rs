@@ -1,8 +1,10 @@
 //! The one atomic-group stager: the writes the engine tags with a group
 //! (a journaled checkpoint) are held here from the group's `GroupBegin` to
 //! its `GroupEnd`, and then handed back, in the order they were staged, to
-//! whatever makes them atomic (the redo log, `redo.rs`; the in-memory
-//! twin's own atomic apply, `mem.rs`).
+//! whatever makes them atomic (the device layer's redo-log filter, which
+//! re-exports this module as `nvwc_dev::group`; the testkit's backing
+//! store). It is pure logic, so it lives with the engine whose group
+//! commands it serves.
 //!
 //! Contract:
 //!
