@@ -2,7 +2,8 @@
 //! the format auto-detected, and checks the request counts and write
 //! fractions the MANIFEST gives. Skips, loudly, if the directory is absent,
 //! except under `CI=true` or `NVWC_REQUIRE_TOOLS=1` (CI), where a missing
-//! trace directory fails the test. `NVWC_TRACES_DIR` overrides the location.
+//! trace directory fails the test. `NVWC_TRACES` overrides the location, as
+//! for every other test and `nvwc repro` (`NVWC_TRACES_DIR`, its old name, too).
 
 use nvwc_trace::{
     convert, open_path, open_reader, stats, Compression, Format, Op, ReaderOptions, TraceRecord,
@@ -11,7 +12,8 @@ use nvwc_trace::{
 use std::path::PathBuf;
 
 fn traces_dir() -> Option<PathBuf> {
-    let dir = match std::env::var_os("NVWC_TRACES_DIR") {
+    let env = std::env::var_os("NVWC_TRACES").or_else(|| std::env::var_os("NVWC_TRACES_DIR"));
+    let dir = match env {
         Some(d) => PathBuf::from(d),
         None => {
             // Canonicalise first so a symlinked checkout still finds the
@@ -26,11 +28,11 @@ fn traces_dir() -> Option<PathBuf> {
     } else {
         assert!(
             !strict(),
-            "real-trace tests: no trace directory at {} (CI needs ../shared beside the repository; set NVWC_TRACES_DIR)",
+            "real-trace tests: no trace directory at {} (CI needs ../shared beside the repository; set NVWC_TRACES)",
             dir.display()
         );
         eprintln!(
-            "SKIPPED: real-trace tests: no trace directory at {} (set NVWC_TRACES_DIR)",
+            "SKIPPED: real-trace tests: no trace directory at {} (set NVWC_TRACES)",
             dir.display()
         );
         None
