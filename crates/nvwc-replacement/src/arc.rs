@@ -341,10 +341,7 @@ impl Replacement for Arc {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn none(_: BlockId) -> bool {
-        false
-    }
+    use crate::testutil::none;
 
     /// Fills a cache of `c` blocks with lbns `0..c`, then evicts `k` victims.
     fn fill_and_evict(p: &mut Arc, c: u32, k: usize) -> Vec<(BlockId, u64)> {

@@ -64,10 +64,7 @@ impl Replacement for Lru {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn none(_: BlockId) -> bool {
-        false
-    }
+    use crate::testutil::none;
 
     #[test]
     fn evicts_least_recently_used_clean_and_skips_pinned() {

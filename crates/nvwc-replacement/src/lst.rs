@@ -66,10 +66,7 @@ impl Replacement for Lst {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn none(_: BlockId) -> bool {
-        false
-    }
+    use crate::testutil::none;
 
     fn lbns(p: &Lst, v: &[BlockId]) -> Vec<u64> {
         v.iter().map(|&b| p.lists.segs.lbn(b)).collect()
