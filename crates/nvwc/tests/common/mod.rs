@@ -96,6 +96,19 @@ pub fn tools(names: &[&str]) -> bool {
     names.iter().all(|n| tool(n))
 }
 
+/// Skip the calling test (return from it) unless every named tool is
+/// installed ([`tools`]: under CI a missing one fails the test instead).
+#[allow(unused_macros)]
+macro_rules! require_tools {
+    ($($name:expr),+ $(,)?) => {
+        if !$crate::common::tools(&[$($name),+]) {
+            return;
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use require_tools;
+
 /// Run `nvwc serve ARGS` in `dir`, which MUST refuse to start: it must exit
 /// non-zero within 20 s without creating `dir/nvwc-data/nvwc.sock`.
 /// Returns its stderr.
