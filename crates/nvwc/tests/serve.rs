@@ -476,18 +476,10 @@ fn partial_writes_every_fetch_mode() {
         ("journaled", "async-bg", false),
     ] {
         let dir = tempdir(&format!("nbw-{policy}-{fetch}-{direct}"));
-        let mut args = vec![
-            "--size",
-            "64M",
-            "--cache-size",
-            "16M",
-            "--write-policy",
-            policy,
-            "--fetch",
-            fetch,
-            "--patch-mem",
-            "256K",
-        ];
+        let flags = format!(
+            "--size 64M --cache-size 16M --write-policy {policy} --fetch {fetch} --patch-mem 256K"
+        );
+        let mut args: Vec<&str> = flags.split_whitespace().collect();
         if direct {
             args.push("--patch-direct");
         }
