@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::serve::*;
-use common::{require_tools, strict};
+use common::{poll_until, require_tools, strict};
 
 #[test]
 fn real_clients_every_policy_and_kill9_recovery() {
@@ -720,19 +720,18 @@ fn admission_hints_per_connection_and_export() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let t = Instant::now();
-    let id = loop {
+    const FIRST_ID: &str = "\"connections\":[{\"id\":";
+    let mut last = String::new();
+    let id = poll_until(Duration::from_secs(10), Duration::from_millis(20), || {
         let (_, st) = nvwc(&["status"]);
-        if let Some(at) = st.find("\"connections\":[{\"id\":") {
-            let rest = &st[at + "\"connections\":[{\"id\":".len()..];
-            break rest.split(',').next().unwrap().to_string();
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "no connection in status: {st}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+        let id = st.find(FIRST_ID).map(|at| {
+            let rest = &st[at + FIRST_ID.len()..];
+            rest.split(',').next().unwrap().to_string()
+        });
+        last = st;
+        id
+    })
+    .unwrap_or_else(|| panic!("no connection in status: {last}"));
     let (ok, out) = nvwc(&[
         "hint",
         "--connection",
@@ -772,14 +771,13 @@ fn admission_hints_per_connection_and_export() {
         );
         assert!(series(&m, &count) >= 1, "{class} write latency: {m}");
     }
-    let t = Instant::now();
-    while !nvwc(&["status"]).1.contains("\"connections\":[]") {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "a gone connection stays listed"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let gone = poll_until(Duration::from_secs(10), Duration::from_millis(20), || {
+        nvwc(&["status"])
+            .1
+            .contains("\"connections\":[]")
+            .then_some(())
+    });
+    assert!(gone.is_some(), "a gone connection stays listed");
     assert_eq!(stat("bypassed_pieces"), 16);
     // Bad hints are refused with a reason.
     let (ok, out) = nvwc(&["hint", "--connection", "999999", "--critical", "on"]);
