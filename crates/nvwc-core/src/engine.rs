@@ -55,6 +55,7 @@ mod direct;
 mod flush;
 mod partial;
 mod patch;
+mod patch_set;
 mod read;
 mod recover;
 mod request;

@@ -63,6 +63,26 @@ pub fn format_size(b: u64) -> String {
     format!("{b}")
 }
 
+/// Format a byte count with one decimal in the largest binary unit it
+/// reaches: `units[0]` names bytes, `units[i]` 1024^i bytes, and `sep`
+/// stands between number and unit. With `["", "K", "M", ...]` and `""`,
+/// 8 GiB is `8.0G` and 512 bytes `512`; with `["B", "KiB", ...]` and
+/// `" "`, `8.0 GiB` and `512 B`. `units` MUST NOT be empty.
+pub fn format_size_1dp(b: u64, units: &[&str], sep: &str) -> String {
+    assert!(!units.is_empty(), "no units");
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < units.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b}{sep}{}", units[0])
+    } else {
+        format!("{v:.1}{sep}{}", units[i])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,6 +119,11 @@ mod tests {
         assert_eq!(format_size(64 << 20), "64M");
         assert_eq!(format_size(1536), "1.50k");
         assert_eq!(format_size(100), "100");
+        let short = ["", "K", "M", "G", "T", "P"];
+        assert_eq!(format_size_1dp(8 << 30, &short, ""), "8.0G");
+        assert_eq!(format_size_1dp(512, &short, ""), "512");
+        assert_eq!(format_size_1dp(1536, &["B", "KiB"], " "), "1.5 KiB");
+        assert_eq!(format_size_1dp(3 << 20, &["B", "KiB"], " "), "3072.0 KiB");
         for b in [0, 1, 4096, 64 << 20, 3 << 30, 5 << 40] {
             assert_eq!(parse_size(&format_size(b)).unwrap(), b);
         }

@@ -109,13 +109,14 @@ fn run(cfg: Config, ops: &[Op], seed: u64) -> Result<(), String> {
                 r.result.map_err(|e| format!("write failed: {e}"))?;
             }
             Op::Zero { sector, n } => {
-                oracle[(sector * 512) as usize..((sector + n) * 512) as usize].fill(0);
+                let (offset, len) = (sector * 512, (n * 512) as u32);
+                oracle[offset as usize..offset as usize + len as usize].fill(0);
                 defined[sector as usize..(sector + n) as usize].fill(true);
                 h.submit(
                     id,
                     ReqOp::WriteZeroes {
-                        offset: sector * 512,
-                        len: (n * 512) as u32,
+                        offset,
+                        len,
                         fua: false,
                     },
                 );
@@ -154,14 +155,9 @@ fn run(cfg: Config, ops: &[Op], seed: u64) -> Result<(), String> {
                     .map_err(|e| format!("flush failed: {e}"))?;
             }
             Op::Trim { sector, n } => {
+                let (offset, len) = (sector * 512, (n * 512) as u32);
                 defined[sector as usize..(sector + n) as usize].fill(false);
-                h.submit(
-                    id,
-                    ReqOp::Trim {
-                        offset: sector * 512,
-                        len: (n * 512) as u32,
-                    },
-                );
+                h.submit(id, ReqOp::Trim { offset, len });
                 h.wait(id, &mut pick)
                     .result
                     .map_err(|e| format!("trim failed: {e}"))?;

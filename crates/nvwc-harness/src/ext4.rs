@@ -139,14 +139,17 @@ impl Drop for Stack {
         if !self.loopdev.is_empty() {
             let _ = sh(&format!("losetup -d {}", self.loopdev));
         }
-        let _ = sh(&format!(
-            "fusermount3 -uz {} || umount -l {}",
-            self.fuse_dir.display(),
-            self.fuse_dir.display()
-        ));
-        let _ = self.fuse.kill();
-        let _ = self.fuse.wait();
+        stop_nbdfuse(&self.fuse_dir, &mut self.fuse);
     }
+}
+
+/// Unmount the nbdfuse mount point `fuse_dir` (lazily if busy) and end its
+/// process `fuse`: the teardown of every nbdfuse this project starts.
+pub fn stop_nbdfuse(fuse_dir: &Path, fuse: &mut Child) {
+    let d = fuse_dir.display();
+    let _ = sh(&format!("fusermount3 -uz {d} || umount -l {d}"));
+    let _ = fuse.kill();
+    let _ = fuse.wait();
 }
 
 /// The file workload; runs until `stop` or the first I/O error.

@@ -17,6 +17,10 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// Result of an export operation.
 pub type NbdResult<T> = Result<T, NbdError>;
 
+/// The future of an operation that answers with no data (write, flush,
+/// trim, write zeroes, cache).
+pub type OpFuture<'a> = BoxFuture<'a, NbdResult<()>>;
+
 /// Largest `max_block` an export may advertise: the server buffers whole
 /// payloads, so this bounds per-request memory (64 MiB).
 pub const MAX_BLOCK_LIMIT: u32 = 64 << 20;
@@ -262,13 +266,7 @@ pub trait Export: Send + Sync + 'static {
     fn read(&self, ctx: RequestCtx, offset: u64, len: u32) -> BoxFuture<'_, NbdResult<Bytes>>;
 
     /// `NBD_CMD_WRITE` of `data` (length ≥ 1) at `offset`.
-    fn write(
-        &self,
-        ctx: RequestCtx,
-        offset: u64,
-        data: Bytes,
-        fua: bool,
-    ) -> BoxFuture<'_, NbdResult<()>>;
+    fn write(&self, ctx: RequestCtx, offset: u64, data: Bytes, fua: bool) -> OpFuture<'_>;
 
     /// Optional zero-copy `NBD_CMD_WRITE`: called, before the payload is
     /// read, for a write (with `write`'s preconditions) whose whole payload
@@ -288,25 +286,19 @@ pub trait Export: Send + Sync + 'static {
         len: u32,
         fua: bool,
         src: &mut DirectSource<'_>,
-    ) -> Option<BoxFuture<'static, NbdResult<()>>> {
+    ) -> Option<OpFuture<'static>> {
         let _ = (ctx, offset, len, fua, src);
         None
     }
 
     /// `NBD_CMD_FLUSH`. Only called if `can_flush`.
-    fn flush(&self, ctx: RequestCtx) -> BoxFuture<'_, NbdResult<()>> {
+    fn flush(&self, ctx: RequestCtx) -> OpFuture<'_> {
         let _ = ctx;
         Box::pin(async { Err(NbdError::inval("flush not supported")) })
     }
 
     /// `NBD_CMD_TRIM` (a hint; MAY do nothing). Only called if `can_trim`.
-    fn trim(
-        &self,
-        ctx: RequestCtx,
-        offset: u64,
-        len: u32,
-        fua: bool,
-    ) -> BoxFuture<'_, NbdResult<()>> {
+    fn trim(&self, ctx: RequestCtx, offset: u64, len: u32, fua: bool) -> OpFuture<'_> {
         let _ = (ctx, offset, len, fua);
         Box::pin(async { Ok(()) })
     }
@@ -320,13 +312,13 @@ pub trait Export: Send + Sync + 'static {
         offset: u64,
         len: u32,
         flags: WriteZeroesFlags,
-    ) -> BoxFuture<'_, NbdResult<()>> {
+    ) -> OpFuture<'_> {
         let _ = (ctx, offset, len, flags);
         Box::pin(async { Err(NbdError::inval("write zeroes not supported")) })
     }
 
     /// `NBD_CMD_CACHE` (prefetch hint). Only called if `can_cache`.
-    fn cache(&self, ctx: RequestCtx, offset: u64, len: u32) -> BoxFuture<'_, NbdResult<()>> {
+    fn cache(&self, ctx: RequestCtx, offset: u64, len: u32) -> OpFuture<'_> {
         let _ = (ctx, offset, len);
         Box::pin(async { Ok(()) })
     }

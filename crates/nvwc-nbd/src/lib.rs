@@ -22,7 +22,7 @@ pub mod server;
 pub use client::{Client, ClientError, ClientOptions, ExportDetails, NbdUri};
 pub use error::{CodecError, ErrorCode, NbdError};
 pub use export::{
-    BoxFuture, DirectSource, Export, ExportInfo, NbdResult, RequestCtx, WriteZeroesFlags,
+    BoxFuture, DirectSource, Export, ExportInfo, NbdResult, OpFuture, RequestCtx, WriteZeroesFlags,
     MAX_BLOCK_LIMIT,
 };
 pub use memory::{MemoryExport, MemoryStats};

@@ -8,7 +8,9 @@ use std::sync::Mutex;
 use bytes::{Bytes, BytesMut};
 
 use crate::error::NbdError;
-use crate::export::{BoxFuture, Export, ExportInfo, NbdResult, RequestCtx, WriteZeroesFlags};
+use crate::export::{
+    BoxFuture, Export, ExportInfo, NbdResult, OpFuture, RequestCtx, WriteZeroesFlags,
+};
 use crate::proto::{state, Extent};
 
 /// Allocation granularity of [`MemoryExport`].
@@ -223,13 +225,7 @@ impl Export for MemoryExport {
         Box::pin(async move { r })
     }
 
-    fn write(
-        &self,
-        _ctx: RequestCtx,
-        offset: u64,
-        data: Bytes,
-        fua: bool,
-    ) -> BoxFuture<'_, NbdResult<()>> {
+    fn write(&self, _ctx: RequestCtx, offset: u64, data: Bytes, fua: bool) -> OpFuture<'_> {
         bump(&self.counters.writes);
         if fua {
             bump(&self.counters.fua_writes);
@@ -244,18 +240,12 @@ impl Export for MemoryExport {
         Box::pin(async move { r })
     }
 
-    fn flush(&self, _ctx: RequestCtx) -> BoxFuture<'_, NbdResult<()>> {
+    fn flush(&self, _ctx: RequestCtx) -> OpFuture<'_> {
         bump(&self.counters.flushes);
         Box::pin(async { Ok(()) })
     }
 
-    fn trim(
-        &self,
-        _ctx: RequestCtx,
-        offset: u64,
-        len: u32,
-        _fua: bool,
-    ) -> BoxFuture<'_, NbdResult<()>> {
+    fn trim(&self, _ctx: RequestCtx, offset: u64, len: u32, _fua: bool) -> OpFuture<'_> {
         bump(&self.counters.trims);
         let r = self
             .check_range(offset, len.into())
@@ -269,7 +259,7 @@ impl Export for MemoryExport {
         offset: u64,
         len: u32,
         flags: WriteZeroesFlags,
-    ) -> BoxFuture<'_, NbdResult<()>> {
+    ) -> OpFuture<'_> {
         bump(&self.counters.zeroes);
         if flags.fast_zero {
             bump(&self.counters.fast_zeroes);
@@ -280,7 +270,7 @@ impl Export for MemoryExport {
         Box::pin(async move { r })
     }
 
-    fn cache(&self, _ctx: RequestCtx, offset: u64, len: u32) -> BoxFuture<'_, NbdResult<()>> {
+    fn cache(&self, _ctx: RequestCtx, offset: u64, len: u32) -> OpFuture<'_> {
         bump(&self.counters.caches);
         let r = self.check_range(offset, len.into());
         Box::pin(async move { r })

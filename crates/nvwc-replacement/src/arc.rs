@@ -341,16 +341,11 @@ impl Replacement for Arc {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn none(_: BlockId) -> bool {
-        false
-    }
+    use crate::testutil::{fill, none};
 
     /// Fills a cache of `c` blocks with lbns `0..c`, then evicts `k` victims.
     fn fill_and_evict(p: &mut Arc, c: u32, k: usize) -> Vec<(BlockId, u64)> {
-        for i in 0..c {
-            p.insert(BlockId(i), i as u64, false);
-        }
+        fill(p, c, 0, false);
         (0..k)
             .map(|_| {
                 let v = p.victim_clean(&none).unwrap();
@@ -403,9 +398,7 @@ mod tests {
     #[test]
     fn blocks_under_writeback_leave_both_dirty_walks() {
         let mut p = Arc::new(8);
-        for i in 0..6 {
-            p.insert(BlockId(i), 10 + i as u64, true);
-        }
+        fill(&mut p, 6, 10, true);
         p.touch(BlockId(1), true);
         p.touch(BlockId(4), true);
         // T1D = 0 2 3 5, T2D = 1 4.
@@ -462,9 +455,7 @@ mod tests {
     #[test]
     fn ghosts_stay_bounded() {
         let mut p = Arc::new(8);
-        for i in 0..8 {
-            p.insert(BlockId(i), i as u64, false);
-        }
+        fill(&mut p, 8, 0, false);
         for lbn in 8..1000u64 {
             let v = p.victim_clean(&none).unwrap();
             p.remove(v);

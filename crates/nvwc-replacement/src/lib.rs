@@ -45,6 +45,8 @@ pub mod lru;
 pub mod lst;
 pub mod segments;
 pub mod stack;
+#[cfg(test)]
+mod testutil;
 
 pub use arc::Arc;
 pub use kind::{build, ParseKindError, ReplacementKind, DEFAULT_TRACK_BLOCKS};

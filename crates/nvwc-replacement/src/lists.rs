@@ -375,12 +375,19 @@ mod tests {
         t.check();
     }
 
-    #[test]
-    fn compaction_keeps_order() {
+    /// Five blocks on two lists (list 1 hides held blocks), alternating:
+    /// 0, 2, 4 on list 0 and 1, 3 on list 1.
+    fn alternating() -> TsLists {
         let mut t = TsLists::new(5, 2, 0b10);
         for i in 0..5 {
             t.push_mru(BlockId(i), (i % 2) as usize);
         }
+        t
+    }
+
+    #[test]
+    fn compaction_keeps_order() {
+        let mut t = alternating();
         // 64 slots: many touches force several compactions.
         for r in 0..1000u32 {
             let id = BlockId([0, 2, 4, 1, 3][(r % 5) as usize]);
@@ -427,10 +434,7 @@ mod tests {
 
     #[test]
     fn compaction_keeps_held_blocks_hidden() {
-        let mut t = TsLists::new(5, 2, 0b10);
-        for i in 0..5 {
-            t.push_mru(BlockId(i), (i % 2) as usize);
-        }
+        let mut t = alternating();
         t.hold(BlockId(1), true);
         t.hold(BlockId(2), true);
         for r in 0..1000u32 {

@@ -64,17 +64,12 @@ impl Replacement for Lru {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn none(_: BlockId) -> bool {
-        false
-    }
+    use crate::testutil::{fill, none};
 
     #[test]
     fn evicts_least_recently_used_clean_and_skips_pinned() {
         let mut p = Lru::new(8);
-        for i in 0..4 {
-            p.insert(BlockId(i), 100 + i as u64, false);
-        }
+        fill(&mut p, 4, 100, false);
         p.touch(BlockId(0), false);
         assert_eq!(p.victim_clean(&none), Some(BlockId(1)));
         assert_eq!(p.victim_clean(&|b| b == BlockId(1)), Some(BlockId(2)));
@@ -116,9 +111,7 @@ mod tests {
     fn blocks_under_writeback_leave_the_walk_in_order() {
         // The same batch as when the walk asks `busy` about them.
         let mut p = Lru::new(8);
-        for i in 0..6 {
-            p.insert(BlockId(i), i as u64, true);
-        }
+        fill(&mut p, 6, 0, true);
         let marked = |b: BlockId| b == BlockId(0) || b == BlockId(3);
         let mut asked = Vec::new();
         p.clean_batch(3, &marked, &mut asked);

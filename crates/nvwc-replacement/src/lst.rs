@@ -66,10 +66,7 @@ impl Replacement for Lst {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn none(_: BlockId) -> bool {
-        false
-    }
+    use crate::testutil::{fill, none};
 
     fn lbns(p: &Lst, v: &[BlockId]) -> Vec<u64> {
         v.iter().map(|&b| p.lists.segs.lbn(b)).collect()
@@ -132,9 +129,7 @@ mod tests {
     #[test]
     fn cleaning_splits_and_victims_are_lru_clean() {
         let mut p = Lst::new(16, 64);
-        for i in 0..5 {
-            p.insert(BlockId(i), 10 + i as u64, true);
-        }
+        fill(&mut p, 5, 10, true);
         p.insert(BlockId(5), 50, false);
         p.set_dirty(BlockId(2), false); // split 10..15 into {10,11} and {13,14}
         let mut spans: Vec<_> = p.segments().iter().map(|s| (s.start, s.len)).collect();

@@ -116,6 +116,13 @@ impl SegmentIndex {
         (self.now - 1) as u32
     }
 
+    /// Block `i` is written now: records and returns its write time.
+    fn stamp_write(&mut self, i: usize) -> u32 {
+        let t = self.tick();
+        self.wtime[i] = t;
+        t
+    }
+
     fn alloc(&mut self, s: Seg) -> u32 {
         match self.free.pop() {
             Some(g) => {
@@ -200,8 +207,7 @@ impl SegmentIndex {
     pub(crate) fn add_dirty(&mut self, id: BlockId) {
         let i = id.0 as usize;
         assert_eq!(self.seg_of[i], NIL, "block {} already dirty", id.0);
-        let t = self.tick();
-        self.wtime[i] = t;
+        let t = self.stamp_write(i);
         let l = self.lbn[i];
         if let Some(other) = self.by_lbn.insert(l, i as u32) {
             panic!("blocks {other} and {} both cache lbn {l}", id.0);
@@ -256,8 +262,7 @@ impl SegmentIndex {
     pub(crate) fn rewrite(&mut self, id: BlockId) {
         let i = id.0 as usize;
         assert_ne!(self.seg_of[i], NIL, "block {} is not dirty", id.0);
-        let t = self.tick();
-        self.wtime[i] = t;
+        let t = self.stamp_write(i);
         let g = self.seg_of[i];
         self.unplace(g);
         self.place_at(g, t);

@@ -203,10 +203,7 @@ impl Replacement for Stack {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn none(_: BlockId) -> bool {
-        false
-    }
+    use crate::testutil::none;
 
     /// Writes runs of `len` blocks, one per track, oldest first; returns next id.
     fn write_runs(p: &mut Stack, runs: &[(u64, u64)], mut id: u32) -> u32 {

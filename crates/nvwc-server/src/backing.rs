@@ -50,7 +50,8 @@ pub(crate) fn find_backing(
     rt: &tokio::runtime::Runtime,
 ) -> Result<BackingFound> {
     if is_upstream(&e.backing) {
-        return find_upstream(e, a, wp, capacity, rt);
+        let (needed, want) = redo_sizes(a, wp, capacity)?;
+        return find_upstream(e, wp, needed, want, rt);
     }
     let path = PathBuf::from(&e.backing);
     let redo = PathBuf::from(format!("{}.nvwc-redo", path.display()));
@@ -64,15 +65,10 @@ pub(crate) fn find_backing(
     find_file(e, path, redo)
 }
 
-/// An upstream NBD server as the backing store: its redo region checked
-/// against (or planned for) what a journaled checkpoint group may need.
-fn find_upstream(
-    e: &ExportSpec,
-    a: &Args,
-    wp: WritePolicyKind,
-    capacity: u64,
-    rt: &tokio::runtime::Runtime,
-) -> Result<BackingFound> {
+/// The redo region an upstream backing store needs for this configuration:
+/// `(needed, want)`, the bytes of log a journaled checkpoint group may need
+/// and the region size to create (`--redo-size`, else at least 16 MiB).
+fn redo_sizes(a: &Args, wp: WritePolicyKind, capacity: u64) -> Result<(u64, u64)> {
     let bs = a.block_size;
     let max_req = max_request(capacity, bs, true, wp);
     // A journaled checkpoint group holds at most `merge` transactions of
@@ -93,6 +89,19 @@ fn find_upstream(
         Some(r) => r,
         None => needed.max(16 << 20),
     };
+    Ok((needed, want))
+}
+
+/// An upstream NBD server as the backing store: its redo region checked
+/// against (or planned for) what a journaled checkpoint group may need
+/// (`needed`, `want`: [`redo_sizes`]).
+fn find_upstream(
+    e: &ExportSpec,
+    wp: WritePolicyKind,
+    needed: u64,
+    want: u64,
+    rt: &tokio::runtime::Runtime,
+) -> Result<BackingFound> {
     let up = rt.block_on(upstream::Upstream::connect(&e.backing))?;
     if let Some(r) = up.region() {
         if wp.is_journaled() && r.log_len < needed {

@@ -12,7 +12,9 @@ use std::time::Instant;
 use bytes::Bytes;
 use nvwc_core::layout;
 use nvwc_core::{ReqError, ReqOp, Tag, WritePolicyKind};
-use nvwc_nbd::export::{BoxFuture, Export, ExportInfo, NbdResult, RequestCtx, WriteZeroesFlags};
+use nvwc_nbd::export::{
+    BoxFuture, Export, ExportInfo, NbdResult, OpFuture, RequestCtx, WriteZeroesFlags,
+};
 use nvwc_nbd::NbdError;
 
 use crate::host;
@@ -182,13 +184,7 @@ impl Export for NvwcExport {
                 .unwrap_or_default())
         })
     }
-    fn write(
-        &self,
-        ctx: RequestCtx,
-        offset: u64,
-        data: Bytes,
-        fua: bool,
-    ) -> BoxFuture<'_, NbdResult<()>> {
+    fn write(&self, ctx: RequestCtx, offset: u64, data: Bytes, fua: bool) -> OpFuture<'_> {
         Box::pin(async move {
             // Each engine write is a view of the one payload buffer (no
             // copy) and carries the FUA flag: the reply waits until all of
@@ -210,7 +206,7 @@ impl Export for NvwcExport {
         len: u32,
         fua: bool,
         src: &mut nvwc_nbd::DirectSource<'_>,
-    ) -> Option<BoxFuture<'static, NbdResult<()>>> {
+    ) -> Option<OpFuture<'static>> {
         if self.host.degraded() {
             // `write` refuses it (read-only now).
             return None;
@@ -233,16 +229,10 @@ impl Export for NvwcExport {
             r
         }))
     }
-    fn flush(&self, ctx: RequestCtx) -> BoxFuture<'_, NbdResult<()>> {
+    fn flush(&self, ctx: RequestCtx) -> OpFuture<'_> {
         Box::pin(async move { self.call(&ctx, ReqOp::Flush).await.map(|_| ()) })
     }
-    fn trim(
-        &self,
-        ctx: RequestCtx,
-        offset: u64,
-        len: u32,
-        fua: bool,
-    ) -> BoxFuture<'_, NbdResult<()>> {
+    fn trim(&self, ctx: RequestCtx, offset: u64, len: u32, fua: bool) -> OpFuture<'_> {
         Box::pin(async move {
             self.pieces(&ctx, offset, len, |offset, len| ReqOp::Trim { offset, len })
                 .await?;
@@ -258,7 +248,7 @@ impl Export for NvwcExport {
         offset: u64,
         len: u32,
         flags: WriteZeroesFlags,
-    ) -> BoxFuture<'_, NbdResult<()>> {
+    ) -> OpFuture<'_> {
         Box::pin(async move {
             if flags.fast_zero {
                 // Zeroes are written like data: not faster than a write.
@@ -272,7 +262,7 @@ impl Export for NvwcExport {
             .await
         })
     }
-    fn cache(&self, ctx: RequestCtx, offset: u64, len: u32) -> BoxFuture<'_, NbdResult<()>> {
+    fn cache(&self, ctx: RequestCtx, offset: u64, len: u32) -> OpFuture<'_> {
         // A read fills the cache (read-allocate).
         Box::pin(async move {
             self.pieces(&ctx, offset, len, |offset, len| ReqOp::Read { offset, len })

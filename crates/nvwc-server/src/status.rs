@@ -68,18 +68,7 @@ fn pct(num: u64, den: u64) -> String {
 
 /// Bytes in binary units, one decimal (`8.0G`).
 fn human(b: u64) -> String {
-    let units = ["", "K", "M", "G", "T", "P"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v >= 1024.0 && i + 1 < units.len() {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b}")
-    } else {
-        format!("{v:.1}{}", units[i])
-    }
+    nvwc_core::units::format_size_1dp(b, &["", "K", "M", "G", "T", "P"], "")
 }
 
 /// Left-aligned columns, two spaces apart.

@@ -11,9 +11,12 @@ use nvwc_trace::{
 };
 use std::io::Write;
 
-fn read_fixture(name: &str) -> (TraceReader<'static>, Vec<TraceRecord>) {
+/// The fixture `name`, whose format MUST be detected as `format`: its reader
+/// (for its counters) and every record.
+fn read_fixture(name: &str, format: Format) -> (TraceReader<'static>, Vec<TraceRecord>) {
     let mut r = open_path(fixture(name), None, &ReaderOptions::default())
         .unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(r.format(), format, "{name}");
     let recs: Vec<TraceRecord> = r
         .by_ref()
         .collect::<Result<_, _>>()
@@ -29,8 +32,7 @@ fn read_bytes(bytes: &[u8], format: Option<Format>) -> (Format, Vec<TraceRecord>
 
 #[test]
 fn msr() {
-    let (r, recs) = read_fixture("msr.csv");
-    assert_eq!(r.format(), Format::Msr);
+    let (_, recs) = read_fixture("msr.csv", Format::Msr);
     assert_eq!(
         recs,
         [
@@ -43,8 +45,7 @@ fn msr() {
 
 #[test]
 fn spc() {
-    let (r, recs) = read_fixture("spc.spc");
-    assert_eq!(r.format(), Format::Spc);
+    let (_, recs) = read_fixture("spc.spc", Format::Spc);
     assert_eq!(
         recs,
         [
@@ -57,8 +58,7 @@ fn spc() {
 
 #[test]
 fn blkparse_queue_events() {
-    let (r, recs) = read_fixture("blkparse.txt");
-    assert_eq!(r.format(), Format::Blkparse);
+    let (r, recs) = read_fixture("blkparse.txt", Format::Blkparse);
     let sda = 8 << 20;
     let sdb = 8 << 20 | 16;
     assert_eq!(
@@ -94,8 +94,7 @@ fn blkparse_complete_events() {
 
 #[test]
 fn cloudphysics_csv() {
-    let (r, recs) = read_fixture("cloudphysics.csv");
-    assert_eq!(r.format(), Format::CloudPhysics);
+    let (r, recs) = read_fixture("cloudphysics.csv", Format::CloudPhysics);
     assert_eq!(
         recs,
         [
@@ -110,8 +109,7 @@ fn cloudphysics_csv() {
 
 #[test]
 fn tencent() {
-    let (r, recs) = read_fixture("tencent.csv");
-    assert_eq!(r.format(), Format::Tencent);
+    let (r, recs) = read_fixture("tencent.csv", Format::Tencent);
     assert_eq!(
         recs,
         [
@@ -137,8 +135,7 @@ fn tencent() {
 
 #[test]
 fn systor17() {
-    let (r, recs) = read_fixture("systor17.csv");
-    assert_eq!(r.format(), Format::Systor17);
+    let (r, recs) = read_fixture("systor17.csv", Format::Systor17);
     assert_eq!(
         recs,
         [
@@ -152,8 +149,7 @@ fn systor17() {
 
 #[test]
 fn heimdall() {
-    let (r, recs) = read_fixture("heimdall.trace");
-    assert_eq!(r.format(), Format::Heimdall);
+    let (_, recs) = read_fixture("heimdall.trace", Format::Heimdall);
     assert_eq!(
         recs,
         [
@@ -166,8 +162,7 @@ fn heimdall() {
 
 #[test]
 fn mobigen() {
-    let (r, recs) = read_fixture("mobigen.out.sample");
-    assert_eq!(r.format(), Format::Mobigen);
+    let (r, recs) = read_fixture("mobigen.out.sample", Format::Mobigen);
     let region = |k: u64| k << MOBIGEN_REGION_BITS;
     assert_eq!(
         recs,

@@ -12,8 +12,13 @@ use serde_json::Value;
 mod common;
 use common::nvwc;
 
+/// [`crashtest_with`] the arguments of `line` (split at white space).
+fn crashtest(line: &str) -> (bool, Vec<Value>, Vec<Value>) {
+    crashtest_with(&line.split_whitespace().collect::<Vec<_>>())
+}
+
 /// Run `nvwc crashtest ARGS --json`; returns (success, trials, summaries).
-fn crashtest(args: &[&str]) -> (bool, Vec<Value>, Vec<Value>) {
+fn crashtest_with(args: &[&str]) -> (bool, Vec<Value>, Vec<Value>) {
     let out = nvwc()
         .arg("crashtest")
         .args(args)
@@ -43,20 +48,14 @@ fn server_crash(
     run_ms: [&str; 2],
     extra: &[&str],
 ) -> (bool, Vec<Value>, Vec<Value>) {
-    let mut args = vec![
-        "--policies",
-        policies,
-        "--modes",
-        "server-crash",
-        "--trials",
-        trials,
-        "--min-run-ms",
-        run_ms[0],
-        "--max-run-ms",
-        run_ms[1],
-    ];
+    let [min, max] = run_ms;
+    let line = format!(
+        "--policies {policies} --modes server-crash --trials {trials} \
+         --min-run-ms {min} --max-run-ms {max}"
+    );
+    let mut args: Vec<&str> = line.split_whitespace().collect();
     args.extend_from_slice(extra);
-    crashtest(&args)
+    crashtest_with(&args)
 }
 
 /// The trial of `policy` (the first one).
@@ -94,7 +93,7 @@ fn assert_promises(summary: &[Value], trials: &[Value]) {
 /// no flushed write lost; the backing alone keeps each policy's promise.
 #[test]
 fn crashes_keep_the_flush_contract_and_the_cache_lost_promises() {
-    let (ok, trials, summary) = crashtest(&["--trials", "2"]);
+    let (ok, trials, summary) = crashtest("--trials 2");
     assert_eq!(trials.len(), 30, "5 policies x 3 modes x 2");
     assert_promises(&summary, &trials);
     assert!(ok, "crashtest failed:\n{}", fail_lines(&trials));
@@ -118,16 +117,8 @@ fn crashes_keep_the_flush_contract_and_the_cache_lost_promises() {
 /// degrades, nothing acknowledged is lost).
 #[test]
 fn host_crashes_with_subsets_and_tears_on_the_mapped_and_direct_paths() {
-    let (ok, trials, summary) = crashtest(&[
-        "--modes",
-        "host-crash",
-        "--workloads",
-        "small,large,hot",
-        "--trials",
-        "2",
-        "--seed",
-        "18",
-    ]);
+    let (ok, trials, summary) =
+        crashtest("--modes host-crash --workloads small,large,hot --trials 2 --seed 18");
     assert_eq!(trials.len(), 30, "5 policies x 3 workloads x 2");
     for s in &summary {
         assert_eq!(s["flushed_lost_trials"], 0, "{s}\n{}", fail_lines(&trials));
@@ -158,22 +149,10 @@ fn host_crashes_with_subsets_and_tears_on_the_mapped_and_direct_paths() {
     assert!(trials.iter().all(|t| t["host_crash"].is_object()));
 
     // Injected torn cache writes on the same paths, then the host crash.
-    let (ok, trials, _) = crashtest(&[
-        "--policies",
-        "write-back,ordered",
-        "--modes",
-        "host-crash",
-        "--workloads",
-        "large",
-        "--trials",
-        "1",
-        "--min-run-ms",
-        "700",
-        "--max-run-ms",
-        "1000",
-        "--fault-cache",
-        "torn,after=100",
-    ]);
+    let (ok, trials, _) = crashtest(
+        "--policies write-back,ordered --modes host-crash --workloads large --trials 1 \
+         --min-run-ms 700 --max-run-ms 1000 --fault-cache torn,after=100",
+    );
     assert!(ok, "{}", fail_lines(&trials));
     for t in &trials {
         assert_eq!(t["cache_intact"]["ok"], true, "{t}");
@@ -393,19 +372,12 @@ fn ext4_survives_kill_and_cache_loss() {
 /// the backing alone keeps each consistent policy's promise.
 #[test]
 fn split_writes_keep_the_flush_contract_and_the_cache_lost_promises() {
-    let (ok, trials, summary) = crashtest(&[
-        "--trials",
-        "3",
-        "--cache-size",
-        "100K",
-        "--max-write-blocks",
-        "24",
-        // A failpoint's abort leaves no status to tell whether
-        // journaled-hints closed transactions for space (routine on a
-        // 16-block cache), and then the check assumes it did not.
-        "--modes",
-        "server-crash,host-crash",
-    ]);
+    // A failpoint's abort leaves no status to tell whether
+    // journaled-hints closed transactions for space (routine on a
+    // 16-block cache), and then the check assumes it did not.
+    let (ok, trials, summary) = crashtest(
+        "--trials 3 --cache-size 100K --max-write-blocks 24 --modes server-crash,host-crash",
+    );
     assert_eq!(trials.len(), 30, "5 policies x 2 modes x 3");
     for t in &trials {
         assert!(

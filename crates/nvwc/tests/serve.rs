@@ -11,13 +11,11 @@ use std::time::{Duration, Instant};
 
 mod common;
 use common::serve::*;
-use common::{strict, tool, tools};
+use common::{poll_until, require_tools, strict};
 
 #[test]
 fn real_clients_every_policy_and_kill9_recovery() {
-    if !tools(&["qemu-io", "nbdinfo"]) {
-        return;
-    }
+    require_tools!("qemu-io", "nbdinfo");
     for (upstream, policy) in backing_kinds().into_iter().flat_map(|u| {
         [
             "write-through",
@@ -133,13 +131,7 @@ impl Attached {
 impl Drop for Attached {
     fn drop(&mut self) {
         let _ = sh(&format!("losetup -d {}", self.loopdev));
-        let _ = sh(&format!(
-            "fusermount3 -u {} || umount -l {}",
-            self.fuse_dir.display(),
-            self.fuse_dir.display()
-        ));
-        let _ = self.fuse.kill();
-        let _ = self.fuse.wait();
+        nvwc_harness::ext4::stop_nbdfuse(&self.fuse_dir, &mut self.fuse);
     }
 }
 
@@ -147,9 +139,7 @@ impl Drop for Attached {
 /// restart the server, mount again: contents intact and `e2fsck -fn` clean.
 #[test]
 fn ext4_round_trip_across_restart() {
-    if !tools(&["nbdfuse", "mkfs.ext4", "losetup", "e2fsck"]) {
-        return;
-    }
+    require_tools!("nbdfuse", "mkfs.ext4", "losetup", "e2fsck");
     let root = sh("id -u").1.trim() == "0";
     if !root || !Path::new("/dev/fuse").exists() {
         if strict() {
@@ -201,9 +191,7 @@ fn ext4_round_trip_across_restart() {
 /// fio's nbd engine with crc32c verification.
 #[test]
 fn nbdcopy_and_fio_verify() {
-    if !tools(&["nbdcopy", "fio"]) {
-        return;
-    }
+    require_tools!("nbdcopy", "fio");
     for upstream in backing_kinds() {
         let dir = tempdir(&format!("copy-{upstream}"));
         let backing = Backing::new(&dir, upstream, "512M");
@@ -247,9 +235,7 @@ fn nbdcopy_and_fio_verify() {
 /// and not.
 #[test]
 fn direct_writes_fio_verify_across_kill9() {
-    if !tools(&["fio", "nbdcopy"]) {
-        return;
-    }
+    require_tools!("fio", "nbdcopy");
     for (policy, extra) in [
         ("write-back", ""),
         ("write-back", "--rewrite-in-place=false"),
@@ -323,9 +309,7 @@ fn direct_writes_fio_verify_across_kill9() {
 /// upstream file alone holds the data.
 #[test]
 fn upstream_nbdkit_backing() {
-    if !tools(&["nbdkit", "qemu-io", "fio"]) {
-        return;
-    }
+    require_tools!("nbdkit", "qemu-io", "fio");
     for policy in [
         "write-through",
         "write-back",
@@ -415,9 +399,7 @@ fn upstream_nbdkit_backing() {
 /// detach the server has exited and the backing file alone holds the data.
 #[test]
 fn control_socket_flush_and_detach() {
-    if !tool("qemu-io") {
-        return;
-    }
+    require_tools!("qemu-io");
     for policy in ["write-back", "ordered", "journaled"] {
         let dir = tempdir(&format!("ctl-{policy}"));
         let mut s = start(&dir, policy, &Backing::File("64M"));
@@ -483,9 +465,7 @@ fn control_socket_flush_and_detach() {
 /// a FLUSH survive `kill -9`.
 #[test]
 fn partial_writes_every_fetch_mode() {
-    if !tools(&["fio", "qemu-io"]) {
-        return;
-    }
+    require_tools!("fio", "qemu-io");
     for (policy, fetch, direct) in [
         ("write-back", "blocking", false),
         ("write-back", "async", false),
@@ -496,18 +476,10 @@ fn partial_writes_every_fetch_mode() {
         ("journaled", "async-bg", false),
     ] {
         let dir = tempdir(&format!("nbw-{policy}-{fetch}-{direct}"));
-        let mut args = vec![
-            "--size",
-            "64M",
-            "--cache-size",
-            "16M",
-            "--write-policy",
-            policy,
-            "--fetch",
-            fetch,
-            "--patch-mem",
-            "256K",
-        ];
+        let flags = format!(
+            "--size 64M --cache-size 16M --write-policy {policy} --fetch {fetch} --patch-mem 256K"
+        );
+        let mut args: Vec<&str> = flags.split_whitespace().collect();
         if direct {
             args.push("--patch-direct");
         }
@@ -560,9 +532,7 @@ fn partial_writes_every_fetch_mode() {
 /// its disconnect.
 #[test]
 fn several_exports_and_json_logs() {
-    if !tools(&["qemu-io", "nbdinfo"]) {
-        return;
-    }
+    require_tools!("qemu-io", "nbdinfo");
     let dir = tempdir("multi");
     let spawn = |dir: &Path| {
         let _ = std::fs::remove_file(dir.join("nvwc-data/nvwc.sock"));
@@ -683,9 +653,7 @@ fn several_exports_and_json_logs() {
 /// whole export. Status shows the counters and the connections.
 #[test]
 fn admission_hints_per_connection_and_export() {
-    if !tool("qemu-io") {
-        return;
-    }
+    require_tools!("qemu-io");
     let dir = tempdir("admission");
     let nvwc = |args: &[&str]| nvwc_in(&dir, args);
     let stat = |name: &str| -> u64 {
@@ -752,19 +720,18 @@ fn admission_hints_per_connection_and_export() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let t = Instant::now();
-    let id = loop {
+    const FIRST_ID: &str = "\"connections\":[{\"id\":";
+    let mut last = String::new();
+    let id = poll_until(Duration::from_secs(10), Duration::from_millis(20), || {
         let (_, st) = nvwc(&["status"]);
-        if let Some(at) = st.find("\"connections\":[{\"id\":") {
-            let rest = &st[at + "\"connections\":[{\"id\":".len()..];
-            break rest.split(',').next().unwrap().to_string();
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "no connection in status: {st}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+        let id = st.find(FIRST_ID).map(|at| {
+            let rest = &st[at + FIRST_ID.len()..];
+            rest.split(',').next().unwrap().to_string()
+        });
+        last = st;
+        id
+    })
+    .unwrap_or_else(|| panic!("no connection in status: {last}"));
     let (ok, out) = nvwc(&[
         "hint",
         "--connection",
@@ -804,14 +771,13 @@ fn admission_hints_per_connection_and_export() {
         );
         assert!(series(&m, &count) >= 1, "{class} write latency: {m}");
     }
-    let t = Instant::now();
-    while !nvwc(&["status"]).1.contains("\"connections\":[]") {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "a gone connection stays listed"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let gone = poll_until(Duration::from_secs(10), Duration::from_millis(20), || {
+        nvwc(&["status"])
+            .1
+            .contains("\"connections\":[]")
+            .then_some(())
+    });
+    assert!(gone.is_some(), "a gone connection stays listed");
     assert_eq!(stat("bypassed_pieces"), 16);
     // Bad hints are refused with a reason.
     let (ok, out) = nvwc(&["hint", "--connection", "999999", "--critical", "on"]);

@@ -9,8 +9,8 @@
 //! `NVWC_REQUIRE_TOOLS=1` (CI).
 
 mod common;
+use common::require_tools;
 use common::serve::*;
-use common::{tool, tools};
 
 /// The scenario: a.img served through c.img, 1 MiB of 0xaa written
 /// and flushed, `kill -9`; then the same cache with other.img (same size)
@@ -21,9 +21,7 @@ use common::{tool, tools};
 /// the wrong one.
 #[test]
 fn bind_wrong_backing_is_refused_and_force_attach_rebinds() {
-    if !tool("qemu-io") {
-        return;
-    }
+    require_tools!("qemu-io");
     let dir = tempdir_with("bind-file", "truncate -s 16M a.img other.img");
     let with = |backing: &'static str, extra: &[&'static str]| {
         let mut v = vec![
@@ -126,9 +124,7 @@ fn bind_wrong_backing_is_refused_and_force_attach_rebinds() {
 /// `nvwc detach` empties the cache: the next start may use any backing store.
 #[test]
 fn bind_damaged_cache_refused_format_force_starts_over() {
-    if !tool("qemu-io") {
-        return;
-    }
+    require_tools!("qemu-io");
     let dir = tempdir_with("bind-damaged", "truncate -s 16M a.img b.img && head -c 8M /dev/urandom > foreign.img && truncate -s 8M blank.img");
     let args =
         |cache: &'static str| vec!["--backing", "a.img", "--cache", cache, "--cache-size", "8M"];
@@ -200,9 +196,7 @@ fn bind_damaged_cache_refused_format_force_starts_over() {
 /// redo region is created on it; with A back, the flushed data is there.
 #[test]
 fn bind_upstream_nbd_identity_and_label() {
-    if !tools(&["nbdkit", "qemu-io"]) {
-        return;
-    }
+    require_tools!("nbdkit", "qemu-io");
     let dir = tempdir_with("bind-up", "truncate -s 64M up.img other.img");
     fn refs(v: &[String]) -> Vec<&str> {
         v.iter().map(String::as_str).collect()

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 mod common;
 use common::serve::*;
-use common::{tool, tools};
+use common::{require_tools, tool, tools};
 
 /// The raw NBD connection, shared with nvwc-server's in-process tests.
 #[path = "../../nvwc-server/tests/common/raw_nbd.rs"]
@@ -309,9 +309,7 @@ fn maxreq_16m_cache_every_policy() {
 fn format2_cache_opens_and_detach_reformats_it_with_a_log() {
     use nvwc_core::layout::{self, Superblock};
     use std::os::unix::fs::FileExt;
-    if !tool("qemu-io") {
-        return;
-    }
+    require_tools!("qemu-io");
     let dir = tempdir("fmt2");
     let b = Backing::new(&dir, false, "64M");
     stop(start(&dir, "write-back", &b));

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{nvwc, tool, tools};
+use common::{nvwc, require_tools};
 
 fn tempdir(tag: &str) -> PathBuf {
     common::tempdir(&format!("service-{tag}"))
@@ -160,9 +160,7 @@ fn qemu_io(sock: &Path, name: &str, cmds: &[&str]) {
 /// the other.
 #[test]
 fn config_file_serves_the_same_exports_as_flags() {
-    if !tools(&["nbdinfo", "qemu-io"]) {
-        return;
-    }
+    require_tools!("nbdinfo", "qemu-io");
     let dir = tempdir("config");
     let cfg = example_in(&dir);
     let sock = dir.join("nvwc.sock");
@@ -513,9 +511,7 @@ fn systemd_unit_verifies() {
     ] {
         assert!(unit.contains(want), "nvwc.service lacks {want}");
     }
-    if !tool("systemd-analyze") {
-        return;
-    }
+    require_tools!("systemd-analyze");
     let dir = tempdir("unit");
     // Documentation= would ask man(1) for pages not installed here.
     let unit: String = unit

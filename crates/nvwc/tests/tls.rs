@@ -15,7 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{free_port, text, tools};
+use common::{free_port, require_tools, text};
 
 fn tempdir(tag: &str) -> PathBuf {
     common::tempdir(&format!("tls-{tag}"))
@@ -222,9 +222,7 @@ fn qemu_io_psk(s: &Server, pskdir: &Path, cmds: &[String]) -> Command {
 
 #[test]
 fn psk_nbdinfo_nbdcopy_qemu_and_refusals_while_serving() {
-    if !tools(&["nbdinfo", "nbdcopy", "qemu-io"]) {
-        return;
-    }
+    require_tools!("nbdinfo", "nbdcopy", "qemu-io");
     let dir = key_dir("psk");
     // qemu's tls-creds-psk reads DIR/keys.psk.
     let qdir = dir.join("qemu");
@@ -380,9 +378,7 @@ fn client_dir(dir: &Path, name: &str, ca: &str, cert: Option<&str>) -> PathBuf {
 
 #[test]
 fn x509_nbdinfo_qemu_io_verify_peer_and_bad_certificates() {
-    if !tools(&["nbdinfo", "qemu-io", "openssl"]) {
-        return;
-    }
+    require_tools!("nbdinfo", "qemu-io", "openssl");
     let dir = tempdir("x509");
     make_ca(&dir, "good");
     make_ca(&dir, "rogue");
@@ -489,9 +485,7 @@ fn x509_nbdinfo_qemu_io_verify_peer_and_bad_certificates() {
 
 #[test]
 fn tls_on_serves_both_and_tls_off_refuses_starttls() {
-    if !tools(&["nbdinfo"]) {
-        return;
-    }
+    require_tools!("nbdinfo");
     let dir = key_dir("modes");
     let psk = dir.join("keys.psk");
     {
@@ -594,9 +588,7 @@ fn public_listener_guard_and_tls_flag_errors() {
 /// wins over the file.
 #[test]
 fn config_file_tls_table_applies_and_flags_override_it() {
-    if !tools(&["nbdinfo"]) {
-        return;
-    }
+    require_tools!("nbdinfo");
     let dir = key_dir("cfgtls");
     std::fs::write(
         dir.join("c.toml"),

@@ -16,7 +16,7 @@ use nvwc_sim::app::{self, postgres, redis, AppConfig, AppResult, Policy};
 use nvwc_sim::device::{DeviceSpec, DiskScheduler};
 use nvwc_sim::format_size;
 
-use super::common::{listed, prose_size, range, thousands, Args};
+use super::common::{listed_or, prose_size, range, thousands, Args};
 use super::template::{template, Values};
 
 const SEC: u64 = 1_000_000_000;
@@ -421,14 +421,7 @@ fn notes_values(v: &mut Values, out: &Path, quick: bool) -> Result<()> {
     let p = plan("postgres", quick)?;
     v.set("pg_min", size(ram.first()))
         .set("pg_max", size(ram.last()))
-        .set(
-            "ioi_ahead",
-            if ahead.is_empty() {
-                "no size".into()
-            } else {
-                listed(&ahead)
-            },
-        )
+        .set("ioi_ahead", listed_or(&ahead, "no size"))
         .set("pg_max_thr", max_thr)
         .set(
             "cpu_bound",

@@ -114,8 +114,13 @@ pub fn quick_or<T: Copy>(quick: bool, few: &[T], full: &[T]) -> Vec<T> {
 
 /// A list of items in prose: `a`, `a and b`, `a, b and c`, or `none`.
 pub fn listed(v: &[String]) -> String {
+    listed_or(v, "none")
+}
+
+/// [`listed`], with `none` for an empty list.
+pub fn listed_or(v: &[String], none: &str) -> String {
     match v {
-        [] => "none".into(),
+        [] => none.into(),
         [a] => a.clone(),
         [init @ .., last] => format!("{} and {last}", init.join(", ")),
     }

@@ -161,8 +161,10 @@ fn figure5(a: &Args, base: &SimConfig) -> Result<(String, Vec<RunResult>)> {
                 .collect(),
         });
     }
-    render(
-        &[Chart::Line(LinePlot {
+    render_line(
+        a,
+        "non-blocking-writes-fig5.png",
+        LinePlot {
             title: "writes that would block (fetch-before-write per write)".into(),
             x_label: "cache size".into(),
             y_label: "% of writes".into(),
@@ -171,10 +173,7 @@ fn figure5(a: &Args, base: &SimConfig) -> Result<(String, Vec<RunResult>)> {
             series: series5,
             vlines: Vec::new(),
             y_from_zero: true,
-        })],
-        1,
-        (720, 460),
-        &img(a, "non-blocking-writes-fig5.png"),
+        },
     )?;
     Ok((md, r5))
 }
@@ -373,8 +372,10 @@ fn figure11(a: &Args, base: &SimConfig, st: &Streams) -> Result<(String, Vec<Run
             rs[3].patch_fallbacks
         )?;
     }
-    render(
-        &[Chart::Line(LinePlot {
+    render_line(
+        a,
+        "non-blocking-writes-fig11.png",
+        LinePlot {
             title: "2 KiB random writes, hdd backing".into(),
             x_label: "patch memory".into(),
             y_label: "IOPS".into(),
@@ -383,10 +384,7 @@ fn figure11(a: &Args, base: &SimConfig, st: &Streams) -> Result<(String, Vec<Run
             series,
             vlines: Vec::new(),
             y_from_zero: false,
-        })],
-        1,
-        (720, 460),
-        &img(a, "non-blocking-writes-fig11.png"),
+        },
     )?;
     Ok((md, r11))
 }
@@ -481,4 +479,10 @@ fn mode_series() -> Vec<Series> {
             points: Vec::new(),
         })
         .collect()
+}
+
+/// One line plot as the figure `name` of this report (720×460).
+fn render_line(a: &Args, name: &str, plot: LinePlot) -> Result<()> {
+    render(&[Chart::Line(plot)], 1, (720, 460), &img(a, name))?;
+    Ok(())
 }

@@ -5,7 +5,7 @@ use nvwc_core::Watermarks;
 use nvwc_sim::tradeoff::TradeoffPoint;
 use nvwc_sim::{format_size, RunResult, TracePlan};
 
-use super::common::{listed, range, thousands};
+use super::common::{listed, listed_or, range, thousands};
 use super::template::Values;
 
 /// Requests per second, as the prose writes them.
@@ -70,14 +70,7 @@ pub fn figure12(v: &mut Values, plans: &[(&str, &TracePlan)], r12: &[&[RunResult
             "does not hold on both"
         },
     )
-    .set(
-        "j_beats_wb",
-        if beats.is_empty() {
-            "none of the traces".into()
-        } else {
-            listed(&beats)
-        },
-    )
+    .set("j_beats_wb", listed_or(&beats, "none of the traces"))
     .set("high", format!("{:.0}", Watermarks::default().high * 100.0))
     .set("label2", plans[2].0)
     .set("t_requests", thousands(t.records))

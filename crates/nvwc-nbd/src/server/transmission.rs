@@ -22,7 +22,7 @@ use super::tls::{BoxStream, TlsState};
 use super::{EventHook, Inner, ServerEvent};
 use crate::error::{ErrorCode, NbdError};
 use crate::export::{
-    BoxFuture, DirectSource, Export, ExportInfo, NbdResult, RequestCtx, WriteZeroesFlags,
+    BoxFuture, DirectSource, Export, ExportInfo, NbdResult, OpFuture, RequestCtx, WriteZeroesFlags,
 };
 use crate::proto::{
     self, cmd_flags, reply_flags, ChunkPayload, Command, Extent, RequestHeader, SimpleReplyHeader,
@@ -756,7 +756,7 @@ fn run_inline_or_spawn(
 /// result of a write the export took directly (`Export::write_direct`).
 enum Body {
     Payload(Option<Bytes>),
-    Direct(BoxFuture<'static, NbdResult<()>>),
+    Direct(OpFuture<'static>),
 }
 
 async fn handle_request(

@@ -110,6 +110,13 @@ impl TestServer {
         assert_eq!(&got[..], b"still-alive");
         c.disconnect().await.unwrap();
     }
+
+    /// The end of a test whose failure MUST stay in its own connection:
+    /// another client is still fully served, then the server shuts down.
+    pub async fn assert_other_client_works_and_shut_down(&self) {
+        self.assert_other_client_works("").await;
+        self.server.shutdown().await;
+    }
 }
 
 /// A raw protocol driver for exact-byte tests.

@@ -176,8 +176,7 @@ async fn run_bad_request(c: &BadRequest) {
         assert_eq!((h.handle, h.error), (999, 0), "{name}");
         r.read_n(512).await;
     }
-    ts.assert_other_client_works("").await;
-    ts.server.shutdown().await;
+    ts.assert_other_client_works_and_shut_down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -276,8 +275,7 @@ async fn run_bad_option(c: &BadOption) {
     assert_eq!(fin, rep::ACK, "{name}: GO after the error must succeed");
     r.request(req(READ, 0, 1, 0, 8), &[]).await;
     assert_eq!(r.simple_reply().await.error, 0, "{name}");
-    ts.assert_other_client_works("").await;
-    ts.server.shutdown().await;
+    ts.assert_other_client_works_and_shut_down().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -314,8 +312,7 @@ async fn bad_handshakes_disconnect_only_that_client() {
             bytes.extend_from_slice(&options);
             r.send(&bytes).await;
             r.expect_closed().await;
-            ts.assert_other_client_works("").await;
-            ts.server.shutdown().await;
+            ts.assert_other_client_works_and_shut_down().await;
         })
         .await;
     }

@@ -453,8 +453,7 @@ bounded_test! {
             errors, calls,
             "each direct write failed, the others did not"
         );
-        ts.assert_other_client_works("").await;
-        ts.server.shutdown().await;
+        ts.assert_other_client_works_and_shut_down().await;
     }
 }
 
@@ -524,7 +523,6 @@ bounded_test! {
         r.expect_closed().await;
         assert_eq!(e.direct_calls.load(Ordering::SeqCst), calls);
         assert_eq!(e.inner.contents(2 * MIB, 64 * 1024), vec![0; 64 * 1024]);
-        ts.assert_other_client_works("").await;
-        ts.server.shutdown().await;
+        ts.assert_other_client_works_and_shut_down().await;
     }
 }

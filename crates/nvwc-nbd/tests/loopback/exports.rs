@@ -9,8 +9,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use nvwc_nbd::proto::Extent;
 use nvwc_nbd::{
-    BoxFuture, DirectSource, Export, ExportInfo, MemoryExport, NbdError, NbdResult, RequestCtx,
-    WriteZeroesFlags,
+    BoxFuture, DirectSource, Export, ExportInfo, MemoryExport, NbdError, NbdResult, OpFuture,
+    RequestCtx, WriteZeroesFlags,
 };
 use tokio::sync::{Barrier, Notify};
 
@@ -21,13 +21,7 @@ macro_rules! memory_info_and_write {
         fn info(&self) -> ExportInfo {
             self.inner.info()
         }
-        fn write(
-            &self,
-            ctx: RequestCtx,
-            offset: u64,
-            data: Bytes,
-            fua: bool,
-        ) -> BoxFuture<'_, NbdResult<()>> {
+        fn write(&self, ctx: RequestCtx, offset: u64, data: Bytes, fua: bool) -> OpFuture<'_> {
             self.inner.write(ctx, offset, data, fua)
         }
     };
@@ -135,7 +129,7 @@ impl Export for ProbeExport {
             }
         })
     }
-    fn write(&self, _: RequestCtx, _: u64, _: Bytes, _: bool) -> BoxFuture<'_, NbdResult<()>> {
+    fn write(&self, _: RequestCtx, _: u64, _: Bytes, _: bool) -> OpFuture<'_> {
         Box::pin(async { Ok(()) })
     }
 }
@@ -163,7 +157,7 @@ impl Export for BuggyExport {
         offset: u64,
         len: u32,
         flags: WriteZeroesFlags,
-    ) -> BoxFuture<'_, NbdResult<()>> {
+    ) -> OpFuture<'_> {
         if flags.fast_zero {
             return Box::pin(async { Err(NbdError::notsup("zeroing is not fast here")) });
         }
@@ -214,7 +208,7 @@ impl Export for DirectExport {
         len: u32,
         fua: bool,
         src: &mut DirectSource<'_>,
-    ) -> Option<BoxFuture<'static, NbdResult<()>>> {
+    ) -> Option<OpFuture<'static>> {
         assert_eq!(
             src.remaining(),
             len as usize,

@@ -228,8 +228,7 @@ bounded_test! {
         let (h, d) = r.opt_reply().await;
         assert_eq!((h.option, h.reply_type, d.len()), (opt::ABORT, rep::ACK, 0));
         r.expect_closed().await;
-        ts.assert_other_client_works("").await;
-        ts.server.shutdown().await;
+        ts.assert_other_client_works_and_shut_down().await;
     }
 }
 
@@ -261,8 +260,7 @@ bounded_test! {
         let ts = TestServer::start_with(server).await;
         let mut r = Raw::connect(&ts.sock).await;
         r.expect_closed().await;
-        ts.assert_other_client_works("").await;
-        ts.server.shutdown().await;
+        ts.assert_other_client_works_and_shut_down().await;
     }
 }
 
@@ -495,8 +493,7 @@ bounded_test! {
         // A client that was already connected is unaffected.
         other.request(req(READ, 0, 2, 0, 8), &[]).await;
         assert_eq!(other.simple_reply().await.error, 0);
-        ts.assert_other_client_works("").await;
-        ts.server.shutdown().await;
+        ts.assert_other_client_works_and_shut_down().await;
     }
 }
 
@@ -524,8 +521,7 @@ bounded_test! {
         let mut r = Raw::go(&ts.sock, "", true, false).await;
         r.send(&req(READ, 0, 1, 0, 8).encode()[..10]).await;
         drop(r);
-        ts.assert_other_client_works("").await;
-        ts.server.shutdown().await;
+        ts.assert_other_client_works_and_shut_down().await;
     }
 }
 

@@ -202,11 +202,9 @@ impl MobigenParser {
             sys @ ("write" | "read") => {
                 need(2)?;
                 let fd = parse_i64(args[0], "fd")?;
-                let bytes = parse_i64(args[1], "byte count")?;
-                if bytes <= 0 {
+                let Some(len) = byte_count(args[1])? else {
                     return Ok(());
-                }
-                let len = bytes as u64;
+                };
                 let f = self.fd(fd)?;
                 let at = if sys == "write" && f.append {
                     self.sizes.get(f.file as usize).copied().unwrap_or(0)
@@ -227,11 +225,9 @@ impl MobigenParser {
                 need(3)?;
                 let fd = parse_i64(args[0], "fd")?;
                 let at = parse_u64(args[1], "offset")?;
-                let bytes = parse_i64(args[2], "byte count")?;
-                if bytes <= 0 {
+                let Some(len) = byte_count(args[2])? else {
                     return Ok(());
-                }
-                let len = bytes as u64;
+                };
                 let f = self.fd(fd)?;
                 let offset = self.map(f.file, at, len)?;
                 emit(
@@ -258,6 +254,13 @@ impl MobigenParser {
         }
         Ok(())
     }
+}
+
+/// A read or write call's byte count: `None` for a call that moved no
+/// bytes (0, or a negative error return).
+fn byte_count(s: &str) -> Result<Option<u64>, String> {
+    let bytes = parse_i64(s, "byte count")?;
+    Ok((bytes > 0).then_some(bytes as u64))
 }
 
 #[cfg(test)]

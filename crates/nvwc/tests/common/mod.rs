@@ -96,6 +96,38 @@ pub fn tools(names: &[&str]) -> bool {
     names.iter().all(|n| tool(n))
 }
 
+/// Skip the calling test (return from it) unless every named tool is
+/// installed ([`tools`]: under CI a missing one fails the test instead).
+#[allow(unused_macros)]
+macro_rules! require_tools {
+    ($($name:expr),+ $(,)?) => {
+        if !$crate::common::tools(&[$($name),+]) {
+            return;
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use require_tools;
+
+/// Call `f` every `every` until it returns `Some` (returned), or until
+/// `timeout` has passed (`None`).
+pub fn poll_until<T>(
+    timeout: Duration,
+    every: Duration,
+    mut f: impl FnMut() -> Option<T>,
+) -> Option<T> {
+    let t = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if t.elapsed() > timeout {
+            return None;
+        }
+        std::thread::sleep(every);
+    }
+}
+
 /// Run `nvwc serve ARGS` in `dir`, which MUST refuse to start: it must exit
 /// non-zero within 20 s without creating `dir/nvwc-data/nvwc.sock`.
 /// Returns its stderr.
@@ -110,17 +142,13 @@ pub fn serve_refused(dir: &Path, args: &[&str]) -> String {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let t = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if t.elapsed() > Duration::from_secs(20) {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("nvwc serve {args:?} started; it must refuse");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let exited = poll_until(Duration::from_secs(20), Duration::from_millis(50), || {
+        child.try_wait().unwrap()
+    });
+    let Some(status) = exited else {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("nvwc serve {args:?} started; it must refuse");
     };
     let mut err = String::new();
     child

@@ -141,14 +141,10 @@ pub fn start(dir: &Path, policy: &str, backing: &Backing) -> Server {
 
 /// Wait (up to 30 s) until `path` exists: `what` started.
 pub fn wait_for(path: &Path, what: &str) {
-    let t = Instant::now();
-    while !path.exists() {
-        assert!(
-            t.elapsed() < Duration::from_secs(30),
-            "{what} did not start"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let up = super::poll_until(Duration::from_secs(30), Duration::from_millis(50), || {
+        path.exists().then_some(())
+    });
+    assert!(up.is_some(), "{what} did not start");
 }
 
 pub fn uri(dir: &Path) -> String {
@@ -269,14 +265,10 @@ pub fn detach(dir: &Path, mut s: Server) {
 
 /// Wait (up to 20 s) until `s` exits after `what`.
 pub fn wait_exit(s: &mut Server, what: &str) {
-    let t = Instant::now();
-    while s.0.try_wait().unwrap().is_none() {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "no exit after {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let exited = super::poll_until(Duration::from_secs(20), Duration::from_millis(50), || {
+        s.0.try_wait().unwrap()
+    });
+    assert!(exited.is_some(), "no exit after {what}");
 }
 
 /// `qemu-io -r` on the image file `img` running `cmds`: it MUST succeed
