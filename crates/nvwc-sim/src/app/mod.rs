@@ -755,23 +755,22 @@ pub fn run(name: &str, model: &mut dyn Model, cfg: &AppConfig) -> Result<AppResu
         if let Some(Reverse((x, ..))) = timers.peek() {
             t = t.min(*x);
         }
+        // The clock moves to `t` (or to the end of the run); nothing below
+        // changes the state before it does.
+        if let Some(tl) = timeline.as_mut() {
+            let end = t.min(cfg.duration_ns).max(rt.now);
+            let s = snapshot(
+                &eng,
+                &procs,
+                &locks,
+                &backing,
+                &flush_ids,
+                ends,
+                io_inheritances,
+            );
+            tl.advance(rt.now, end, &s);
+        }
         if t > cfg.duration_ns {
-            if let Some(tl) = timeline.as_mut() {
-                let end = cfg.duration_ns.max(rt.now);
-                tl.advance(
-                    rt.now,
-                    end,
-                    &snapshot(
-                        &eng,
-                        &procs,
-                        &locks,
-                        &backing,
-                        &flush_ids,
-                        ends,
-                        io_inheritances,
-                    ),
-                );
-            }
             break;
         }
         if t == u64::MAX {
@@ -808,21 +807,6 @@ pub fn run(name: &str, model: &mut dyn Model, cfg: &AppConfig) -> Result<AppResu
                 backing.a.next_completion(),
                 cache.next_completion(),
                 eng.debug_state()
-            );
-        }
-        if let Some(tl) = timeline.as_mut() {
-            tl.advance(
-                rt.now,
-                t,
-                &snapshot(
-                    &eng,
-                    &procs,
-                    &locks,
-                    &backing,
-                    &flush_ids,
-                    ends,
-                    io_inheritances,
-                ),
             );
         }
         rt.now = rt.now.max(t);
