@@ -7,27 +7,21 @@ use std::collections::HashMap;
 
 use nvwc_sim::device::{
     build, ArrayParams, DevOp, DevOpKind, DeviceModel, DeviceSpec, DiskScheduler, HddParams,
-    NetParams, RaidLevel, SolidStateParams, WriteBufferParams,
+    NetParams, RaidLevel, SolidStateParams, WriteBufferParams, PRESET_NAMES,
 };
 use proptest::prelude::*;
 
 /// Device specs under test: the presets plus variants that exercise write
 /// caches, schedulers and a network in front of a disk with a write cache.
 fn specs() -> Vec<DeviceSpec> {
-    let mut v: Vec<DeviceSpec> = [
-        "hdd-hp97560",
-        "hdd-7200",
-        "ssd-sata",
-        "ssd-nvme",
-        "ssd-revodrive",
-        "nvdram",
-        "pmem",
-        "net",
-        "net-hdd",
-    ]
-    .iter()
-    .map(|n| n.parse().unwrap())
-    .collect();
+    // Every preset once (aliases name the same model).
+    let mut v: Vec<DeviceSpec> = Vec::new();
+    for name in PRESET_NAMES {
+        let spec: DeviceSpec = name.parse().unwrap();
+        if !v.contains(&spec) {
+            v.push(spec);
+        }
+    }
     let mut hp = HddParams::hp97560();
     hp.write_cache_bytes = 64 * 1024;
     hp.scheduler = DiskScheduler::Sstf;
