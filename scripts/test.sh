@@ -27,11 +27,17 @@ command -v cargo >/dev/null || { echo "cargo not found: install Rust (rustup) fi
 
 export NVWC_REQUIRE_TOOLS=1
 export CARGO_TERM_COLOR=never
+# Each step prints the seconds since the start, so a slow CI run shows where
+# its time went.
+step() { echo "== [${SECONDS} s] $*"; }
+trap 'step "done (exit $?)"' EXIT
 
 # 3. Build once in release; tests reuse the same artifacts.
+step build
 cargo build --release --workspace --all-targets --features nvwc/tls
 
 # 4. Deterministic simulation testing (reduced; the acceptance run uses 20000 seeds).
+step "vopr ${NVWC_VOPR_SEEDS:-3000} seeds"
 "${CARGO_TARGET_DIR:-target}/release/nvwc" vopr --write-policy all --seeds "${NVWC_VOPR_SEEDS:-3000}"
 
 # 4b. Short fuzz (cargo-fuzz installed if missing; NVWC_FUZZ_SECS=0 skips): the
@@ -39,16 +45,19 @@ cargo build --release --workspace --all-targets --features nvwc/tls
 # every reader). Every target's seeds and saved crashes are also replayed by
 # `cargo test` (fuzz_regressions tests). Full runs: scripts/fuzz.sh 600.
 if [ "${NVWC_FUZZ_SECS:-15}" != 0 ]; then
+  step fuzz
   scripts/fuzz.sh "${NVWC_FUZZ_SECS:-15}" nbd_handshake nbd_starttls nbd_requests trace_detect
 fi
 
 # 4c. The Ray sweep driver against a local `nvwc sweep` (Ray from PyPI into
 # target/ray-venv: ~285 MB and under a minute to install once, ~10 s to run;
 # NVWC_RAY=0 skips).
+step "ray sweep driver"
 scripts/test-ray.sh
 
 # 4d. Every paper reproduction builds, in quick mode (about 15 s; the full
 # reports: scripts/repro-all.sh).
+step "reports (quick)"
 repro_out=$(mktemp -d)
 scripts/repro-all.sh --quick --out "$repro_out"
 # ... and each ends with its verdict table (the paper's number, ours, a verdict).
@@ -63,4 +72,5 @@ done
 rm -rf "$repro_out"
 
 # 5. Every test (last, so its summary closes the output).
+step "cargo test"
 cargo test --release --workspace --features nvwc/tls

@@ -80,7 +80,7 @@ pub struct Args {
     /// Snapshot metrics every SECS of virtual time (in the JSON's `intervals`).
     #[arg(long)]
     pub interval: Option<f64>,
-    /// Backing commands outstanding at once (default: 1 for a disk, 32 otherwise).
+    /// Backing commands outstanding at once (default: 1 for a disk and for a networked store, 32 otherwise).
     #[arg(long)]
     pub backing_qd: Option<usize>,
     /// Merge adjacent queued backing writes.
