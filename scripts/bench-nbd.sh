@@ -38,6 +38,10 @@
 #   DELAY_MS=5 (fsync8 rows), FULL_CACHE_MB=64 (full-cache row),
 #   BACKING_PAGES=cold (default: the backing file's pages are dropped after
 #   preallocation, see `prealloc`) or kept.
+#   NVWC_BASE=PATH also runs the default nvwc server of each selected group
+#   (fast, fsync1, full) with the nvwc binary at PATH, named NAME@base, in
+#   the same interleaved rounds, and prints each NAME / NAME@base ratio: an
+#   A/B of two builds (before and after a change) under the same conditions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNTIME=${1:-5}
@@ -50,6 +54,7 @@ sel() { [ "$ONLY" = " all " ] || [[ $ONLY == *" $1 "* ]] || { [[ $1 == fsync? ]]
 for t in fio nbdkit qemu-nbd python3; do command -v $t >/dev/null || { echo "missing $t (scripts/test.sh installs it)"; exit 2; }; done
 cargo build --release -q -p nvwc
 NVWC=$(realpath "${CARGO_TARGET_DIR:-target}/release/nvwc")
+BASE=${NVWC_BASE:+$(realpath "$NVWC_BASE")}
 W=$(mktemp -d /tmp/nvwc-bench.XXXXXX)
 PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$W"; }
@@ -113,6 +118,7 @@ if sel fast; then
   # The opt-out: every rewrite to a fresh slot (a cache-device write that
   # fails part-way cannot damage a flushed block; costs slot churn and commits).
   add nvwc-write-back+fresh-slots "$NV --backing backing.img --write-policy write-back --rewrite-in-place=false" n.sock
+  [ -z "$BASE" ] || add nvwc-write-back@base "${NV/$NVWC/$BASE} --backing backing.img --write-policy write-back" n.sock
 fi
 if sel slow; then
   for pol in write-back write-back+fresh-slots ordered journaled write-through; do
@@ -126,6 +132,7 @@ if sel fsync1; then  # QD1 --fsync=1, fast local backing file
   for pol in write-back journaled ordered write-through; do
     add "nvwc-$pol/fsync" "$NV --backing backing.img --write-policy $pol" n.sock fsync-qd1 "" 0 256
   done
+  [ -z "$BASE" ] || add "nvwc-write-back/fsync@base" "${NV/$NVWC/$BASE} --backing backing.img --write-policy write-back" n.sock fsync-qd1 "" 0 256
 fi
 if sel fsync8; then  # 8 jobs x QD1 --fsync=1 over the delayed backing
   add "uncached/${DELAY_MS}ms" "exec nbdkit -U k.sock -f --exit-with-parent --filter=delay file backing.img rdelay=${DELAY_MS}ms wdelay=${DELAY_MS}ms" k.sock fsync-8jobs "" 0 256
@@ -142,6 +149,7 @@ if sel full; then  # first touch over 4x the cache, fast local backing, no warm-
   FULLNV="exec $NVWC serve --cache cache.img --cache-size ${FULL_CACHE_MB}M --listen none --unix n.sock --write-policy write-back"
   add nbdkit-file/full "exec nbdkit -U k.sock -f --exit-with-parent file backing.img" k.sock "full-qd16 full-zipf" "" 0 $((FULL_CACHE_MB * 4))
   add nvwc-write-back/full "$FULLNV --backing backing.img" n.sock "full-qd16 full-zipf" "" 0 $((FULL_CACHE_MB * 4))
+  [ -z "$BASE" ] || add nvwc-write-back/full@base "${FULLNV/$NVWC/$BASE} --backing backing.img" n.sock "full-qd16 full-zipf" "" 0 $((FULL_CACHE_MB * 4))
   add nvwc-write-back/full-unpaced "$FULLNV --backing backing.img --full-clean-secs 0" n.sock "full-qd16 full-zipf" "" 0 $((FULL_CACHE_MB * 4))
   add nvwc-write-back/full-1ms "$FULLNV --backing 'nbd+unix:///?socket=$W/d.sock'" n.sock "full-qd16" "$FULLUP" 0 $((FULL_CACHE_MB * 4))
   add nvwc-write-back/full-1ms-unpaced "$FULLNV --backing 'nbd+unix:///?socket=$W/d.sock' --full-clean-secs 0" n.sock "full-qd16" "$FULLUP" 0 $((FULL_CACHE_MB * 4))
@@ -225,6 +233,14 @@ ratio("nvwc-write-back/full full-zipf", "nbdkit-file/full full-zipf", None, "ful
 ratio("nvwc-write-back/full full-zipf", "nvwc-write-back/full-unpaced full-zipf", None, "full cache, Zipf 1.1: paced / full-speed cleaning, IOPS")
 ratio("nvwc-write-back/full-1ms full-qd16", "nvwc-write-back/full-1ms-unpaced full-qd16", None, "full cache, 1 ms backing: paced / full-speed cleaning, IOPS")
 ratio("nvwc-write-back/full-1ms full-qd16", "nvwc-write-back/full-1ms-unpaced full-qd16", None, "full cache, 1 ms backing: paced / full-speed cleaning, p99", p=True)
+bases = sorted({k.split()[0] for k in iops if k.split()[0].endswith("@base")})
+if bases:
+    print("== this build / the NVWC_BASE build, same rounds (IOPS; server CPU per request)")
+for b in bases:
+    for k in sorted(k for k in iops if k.split()[0] == b):
+        a = k.replace("@base", "", 1)
+        if a in iops and iops[k] > 0:
+            print(f"{a:<44} IOPS {iops[a] / iops[k]:.2f}x   CPU/req {cpu[a] / cpu[k]:.2f}x")
 print("== server CPU per request (µs, lower is better; steadier than IOPS on a noisy machine)")
 for wl in ["randwrite-4k", "write-64k"]:
   row = [f"{n}={cpu[f'{n} {wl}']:.2f}" for n in ["nvwc-write-back", "nbdkit-file", "qemu-nbd", "nbdkit-memory"] if f"{n} {wl}" in cpu]
