@@ -86,8 +86,11 @@ pub struct Args {
     /// Merge adjacent queued backing writes.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub merge_backing: bool,
-    /// Cost of a journaled checkpoint's GroupEnd: free or write-flush.
-    #[arg(long, default_value = "free")]
+    /// Cost of a journaled checkpoint's GroupEnd: redo (the live server's
+    /// redo log: log write, flush, flush, clear, flush), free (the
+    /// write-policy paper's NVRAM journal) or write-flush (a 4 KiB commit
+    /// record and a flush).
+    #[arg(long, default_value = "redo")]
     pub group_end: String,
     /// Host CPU time per request, NS,NS_PER_KIB (default: measured on this
     /// machine, 4520,188; `0,0` for none; see crates/nvwc-sim/src/cpu.rs).

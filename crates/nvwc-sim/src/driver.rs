@@ -23,13 +23,26 @@
 //!   with it. The *contiguous runs* of the metrics are maximal sequences of
 //!   backing device writes dispatched back to back, each starting where the
 //!   previous one ended; they are counted with or without merging.
-//! * `GroupBegin` completes immediately. `GroupEnd` completes immediately with
-//!   [`GroupEndCost::Free`] (default: the write-policy paper's storage-side
-//!   journal is NVRAM, "eliminat[ing] the need to incur additional storage I/Os
-//!   for atomic group updates", §3.2.1), or with [`GroupEndCost::WriteFlush`]
-//!   after one 4 KiB backing write (a commit record in a log area of 1 MiB
-//!   past the backing store's end, used circularly) followed by a backing
-//!   flush.
+//! * `GroupBegin` completes immediately. What `GroupEnd` costs is
+//!   [`SimConfig::group_end`]:
+//!   - [`GroupEndCost::Redo`] (default): what `nvwc serve` pays, the redo-log
+//!     protocol of `nvwc-dev/src/redo.rs` (log the group durably, write it in
+//!     place, flush, clear the log durably). The group's writes go in place
+//!     as the engine issues them; its `GroupEnd` then costs the log write (the
+//!     group's bytes in the log's encoding, 20 bytes plus 16 per record,
+//!     rounded up to 4 KiB, written sequentially in a log area past the
+//!     backing store's end), a flush, the flush after the in-place writes, a
+//!     4 KiB write that clears the log, and a flush. The device work is the
+//!     server's; its order differs (the server logs before it writes in place,
+//!     and holds the in-place writes until then), so a group's end may come
+//!     sooner here than live, never with less device work;
+//!   - [`GroupEndCost::Free`]: completes immediately (the write-policy
+//!     paper's storage-side journal is NVRAM, "eliminat[ing] the need to incur
+//!     additional storage I/Os for atomic group updates", §3.2.1; the
+//!     write-policy reproduction uses it);
+//!   - [`GroupEndCost::WriteFlush`]: one 4 KiB backing write (a commit record
+//!     in a log area of 1 MiB past the backing store's end, used circularly)
+//!     followed by a backing flush.
 //!
 //! # Clients
 //! * **Closed loop** ([`Mode::Closed`], default): each client (by
@@ -120,8 +133,10 @@ impl std::str::FromStr for ClientKey {
 /// Cost of a `GroupEnd` marker (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum GroupEndCost {
-    /// Completes immediately.
+    /// The live server's redo log: log write, flush, flush, clear, flush.
     #[default]
+    Redo,
+    /// Completes immediately.
     Free,
     /// One 4 KiB backing write then a backing flush.
     WriteFlush,
@@ -131,9 +146,12 @@ impl std::str::FromStr for GroupEndCost {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
+            "redo" => Ok(GroupEndCost::Redo),
             "free" => Ok(GroupEndCost::Free),
             "write-flush" => Ok(GroupEndCost::WriteFlush),
-            _ => Err(format!("unknown group-end cost {s:?} (free, write-flush)")),
+            _ => Err(format!(
+                "unknown group-end cost {s:?} (redo, free, write-flush)"
+            )),
         }
     }
 }
@@ -246,7 +264,7 @@ impl SimConfig {
             max_merge_bytes: 1 << 20,
             backing_qd: 1,
             read_priority: true,
-            group_end: GroupEndCost::Free,
+            group_end: GroupEndCost::Redo,
             cpu: CpuCost::measured(),
             interval_ns: None,
             tuning: EngineTuning::default(),
@@ -254,11 +272,17 @@ impl SimConfig {
         }
     }
 
-    /// Bytes reserved past the backing store for group-commit records.
+    /// Bytes reserved past the backing store for group-commit records: for
+    /// the redo log, room for a group as large as the cache in the log's
+    /// encoding (no group holds more than the cache's dirty blocks).
     pub fn reserve_bytes(&self) -> u64 {
         match self.group_end {
             GroupEndCost::Free => 0,
             GroupEndCost::WriteFlush => GROUP_LOG_BYTES,
+            GroupEndCost::Redo => redo_log_bytes(
+                self.cache_bytes,
+                self.cache_bytes / u64::from(self.block_size).max(1),
+            ),
         }
     }
 
@@ -332,6 +356,14 @@ pub fn default_backing_qd(spec: &DeviceSpec) -> usize {
 /// Size of the group-commit log area past the backing store.
 pub const GROUP_LOG_BYTES: u64 = 1 << 20;
 
+/// Bytes of a redo log holding `records` writes of `data` bytes in all, in
+/// `nvwc-dev`'s encoding (`redo::encode`: a 16-byte header and a 4-byte
+/// CRC-32, 16 bytes before each record), rounded up to the 4 KiB pages it
+/// is written in.
+pub fn redo_log_bytes(data: u64, records: u64) -> u64 {
+    (20 + 16 * records + data).div_ceil(4096) * 4096
+}
+
 /// A device command in flight, by driver-chosen device-op id.
 #[derive(Debug)]
 enum InFlight {
@@ -339,10 +371,8 @@ enum InFlight {
     One { io: IoId, read_len: Option<u32> },
     /// Several coalesced backing writes.
     Merged(Vec<IoId>),
-    /// `GroupEnd` with a cost: the commit-record write.
-    GroupWrite(IoId),
-    /// `GroupEnd` with a cost: the flush after it.
-    GroupFlush(IoId),
+    /// `GroupEnd` with a cost: one step of it in flight, the rest after.
+    GroupStep { io: IoId, rest: VecDeque<DevOp> },
 }
 
 /// A backing command waiting in the driver's queue.
@@ -391,6 +421,7 @@ struct Counts {
     queued_writes: u64,
     backing_dev_writes: u64,
     group_writes: u64,
+    group_log_bytes: u64,
     cache_ops: u64,
 }
 
@@ -466,6 +497,8 @@ pub struct Simulator<I: Iterator<Item = Result<TraceRecord, TraceError>>> {
     run_end: Option<u64>,
     run_len: u64,
     group_log_next: u64,
+    /// Open atomic groups: bytes and records written so far (redo-log cost).
+    group_bytes: HashMap<u64, (u64, u64)>,
     done_buf: Vec<u64>,
     // Metrics.
     counts: Counts,
@@ -552,6 +585,7 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
             run_end: None,
             run_len: 0,
             group_log_next: 0,
+            group_bytes: HashMap::new(),
             done_buf: Vec::new(),
             counts: Counts::default(),
             runs: RunHistogram::default(),
@@ -1008,7 +1042,29 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
             }
             Dev::Backing => match cmd.op {
                 IoOp::Write { offset, data, fua } if data.0 > 0 => {
+                    if let Some(g) = cmd.group {
+                        let (bytes, records) = self.group_bytes.entry(g).or_default();
+                        *bytes += data.0 as u64;
+                        *records += 1;
+                    }
                     self.enqueue_write(offset, data.0 as u64, fua, cmd.id);
+                }
+                IoOp::GroupBegin { group } => {
+                    // A retried checkpoint reuses its id: start counting afresh.
+                    self.group_bytes.insert(group, (0, 0));
+                    self.immediate.push_back(cmd.id);
+                }
+                IoOp::GroupEnd { group } if self.cfg.group_end != GroupEndCost::Free => {
+                    let (bytes, records) = self.group_bytes.remove(&group).unwrap_or_default();
+                    let mut steps = self.group_end_steps(bytes, records);
+                    let first = steps.pop_front().expect("a costed group end has steps");
+                    self.bqueue.push_back(Queued::Other(
+                        first,
+                        InFlight::GroupStep {
+                            io: cmd.id,
+                            rest: steps,
+                        },
+                    ));
                 }
                 op => {
                     let (dop, what) = match op {
@@ -1033,13 +1089,6 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
                                 read_len: None,
                             },
                         ),
-                        IoOp::GroupEnd { .. } if self.cfg.group_end == GroupEndCost::WriteFlush => {
-                            self.counts.group_writes += 1;
-                            let off = self.backing_size + self.group_log_next * 4096;
-                            self.group_log_next =
-                                (self.group_log_next + 1) % (GROUP_LOG_BYTES / 4096);
-                            (DevOp::write(0, off, 4096), InFlight::GroupWrite(cmd.id))
-                        }
                         IoOp::Read { len, .. } => {
                             debug_assert_eq!(len, 0);
                             self.engine_read_done_later(cmd.id);
@@ -1215,12 +1264,41 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
                     self.engine.handle_completion(now, io, Ok(None));
                 }
             }
-            InFlight::GroupWrite(io) => {
-                self.bqueue
-                    .push_front(Queued::Other(DevOp::flush(0), InFlight::GroupFlush(io)));
-            }
-            InFlight::GroupFlush(io) => self.engine.handle_completion(now, io, Ok(None)),
+            InFlight::GroupStep { io, mut rest } => match rest.pop_front() {
+                Some(next) => self
+                    .bqueue
+                    .push_front(Queued::Other(next, InFlight::GroupStep { io, rest })),
+                None => self.engine.handle_completion(now, io, Ok(None)),
+            },
         }
+    }
+
+    /// The device commands a costed `GroupEnd` runs, in order (module docs),
+    /// for a group of `records` writes of `bytes` bytes in all.
+    fn group_end_steps(&mut self, bytes: u64, records: u64) -> VecDeque<DevOp> {
+        self.counts.group_writes += 1;
+        let log = self.backing_size;
+        let steps = match self.cfg.group_end {
+            GroupEndCost::Free => VecDeque::new(),
+            GroupEndCost::WriteFlush => {
+                let off = log + self.group_log_next * 4096;
+                self.group_log_next = (self.group_log_next + 1) % (GROUP_LOG_BYTES / 4096);
+                VecDeque::from([DevOp::write(0, off, 4096), DevOp::flush(0)])
+            }
+            GroupEndCost::Redo => VecDeque::from([
+                DevOp::write(0, log, redo_log_bytes(bytes, records)),
+                DevOp::flush(0),
+                DevOp::flush(0),
+                DevOp::write(0, log, 4096),
+                DevOp::flush(0),
+            ]),
+        };
+        self.counts.group_log_bytes += steps
+            .iter()
+            .filter(|op| op.kind == DevOpKind::Write)
+            .map(|op| op.len)
+            .sum::<u64>();
+        steps
     }
 
     // ------------------------------------------------------------ results
@@ -1308,6 +1386,7 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
             backing_flushes: e.backing_flushes,
             backing_groups: e.backing_groups,
             group_commit_writes: c.group_writes,
+            group_log_bytes: c.group_log_bytes,
             fetches: e.fetches,
             evictions: e.evictions,
             stalled_writes: e.stalled_writes,

@@ -24,7 +24,8 @@ pub mod tradeoff;
 
 pub use addr::{AddressMode, DevSelect, ScanOptions, TracePlan};
 pub use driver::{
-    default_backing_qd, run_plan, ClientKey, EngineTuning, GroupEndCost, Mode, SimConfig, Simulator,
+    default_backing_qd, redo_log_bytes, run_plan, ClientKey, EngineTuning, GroupEndCost, Mode,
+    SimConfig, Simulator,
 };
 pub use metrics::{IntervalRecord, LatencySummary, RunHistogram, RunResult};
 

@@ -268,8 +268,12 @@ pub struct RunResult {
     pub backing_flushes: u64,
     /// Atomic groups ended on the backing store (journaled checkpoints).
     pub backing_groups: u64,
-    /// Extra backing writes for group-commit records (`--group-end write-flush`).
+    /// Costed group ends (`--group-end redo`, the default, or
+    /// `write-flush`): each writes its log area and flushes (driver docs).
     pub group_commit_writes: u64,
+    /// Bytes the costed group ends wrote to their log area (the redo log's
+    /// encoding of each group and its clearing write, or the commit records).
+    pub group_log_bytes: u64,
     /// Partial-write fetches from the backing store.
     pub fetches: u64,
     /// Clean blocks evicted.

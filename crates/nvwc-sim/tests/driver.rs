@@ -2,7 +2,7 @@
 
 use nvwc_core::{ReplacementKind, WritePolicyKind};
 use nvwc_sim::device::{build, DevOp, DeviceSpec};
-use nvwc_sim::{EngineTuning, Mode, SimConfig, Simulator};
+use nvwc_sim::{redo_log_bytes, EngineTuning, GroupEndCost, Mode, SimConfig, Simulator};
 use nvwc_trace::{Op, TraceError, TraceRecord};
 
 type Recs = std::vec::IntoIter<Result<TraceRecord, TraceError>>;
@@ -280,4 +280,69 @@ fn intervals_partition_the_run() {
         assert_eq!(w[0].end_us, w[1].start_us);
     }
     assert_eq!(r.intervals.last().unwrap().end_us, r.sim_time_us);
+}
+
+#[test]
+fn a_journaled_checkpoint_pays_the_redo_log_unless_the_journal_is_free() {
+    // 512 writes over 256 blocks through a 64-block journaled cache: the
+    // checkpoints are atomic groups. The default cost is the live server's
+    // redo log (driver docs): per group, a log write of the group in the log's
+    // encoding, a clearing write, and flushes; `Free` is the write-policy
+    // paper's NVRAM journal; `WriteFlush` a 4 KiB commit record.
+    let v: Vec<TraceRecord> = (0..512u64)
+        .map(|i| TraceRecord::new(0, Op::Write, (i * 97 % 256) * 4096, 4096, 0))
+        .collect();
+    let run = |end: GroupEndCost| {
+        let mut c = cfg(WritePolicyKind::Journaled);
+        c.cache_bytes = 64 * 4096;
+        c.backing_qd = 1;
+        c.group_end = end;
+        Simulator::new(c, BACKING, recs(v.clone()), "t")
+            .unwrap()
+            .run()
+            .unwrap()
+    };
+    assert_eq!(
+        SimConfig::new(WritePolicyKind::Journaled, ReplacementKind::Lru, 0).group_end,
+        GroupEndCost::Redo
+    );
+    let free = run(GroupEndCost::Free);
+    let redo = run(GroupEndCost::Redo);
+    let record = run(GroupEndCost::WriteFlush);
+    assert!(free.backing_groups > 0, "the run checkpoints");
+    assert_eq!((free.group_commit_writes, free.group_log_bytes), (0, 0));
+    // The engine's own work is the same whatever a group's end costs.
+    assert_eq!(redo.backing_write_bytes, free.backing_write_bytes);
+    assert_eq!(redo.backing_groups, free.backing_groups);
+    assert_eq!(redo.group_commit_writes, redo.backing_groups);
+    assert_eq!(record.group_log_bytes, 4096 * record.group_commit_writes);
+    // Every checkpoint write is in a group, so the log holds at least every
+    // byte written, plus a clearing page per group.
+    assert!(
+        redo.group_log_bytes >= redo.backing_write_bytes + 4096 * redo.backing_groups,
+        "{} log bytes for {} group bytes in {} groups",
+        redo.group_log_bytes,
+        redo.backing_write_bytes,
+        redo.backing_groups
+    );
+    assert!(
+        redo.sim_time_us > record.sim_time_us,
+        "{} vs {}",
+        redo.sim_time_us,
+        record.sim_time_us
+    );
+    assert!(
+        record.sim_time_us > free.sim_time_us,
+        "{} vs {}",
+        record.sim_time_us,
+        free.sim_time_us
+    );
+}
+
+#[test]
+fn a_redo_log_is_the_encoding_rounded_to_pages() {
+    assert_eq!(redo_log_bytes(0, 0), 4096);
+    assert_eq!(redo_log_bytes(4096, 1), 8192, "20 + 16 + 4096 bytes");
+    assert_eq!(redo_log_bytes(4096 - 36, 1), 4096);
+    assert_eq!(redo_log_bytes(4096 - 35, 1), 8192);
 }
