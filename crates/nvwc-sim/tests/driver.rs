@@ -2,7 +2,7 @@
 
 use nvwc_core::{ReplacementKind, WritePolicyKind};
 use nvwc_sim::device::{build, DevOp, DeviceSpec};
-use nvwc_sim::{EngineTuning, Mode, SimConfig, Simulator};
+use nvwc_sim::{ClientKey, EngineTuning, GroupEndCost, Mode, SimConfig, Simulator};
 use nvwc_trace::{Op, TraceError, TraceRecord};
 
 type Recs = std::vec::IntoIter<Result<TraceRecord, TraceError>>;
@@ -280,4 +280,27 @@ fn intervals_partition_the_run() {
         assert_eq!(w[0].end_us, w[1].start_us);
     }
     assert_eq!(r.intervals.last().unwrap().end_us, r.sim_time_us);
+}
+
+/// The replay options parse from their names (and `none`, an alias of
+/// `single`); any other string is refused with the list of names.
+#[test]
+fn replay_options_parse_from_their_names() {
+    assert_eq!("open".parse::<Mode>(), Ok(Mode::Open));
+    assert_eq!("closed".parse::<Mode>(), Ok(Mode::Closed));
+    assert_eq!("dev".parse::<ClientKey>(), Ok(ClientKey::Dev));
+    assert_eq!("none".parse::<ClientKey>(), Ok(ClientKey::Single));
+    assert_eq!("write-flush".parse(), Ok(GroupEndCost::WriteFlush));
+    assert_eq!(
+        "x".parse::<ClientKey>(),
+        Err("unknown client key \"x\" (stream, dev, single)".to_string())
+    );
+    assert_eq!(
+        "Open".parse::<Mode>(),
+        Err("unknown mode \"Open\" (closed, open)".to_string())
+    );
+    assert_eq!(
+        "".parse::<GroupEndCost>(),
+        Err("unknown group-end cost \"\" (free, write-flush)".to_string())
+    );
 }
