@@ -40,6 +40,10 @@ fn rate(n: usize, secs: f64) -> String {
     format!("{:7.2} M req/s", n as f64 / secs / 1e6)
 }
 
+fn mib(bytes: usize) -> f64 {
+    bytes as f64 / 1048576.0
+}
+
 /// Seconds `access` takes for every key of `keys` (kept opaque to the optimiser).
 fn timed(keys: &[u64], mut access: impl FnMut(u64)) -> f64 {
     let t = Instant::now();
@@ -62,30 +66,33 @@ fn run(label: &str, keys: &[u64]) {
     println!(
         "exact Mattson            {}  ({secs:.2} s, {distinct} distinct, {:.1} MiB)",
         rate(keys.len(), secs),
-        (sd.mem_bytes() + h.mem_bytes()) as f64 / 1048576.0
+        mib(sd.mem_bytes() + h.mem_bytes())
     );
     let exact: Mrc = h.mrc();
     let sizes: Vec<u64> = (1..=100).map(|i| i * distinct as u64 / 100).collect();
 
+    // One SHARDS line: throughput, `detail`, then the error against the
+    // exact curve and the memory of `(curve, memory in bytes)`.
+    let line = |label: &str, secs: f64, detail: String, (mrc, mem_bytes): (Mrc, usize)| {
+        println!(
+            "{label}   {}  ({secs:.2} s, {detail}, MAE {:.4}, {:.2} MiB)",
+            rate(keys.len(), secs),
+            exact.mae(&mrc, &sizes),
+            mib(mem_bytes)
+        )
+    };
+
     let mut fr = ShardsFixedRate::new(0.01);
     let secs = timed(keys, |k| fr.access(k));
-    println!(
-        "SHARDS fixed-rate 0.01   {}  ({secs:.2} s, {} sampled, MAE {:.4}, {:.2} MiB)",
-        rate(keys.len(), secs),
-        fr.sampled_keys(),
-        exact.mae(&fr.mrc(), &sizes),
-        fr.mem_bytes() as f64 / 1048576.0
-    );
+    let sampled = format!("{} sampled", fr.sampled_keys());
+    let curve = (fr.mrc(), fr.mem_bytes());
+    line("SHARDS fixed-rate 0.01", secs, sampled, curve);
 
     let mut fs = ShardsFixedSize::new(8192);
     let secs = timed(keys, |k| fs.access(k));
-    println!(
-        "SHARDS fixed-size 8192   {}  ({secs:.2} s, final R {:.5}, MAE {:.4}, {:.2} MiB)",
-        rate(keys.len(), secs),
-        fs.rate(),
-        exact.mae(&fs.mrc(), &sizes),
-        fs.mem_bytes() as f64 / 1048576.0
-    );
+    let final_rate = format!("final R {:.5}", fs.rate());
+    let curve = (fs.mrc(), fs.mem_bytes());
+    line("SHARDS fixed-size 8192", secs, final_rate, curve);
 }
 
 fn main() {

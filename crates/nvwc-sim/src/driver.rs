@@ -85,74 +85,64 @@ use crate::SimError;
 
 type Map<K, V> = HashMap<K, V, MixBuildHasher>;
 
-/// Replay mode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Mode {
-    /// N outstanding requests per client.
-    #[default]
-    Closed,
-    /// Arrivals at trace timestamps divided by the speed-up.
-    Open,
+/// A unit enum of options with their names: `FromStr` takes a name (or an
+/// alias after `|`) and, for any other string, lists the names.
+macro_rules! named_options {
+    ($(#[$meta:meta])* $vis:vis enum $name:ident($what:literal) {
+        $($(#[$vmeta:meta])* $variant:ident = $text:literal $(| $alias:literal)*,)+
+    }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+        $vis enum $name {
+            $($(#[$vmeta])* $variant,)+
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($text $(| $alias)* => Ok($name::$variant),)+
+                    _ => Err(format!("unknown {} {s:?} ({})", $what, [$($text),+].join(", "))),
+                }
+            }
+        }
+    };
 }
 
-impl std::str::FromStr for Mode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "closed" => Ok(Mode::Closed),
-            "open" => Ok(Mode::Open),
-            _ => Err(format!("unknown mode {s:?} (closed, open)")),
-        }
+named_options! {
+    /// Replay mode.
+    pub enum Mode("mode") {
+        /// N outstanding requests per client.
+        #[default]
+        Closed = "closed",
+        /// Arrivals at trace timestamps divided by the speed-up.
+        Open = "open",
     }
 }
 
-/// What identifies a client in closed loop.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum ClientKey {
-    /// The record's `stream` (pid/tid when the format has one).
-    #[default]
-    Stream,
-    /// The record's `dev` (volume, disk).
-    Dev,
-    /// One client for the whole trace.
-    Single,
-}
-
-impl std::str::FromStr for ClientKey {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "stream" => Ok(ClientKey::Stream),
-            "dev" => Ok(ClientKey::Dev),
-            "single" | "none" => Ok(ClientKey::Single),
-            _ => Err(format!("unknown client key {s:?} (stream, dev, single)")),
-        }
+named_options! {
+    /// What identifies a client in closed loop.
+    pub enum ClientKey("client key") {
+        /// The record's `stream` (pid/tid when the format has one).
+        #[default]
+        Stream = "stream",
+        /// The record's `dev` (volume, disk).
+        Dev = "dev",
+        /// One client for the whole trace.
+        Single = "single" | "none",
     }
 }
 
-/// Cost of a `GroupEnd` marker (see the module docs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum GroupEndCost {
-    /// The live server's redo log: log write, flush, flush, clear, flush.
-    #[default]
-    Redo,
-    /// Completes immediately.
-    Free,
-    /// One 4 KiB backing write then a backing flush.
-    WriteFlush,
-}
-
-impl std::str::FromStr for GroupEndCost {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "redo" => Ok(GroupEndCost::Redo),
-            "free" => Ok(GroupEndCost::Free),
-            "write-flush" => Ok(GroupEndCost::WriteFlush),
-            _ => Err(format!(
-                "unknown group-end cost {s:?} (redo, free, write-flush)"
-            )),
-        }
+named_options! {
+    /// Cost of a `GroupEnd` marker (see the module docs).
+    pub enum GroupEndCost("group-end cost") {
+        /// The live server's redo log: log write, flush, flush, clear, flush.
+        #[default]
+        Redo = "redo",
+        /// Completes immediately.
+        Free = "free",
+        /// One 4 KiB backing write then a backing flush.
+        WriteFlush = "write-flush",
     }
 }
 

@@ -30,6 +30,7 @@ use nvwc_trace::{open_path, Format, Op, ReaderOptions, TraceError, TraceRecord};
 use serde::Serialize;
 use std::path::Path;
 
+use crate::metrics::per;
 use crate::SimError;
 
 /// Bits of a model key that hold the block number; the device sits above.
@@ -294,22 +295,14 @@ where
     r.write_misses = c.write_misses;
     r.evictions = c.evictions;
     let hits = r.read_hits + r.write_hits;
-    r.hit_ratio = ratio(hits, r.block_accesses);
-    r.read_hit_ratio = ratio(r.read_hits, r.read_hits + r.read_misses);
+    r.hit_ratio = per(hits as f64, r.block_accesses);
+    r.read_hit_ratio = per(r.read_hits as f64, r.read_hits + r.read_misses);
     r.wall_seconds = wall;
     if wall > 0.0 {
         r.replay_rate = r.requests as f64 / wall;
         r.accesses_per_sec = r.block_accesses as f64 / wall;
     }
     Ok(r)
-}
-
-fn ratio(a: u64, b: u64) -> f64 {
-    if b == 0 {
-        0.0
-    } else {
-        a as f64 / b as f64
-    }
 }
 
 /// Replays a trace file through the model. No address map and no scan:

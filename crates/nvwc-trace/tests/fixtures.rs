@@ -475,16 +475,43 @@ fn stats_on_fixture() {
     assert!(s.to_string().contains("flushes       2"));
 }
 
+/// Every record of `text` in `format`, read through a reorder window of
+/// `window` records.
+fn read_reordered(text: &str, format: Format, window: usize) -> Vec<TraceRecord> {
+    let opts = ReaderOptions {
+        reorder_window: window,
+        ..Default::default()
+    };
+    let r = open_reader_with(text.as_bytes(), Some(format), "mem", &opts).unwrap();
+    r.collect::<Result<_, _>>().unwrap()
+}
+
+#[test]
+fn reorder_window_sorts_nearby_disorder() {
+    let text = "3 0 0 512 1\n1 0 512 512 1\n2 0 1024 512 1\n0.5 0 1536 512 1\n9 0 2048 512 1\n";
+    let offs: Vec<u64> = read_reordered(text, Format::Heimdall, 4)
+        .iter()
+        .map(|r| r.offset)
+        .collect();
+    assert_eq!(offs, [1536, 512, 1024, 0, 2048]);
+    let mut r = open_reader(text.as_bytes(), Some(Format::Heimdall), "t").unwrap();
+    let ts: Vec<u64> = r.by_ref().map(|r| r.unwrap().ts_ns).collect();
+    assert_eq!(ts, [0, 0, 0, 0, 6_000_000]);
+    assert_eq!(
+        r.clamped(),
+        3,
+        "records earlier than the first one count as clamped"
+    );
+}
+
 #[test]
 fn open_reader_with_reorder_sorts_mobigen_threads() {
     // MobiGen groups lines by thread, so raw time goes backwards at each
     // thread switch; a window covering the file sorts it.
     let text = "1 100 write 3 1\n1 300 write 3 1\n2 50 write 4 1\n2 200 write 4 1\n";
-    let opts = ReaderOptions {
-        reorder_window: 8,
-        ..Default::default()
-    };
-    let r = open_reader_with(text.as_bytes(), Some(Format::Mobigen), "m", &opts).unwrap();
-    let got: Vec<(u64, u32)> = r.map(|r| r.map(|r| (r.ts_ns, r.stream)).unwrap()).collect();
+    let got: Vec<(u64, u32)> = read_reordered(text, Format::Mobigen, 8)
+        .iter()
+        .map(|r| (r.ts_ns, r.stream))
+        .collect();
     assert_eq!(got, [(0, 2), (50_000, 1), (150_000, 2), (250_000, 1)]);
 }

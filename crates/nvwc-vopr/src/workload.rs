@@ -9,8 +9,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::oracle::{sector_of, stamp, Op, OpKind, Oracle, WriteRec, SECTOR};
-use crate::world::{Client, World};
-use crate::SeedOutcome;
+use crate::world::{Client, Ctx, World};
 
 /// A random concurrent workload: overlapping writes (FUA, zeroes, direct),
 /// reads, flushes, trims and checkpoints, up to `qd` at a time, with random
@@ -111,13 +110,8 @@ impl Workload {
 }
 
 impl Client for Workload {
-    fn issue(
-        &mut self,
-        w: &mut World,
-        o: &mut Oracle,
-        rng: &mut ChaCha8Rng,
-        out: &mut SeedOutcome,
-    ) -> Option<u64> {
+    fn issue(&mut self, w: &mut World, cx: &mut Ctx) -> Option<u64> {
+        let Ctx { o, rng, out } = cx;
         let now = w.now;
         // A critical waiter the engine cannot see (the simulator's
         // application model does this): I/O inheritance for a random
@@ -189,7 +183,8 @@ impl Client for Workload {
         (self.issued < self.n_ops).then(|| now + rng.gen_range(0..200_000))
     }
 
-    fn reply(&mut self, r: Reply<Bytes>, now: u64, o: &mut Oracle, out: &mut SeedOutcome) -> bool {
+    fn reply(&mut self, r: Reply<Bytes>, now: u64, cx: &mut Ctx) -> bool {
+        let Ctx { o, out, .. } = cx;
         let (oi, issued_ns) = self
             .outstanding
             .remove(&r.id)
@@ -332,13 +327,7 @@ impl ReadBack {
 }
 
 impl Client for ReadBack {
-    fn issue(
-        &mut self,
-        w: &mut World,
-        _o: &mut Oracle,
-        _rng: &mut ChaCha8Rng,
-        _out: &mut SeedOutcome,
-    ) -> Option<u64> {
+    fn issue(&mut self, w: &mut World, _: &mut Ctx) -> Option<u64> {
         for (b, tries) in std::mem::take(&mut self.retry) {
             self.send(w, b, tries);
         }
@@ -350,13 +339,7 @@ impl Client for ReadBack {
         None
     }
 
-    fn reply(
-        &mut self,
-        r: Reply<Bytes>,
-        _now: u64,
-        _o: &mut Oracle,
-        _out: &mut SeedOutcome,
-    ) -> bool {
+    fn reply(&mut self, r: Reply<Bytes>, _: u64, _: &mut Ctx) -> bool {
         let (tries, _) = self.outstanding.remove(&r.id).expect("read-back reply");
         let b = r.id - self.id_base - 1;
         let bs = self.block_size as usize;
@@ -395,22 +378,10 @@ impl Client for ReadBack {
 pub(crate) struct Idle;
 
 impl Client for Idle {
-    fn issue(
-        &mut self,
-        _w: &mut World,
-        _o: &mut Oracle,
-        _rng: &mut ChaCha8Rng,
-        _out: &mut SeedOutcome,
-    ) -> Option<u64> {
+    fn issue(&mut self, _: &mut World, _: &mut Ctx) -> Option<u64> {
         None
     }
-    fn reply(
-        &mut self,
-        r: Reply<Bytes>,
-        _now: u64,
-        _o: &mut Oracle,
-        _out: &mut SeedOutcome,
-    ) -> bool {
+    fn reply(&mut self, r: Reply<Bytes>, _: u64, _: &mut Ctx) -> bool {
         panic!("a drain got a reply for request #{}", r.id)
     }
     fn outstanding(&self) -> (usize, Option<(u64, u64)>) {

@@ -48,19 +48,21 @@ pub(crate) struct Latency {
     pub err_rate: f64,
 }
 
+/// What a [`Client`] works with besides the world: the seed's oracle, its
+/// random stream and its outcome.
+pub(crate) struct Ctx<'a> {
+    pub o: &'a mut Oracle,
+    pub rng: &'a mut ChaCha8Rng,
+    pub out: &'a mut SeedOutcome,
+}
+
 /// What a [`Client`] wants after a reply.
 pub(crate) trait Client {
     /// Called at each client event: issue requests. Returns when to be
     /// called again, if ever.
-    fn issue(
-        &mut self,
-        w: &mut World,
-        o: &mut Oracle,
-        rng: &mut ChaCha8Rng,
-        out: &mut SeedOutcome,
-    ) -> Option<u64>;
+    fn issue(&mut self, w: &mut World, cx: &mut Ctx) -> Option<u64>;
     /// A reply arrived; `true` asks for a client event now (a retry).
-    fn reply(&mut self, r: Reply<Bytes>, now: u64, o: &mut Oracle, out: &mut SeedOutcome) -> bool;
+    fn reply(&mut self, r: Reply<Bytes>, now: u64, cx: &mut Ctx) -> bool;
     /// Requests issued and not yet answered, and the oldest one's issue time.
     fn outstanding(&self) -> (usize, Option<(u64, u64)>);
     /// Every request the client will ever issue has been issued.
@@ -157,6 +159,7 @@ impl World {
         done: &dyn Fn(&Engine<Bytes>) -> bool,
     ) -> Stop {
         let start = self.processed;
+        let cx = &mut Ctx { o, rng, out };
         self.push(self.now, Ev::Client);
         let mut stuck = (self.now, 0u64);
         loop {
@@ -169,7 +172,7 @@ impl World {
             }
             if let Some((id, t)) = oldest {
                 if self.now.saturating_sub(t) > LIVENESS_NS {
-                    o.violations.push(format!(
+                    cx.o.violations.push(format!(
                         "liveness: request #{id} outstanding for {} ms (bound {} ms)",
                         (self.now - t) / 1_000_000,
                         LIVENESS_NS / 1_000_000
@@ -179,7 +182,7 @@ impl World {
             }
             let Some(Reverse((t, _, ev))) = self.events.pop() else {
                 if n_out > 0 {
-                    o.violations
+                    cx.o.violations
                         .push(format!("deadlock: {n_out} requests never completed"));
                     return Stop::Violation;
                 }
@@ -190,7 +193,7 @@ impl World {
             if stuck.0 == self.now {
                 stuck.1 += 1;
                 if stuck.1 > STUCK_EVENTS {
-                    o.violations.push(format!(
+                    cx.o.violations.push(format!(
                         "livelock: {STUCK_EVENTS} events without simulated time passing (t={}, engine deadline {:?}, {} commands in flight)",
                         self.now,
                         self.eng.poll_timeout(),
@@ -203,7 +206,7 @@ impl World {
             }
             match ev {
                 Ev::Client => {
-                    if let Some(next) = client.issue(self, o, rng, out) {
+                    if let Some(next) = client.issue(self, cx) {
                         self.push(next, Ev::Client);
                     }
                 }
@@ -211,7 +214,7 @@ impl World {
                     let f = self.inflight.remove(&id).expect("io");
                     let res = self.execute(&f);
                     self.eng.handle_completion(self.now, id, res);
-                    if !watch(&f.cmd, &self.backing, o) {
+                    if !watch(&f.cmd, &self.backing, cx.o) {
                         return Stop::Violation;
                     }
                 }
@@ -222,7 +225,7 @@ impl World {
                     }
                 }
             }
-            self.pump(client, rng, o, out);
+            self.pump(client, cx);
             if let Some(t) = self.eng.poll_timeout() {
                 let t = t.max(self.now);
                 if self.timeout_at.is_none_or(|x| t < x) {
@@ -261,23 +264,15 @@ impl World {
     /// first (they were due first), then the engine's commands, each put in
     /// flight; replies to the client (a retry it asks for is a client event
     /// now); events to the oracle when the client records transactions.
-    fn pump(
-        &mut self,
-        client: &mut dyn Client,
-        rng: &mut ChaCha8Rng,
-        o: &mut Oracle,
-        out: &mut SeedOutcome,
-    ) {
+    fn pump(&mut self, client: &mut dyn Client, cx: &mut Ctx) {
         while let Some(cmd) = self.direct_cmds.pop_front() {
-            self.issue(cmd, rng);
+            self.issue(cmd, cx.rng);
         }
         let records = client.records_txns();
         let mut p = Pumped {
             w: self,
             client,
-            rng,
-            o,
-            out,
+            cx,
             records,
             retry: false,
         };
@@ -378,31 +373,29 @@ impl World {
 }
 
 /// The world as the engine's pump sees it (`World::pump`).
-struct Pumped<'a> {
+struct Pumped<'a, 'c> {
     w: &'a mut World,
     client: &'a mut dyn Client,
-    rng: &'a mut ChaCha8Rng,
-    o: &'a mut Oracle,
-    out: &'a mut SeedOutcome,
+    cx: &'a mut Ctx<'c>,
     /// The client records journal transactions (`Client::records_txns`).
     records: bool,
     /// The client asked for a retry.
     retry: bool,
 }
 
-impl Driver<Bytes> for Pumped<'_> {
+impl Driver<Bytes> for Pumped<'_, '_> {
     fn engine(&mut self) -> &mut Engine<Bytes> {
         &mut self.w.eng
     }
     fn command(&mut self, cmd: IoCmd<Bytes>) {
-        self.w.issue(cmd, self.rng);
+        self.w.issue(cmd, self.cx.rng);
     }
     fn reply(&mut self, r: Reply<Bytes>) {
-        self.retry |= self.client.reply(r, self.w.now, self.o, self.out);
+        self.retry |= self.client.reply(r, self.w.now, self.cx);
     }
     fn event(&mut self, ev: Event) {
         if self.records {
-            crate::record_event(ev, self.o, false, self.out);
+            crate::record_event(ev, self.cx.o, false, self.cx.out);
         }
     }
 }
@@ -419,17 +412,11 @@ mod tests {
     }
 
     impl Client for Hung {
-        fn issue(
-            &mut self,
-            w: &mut World,
-            _o: &mut Oracle,
-            _rng: &mut ChaCha8Rng,
-            _out: &mut SeedOutcome,
-        ) -> Option<u64> {
+        fn issue(&mut self, w: &mut World, _: &mut Ctx) -> Option<u64> {
             self.ticks += 1;
             Some(w.now + 100_000_000)
         }
-        fn reply(&mut self, _: Reply<Bytes>, _: u64, _: &mut Oracle, _: &mut SeedOutcome) -> bool {
+        fn reply(&mut self, _: Reply<Bytes>, _: u64, _: &mut Ctx) -> bool {
             false
         }
         fn outstanding(&self) -> (usize, Option<(u64, u64)>) {

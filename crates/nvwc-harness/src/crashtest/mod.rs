@@ -142,18 +142,8 @@ pub struct Args {
     /// Keep the files of failed trials.
     #[arg(long)]
     pub keep: bool,
-    /// Fault spec for the cache device during the workload (`fault.rs` syntax).
-    #[arg(long)]
-    pub fault_cache: Option<String>,
-    /// Fault spec for the backing device during the workload.
-    #[arg(long)]
-    pub fault_backing: Option<String>,
-    /// Upstream NBD backing store (e.g. nbdkit with the `error` and `delay` filters).
-    #[arg(long)]
-    pub backing_uri: Option<String>,
-    /// Created while each workload runs, removed at the crash (nbdkit `error-file=`).
-    #[arg(long)]
-    pub error_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub faults: Faults,
     /// Print one JSON object per trial, and a summary object.
     #[arg(long)]
     pub json: bool,
@@ -181,6 +171,32 @@ pub struct Args {
     /// before this option.
     #[arg(long, default_value_t = 4)]
     pub max_write_blocks: u64,
+}
+
+/// The faults of every trial: a fault spec for each device, and an upstream
+/// backing store with the file that makes its error filter fail requests.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct Faults {
+    /// Fault spec for the cache device during the workload (`fault.rs` syntax).
+    #[arg(long)]
+    pub fault_cache: Option<String>,
+    /// Fault spec for the backing device during the workload.
+    #[arg(long)]
+    pub fault_backing: Option<String>,
+    /// Upstream NBD backing store (e.g. nbdkit with the `error` and `delay` filters).
+    #[arg(long)]
+    pub backing_uri: Option<String>,
+    /// Created while each workload runs, removed at the crash (nbdkit `error-file=`).
+    #[arg(long)]
+    pub error_file: Option<PathBuf>,
+}
+
+impl Faults {
+    /// Some writes may fail: a device has a fault spec, or the upstream an
+    /// error file.
+    pub fn injected(&self) -> bool {
+        self.fault_cache.is_some() || self.fault_backing.is_some() || self.error_file.is_some()
+    }
 }
 
 pub use nvwc_dev::rng::Rng;
@@ -234,10 +250,7 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
                 let t = Trial {
                     min_run_ms: a.min_run_ms,
                     max_run_ms: a.max_run_ms,
-                    fault_cache: a.fault_cache.clone(),
-                    fault_backing: a.fault_backing.clone(),
-                    backing_uri: a.backing_uri.clone(),
-                    error_file: a.error_file.clone(),
+                    faults: a.faults.clone(),
                     server_args: a.server_args.clone(),
                     cache_size: a.cache_size,
                     max_write_blocks: a.max_write_blocks,
@@ -275,10 +288,9 @@ pub fn run(a: Args) -> Result<std::process::ExitCode> {
     let _ = std::fs::remove_dir(&root);
     // Under injected faults some writes failed: their blocks may or may not
     // have changed, so only the flush contract is judged.
-    let faults = a.fault_cache.is_some() || a.fault_backing.is_some() || a.error_file.is_some();
     let bad = summary.iter().any(|s| {
         s.flushed_lost_trials > 0
-            || (!faults && s.policy != "write-back" && s.cache_lost_passes < s.trials)
+            || (!a.faults.injected() && s.policy != "write-back" && s.cache_lost_passes < s.trials)
     });
     Ok(if bad {
         std::process::ExitCode::from(1)

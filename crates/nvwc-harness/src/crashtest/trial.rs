@@ -13,7 +13,7 @@ use super::blocks::decode_region;
 use super::check::{check_cache_lost, check_flush_contract, Check, Counts, History};
 use super::server::{connect, counter, stat, status_line, Server, ServerCfg};
 use super::workload::{read_region_file, read_region_nbd, workload, Op, Workload, DIRECT_MIN};
-use super::{Rng, BS, FAILPOINTS};
+use super::{Faults, Rng, BS, FAILPOINTS};
 
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct TrialResult {
@@ -63,12 +63,10 @@ pub struct Trial {
     pub seed: u64,
     pub min_run_ms: u64,
     pub max_run_ms: u64,
-    pub fault_cache: Option<String>,
-    pub fault_backing: Option<String>,
-    /// Upstream NBD backing store (shared by the trials; the region is zeroed first).
-    pub backing_uri: Option<String>,
-    /// Created when the workload starts and removed at the crash (for nbdkit's `error-file=`).
-    pub error_file: Option<PathBuf>,
+    /// Device fault specs; the upstream NBD backing store (shared by the
+    /// trials; the region is zeroed first) and its error file (created when
+    /// the workload starts, removed at the crash).
+    pub faults: Faults,
     /// Extra `nvwc serve` flags (`--server-arg`).
     pub server_args: Vec<String>,
     /// The server's cache size (`--cache-size`).
@@ -89,10 +87,7 @@ impl Trial {
             seed,
             min_run_ms: 30,
             max_run_ms: 800,
-            fault_cache: None,
-            fault_backing: None,
-            backing_uri: None,
-            error_file: None,
+            faults: Faults::default(),
             server_args: Vec::new(),
             cache_size: CACHE_SIZE,
             max_write_blocks: 4,
@@ -112,7 +107,7 @@ impl Trial {
                 .server_args
                 .iter()
                 .any(|a| a == "--rewrite-in-place=false");
-        self.fault_cache.is_some() && self.policy == "write-back" && !fresh_slots
+        self.faults.fault_cache.is_some() && self.policy == "write-back" && !fresh_slots
     }
 }
 
@@ -148,12 +143,12 @@ pub fn run_trial(t: &Trial, root: &Path, keep: bool) -> Result<TrialResult> {
         cache_size: t.cache_size,
         env,
         extra_args: t.server_args.clone(),
-        backing_uri: t.backing_uri.clone(),
+        backing_uri: t.faults.backing_uri.clone(),
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    if let Some(u) = &t.backing_uri {
+    if let Some(u) = &t.faults.backing_uri {
         // A previous trial's server may have left a logged group in the redo
         // region: finish it before zeroing, or the new server would replay it.
         recover(u)?;
@@ -169,7 +164,11 @@ pub fn run_trial(t: &Trial, root: &Path, keep: bool) -> Result<TrialResult> {
             apply_host_crash(&dir.join(log), &file, uri, &rt, &mut crng)
         };
         let cache = crash("cache.volatile", cfg.cache(), None)?;
-        let backing = crash("backing.volatile", cfg.backing(), t.backing_uri.as_deref())?;
+        let backing = crash(
+            "backing.volatile",
+            cfg.backing(),
+            t.faults.backing_uri.as_deref(),
+        )?;
         Some(HostCrash { cache, backing })
     } else {
         None
@@ -273,8 +272,8 @@ fn server_env(t: &Trial, dir: &Path, rng: &mut Rng) -> Result<(ServerEnv, Option
         m => bail!("unknown crash mode {m:?} (server-crash, host-crash, failpoint)"),
     }
     for (var, spec) in [
-        ("NVWC_FAULT_CACHE", &t.fault_cache),
-        ("NVWC_FAULT_BACKING", &t.fault_backing),
+        ("NVWC_FAULT_CACHE", &t.faults.fault_cache),
+        ("NVWC_FAULT_BACKING", &t.faults.fault_backing),
     ] {
         let Some(spec) = spec else { continue };
         match env.iter_mut().find(|(k, _)| k == var) {
@@ -306,7 +305,7 @@ fn run_until_crash(
     nonce: u64,
 ) -> Result<Run> {
     let server = Server::start(cfg, "serve-1.log")?;
-    if let Some(f) = &t.error_file {
+    if let Some(f) = &t.faults.error_file {
         std::fs::write(f, b"")?;
     }
     let pid = server.child.id();
@@ -331,7 +330,7 @@ fn run_until_crash(
     ))?;
     let (crash_us, status) = killer.join().expect("killer thread");
     let signal = server.kill9();
-    if let Some(f) = &t.error_file {
+    if let Some(f) = &t.faults.error_file {
         std::fs::remove_file(f)?;
     }
     Ok(Run {
@@ -402,7 +401,7 @@ impl Judge<'_> {
 
     /// Both checks: (cache intact, cache lost).
     fn both(&self, cfg: &mut ServerCfg, rt: &tokio::runtime::Runtime) -> Result<(Check, Check)> {
-        if let Some(u) = &self.t.backing_uri {
+        if let Some(u) = &self.t.faults.backing_uri {
             // Upstream: check the backing alone first (the restart may write it back).
             recover(u)?;
             let lost = self.cache_lost(&rt.block_on(read_region_nbd(u, REGION_BLOCKS))?);

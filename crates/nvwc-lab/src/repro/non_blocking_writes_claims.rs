@@ -144,9 +144,5 @@ fn figure11(r: &Runs, rows: &mut Vec<Row>) {
 
 /// The table.
 pub fn table(r: &Runs) -> String {
-    verdict::table_of(&[
-        &|rows| figure5(r, rows),
-        &|rows| figure10(r, rows),
-        &|rows| figure11(r, rows),
-    ])
+    verdict::table_of(r, &[&figure5, &figure10, &figure11])
 }

@@ -177,14 +177,14 @@ pub fn counted_rows<T>(
     }
 }
 
-/// Adds a report's rows for one figure or table.
-pub type Part<'a> = &'a dyn Fn(&mut Vec<Row>);
+/// Adds a report's rows for one figure or table of the runs `R`.
+pub type Part<'a, R> = &'a dyn Fn(&R, &mut Vec<Row>);
 
-/// The table of the rows `parts` add, in order.
-pub fn table_of(parts: &[Part]) -> String {
+/// The table of the rows `parts` add from `runs`, in order.
+pub fn table_of<R>(runs: &R, parts: &[Part<R>]) -> String {
     let mut rows = Vec::new();
     for part in parts {
-        part(&mut rows);
+        part(runs, &mut rows);
     }
     table(&rows)
 }

@@ -187,9 +187,5 @@ fn figure14(r: &Runs, rows: &mut Vec<Row>) {
 
 /// The table.
 pub fn table(r: &Runs) -> String {
-    verdict::table_of(&[
-        &|rows| figure12(r, rows),
-        &|rows| figure13(r, rows),
-        &|rows| figure14(r, rows),
-    ])
+    verdict::table_of(r, &[&figure12, &figure13, &figure14])
 }

@@ -26,6 +26,12 @@ pub async fn bounded<F: Future>(f: F) -> F::Output {
         .expect("test exceeded its time bound")
 }
 
+/// One case of a table-driven test, named on stderr first, within [`bounded`].
+pub async fn bounded_case<F: Future>(name: &str, f: F) -> F::Output {
+    eprintln!("case: {name}");
+    bounded(f).await
+}
+
 /// Multi-threaded tokio tests (two workers), each `async fn` run within
 /// [`bounded`]; after `needs "TOOL";` it skips without that tool (see
 /// [`tool_available`]).

@@ -182,8 +182,7 @@ async fn run_bad_request(c: &BadRequest) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_an_error_and_keep_the_connection() {
     for c in bad_requests() {
-        eprintln!("case: {}", c.name);
-        bounded(run_bad_request(&c)).await;
+        bounded_case(c.name, run_bad_request(&c)).await;
     }
 }
 
@@ -281,8 +280,7 @@ async fn run_bad_option(c: &BadOption) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_options_are_refused_and_the_handshake_goes_on() {
     for c in bad_options() {
-        eprintln!("case: {}", c.name);
-        bounded(run_bad_option(&c)).await;
+        bounded_case(c.name, run_bad_option(&c)).await;
     }
 }
 
@@ -304,8 +302,7 @@ fn closing_handshakes() -> Vec<(&'static str, u32, Vec<u8>)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_handshakes_disconnect_only_that_client() {
     for (name, flags, options) in closing_handshakes() {
-        eprintln!("case: {name}");
-        bounded(async {
+        bounded_case(name, async {
             let (ts, _) = table_server().await;
             let (mut r, _) = Raw::connect_bare(&ts.sock).await;
             let mut bytes = proto::encode_client_flags(flags).to_vec();

@@ -27,19 +27,11 @@ pub struct KindStats {
 impl KindStats {
     /// Mean response time in ns (0 when no command completed).
     pub fn mean_response_ns(&self) -> f64 {
-        if self.ops == 0 {
-            0.0
-        } else {
-            self.response_ns as f64 / self.ops as f64
-        }
+        crate::metrics::per(self.response_ns as f64, self.ops)
     }
     /// Mean service time in ns (0 when no command completed).
     pub fn mean_service_ns(&self) -> f64 {
-        if self.ops == 0 {
-            0.0
-        } else {
-            self.service_ns as f64 / self.ops as f64
-        }
+        crate::metrics::per(self.service_ns as f64, self.ops)
     }
 }
 

@@ -434,6 +434,14 @@ fn short_stroked_and_oversized_hdd_capacity() {
 
 // -------------------------------------------------------- solid state ----
 
+/// `n` reads of `len` bytes, `stride` bytes apart (ids `0..n`), all
+/// submitted at time 0.
+fn reads_at_zero(n: u64, stride: u64, len: u64) -> Vec<(u64, DevOp)> {
+    (0..n)
+        .map(|i| (0, DevOp::read(i, i * stride, len)))
+        .collect()
+}
+
 fn simple(units: u32, read_ns: u64) -> SolidStateParams {
     SolidStateParams {
         name: "test".into(),
@@ -450,9 +458,7 @@ fn simple(units: u32, read_ns: u64) -> SolidStateParams {
 #[test]
 fn one_server_serves_n_simultaneous_ops_in_n_service_times() {
     let mut d = SolidStateModel::new(simple(1, 100 * US), None).unwrap();
-    let ops = (0..10)
-        .map(|i| (0, DevOp::read(i, i * 8192, 4096)))
-        .collect();
+    let ops = reads_at_zero(10, 8192, 4096);
     let done = run(&mut d, ops);
     let expect: Vec<(u64, u64)> = (0..10).map(|i| (i, (i + 1) * 100 * US)).collect();
     assert_eq!(done, expect);
@@ -474,9 +480,7 @@ fn one_server_serves_n_simultaneous_ops_in_n_service_times() {
 #[test]
 fn k_units_complete_k_ops_in_parallel() {
     let mut d = SolidStateModel::new(simple(4, 100 * US), None).unwrap();
-    let ops = (0..8)
-        .map(|i| (0, DevOp::read(i, i * 4096, 4096)))
-        .collect();
+    let ops = reads_at_zero(8, 4096, 4096);
     let done = run(&mut d, ops);
     for (id, t) in done {
         assert_eq!(t, if id < 4 { 100 * US } else { 200 * US }, "op {id}");
@@ -500,9 +504,7 @@ fn link_bandwidth_serialises_transfers() {
     p.link_read_bytes_per_sec = 1_000_000_000;
     p.link_write_bytes_per_sec = 1_000_000_000;
     let mut d = SolidStateModel::new(p.clone(), None).unwrap();
-    let ops = (0..4)
-        .map(|i| (0, DevOp::read(i, i << 20, 1 << 20)))
-        .collect();
+    let ops = reads_at_zero(4, 1 << 20, 1 << 20);
     let done = run(&mut d, ops);
     let x = transfer_ns(1 << 20, 1_000_000_000);
     for (id, t) in done {
@@ -681,9 +683,7 @@ fn network_rtt_and_bandwidth_add() {
 #[test]
 fn network_outstanding_limit_holds_commands_at_the_client() {
     let mut n = net_over_simple(100 * US, 0, 2);
-    let ops = (0..4)
-        .map(|i| (0, DevOp::read(i, i * 4096, 4096)))
-        .collect();
+    let ops = reads_at_zero(4, 4096, 4096);
     let done = run(&mut n, ops);
     // Backend has 4 units, but only 2 commands may be on the wire.
     assert_eq!(at(&done, 0), 150 * US);
