@@ -16,6 +16,22 @@ fn trace_requests(path: &Path) -> u64 {
     s["requests"].as_u64().unwrap()
 }
 
+/// `nvwc trace convert EXTRA.. FROM TO`.
+fn convert(extra: &[&str], from: &Path, to: &Path) {
+    run_ok(
+        nvwc()
+            .args(["trace", "convert"])
+            .args(extra)
+            .arg(from)
+            .arg(to),
+    );
+}
+
+/// The JSON document in `path`.
+fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
 /// A Heimdall-format trace (`ts_ms dev offset size op`, op 0 = write, 1 = read)
 /// of `n` requests over `span_blocks` 4 KiB blocks with a hot spot; deterministic.
 fn write_trace(path: &Path, n: u64, span_blocks: u64) {
@@ -117,7 +133,7 @@ fn sim_sweep_writes_valid_json_csv_and_plot() {
             .arg("--plot")
             .arg(&svg),
     );
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let v = read_json(&json);
     let runs = v.as_array().expect("a JSON array");
     assert_eq!(runs.len(), 3 * 2 * 2);
     for r in runs {
@@ -165,7 +181,7 @@ fn mrc_and_trace_commands() {
             .arg("--json")
             .arg(&json),
     );
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let v = read_json(&json);
     assert_eq!(v["method"], "exact");
     let pts = v["points"].as_array().unwrap();
     assert!(pts.len() > 10);
@@ -190,13 +206,7 @@ fn mrc_and_trace_commands() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("shards-rate"));
 
     let compact = d.join("t.nvwc");
-    run_ok(
-        nvwc()
-            .args(["trace", "convert"])
-            .arg(&trace)
-            .arg(&compact)
-            .args(["--format", "heimdall"]),
-    );
+    convert(&["--format", "heimdall"], &trace, &compact);
     assert_eq!(trace_requests(&compact), 4000);
 }
 
@@ -322,12 +332,7 @@ fn repro_non_blocking_writes_quick() {
 fn oracle_general_conversion_and_hit_ratio_model_agree_with_textbook_lru() {
     let (d, trace) = dir_with_trace("oracle", 3000, 600);
     let oracle = d.join("t.oracle");
-    run_ok(
-        nvwc()
-            .args(["trace", "convert", "--to", "oracle-general"])
-            .arg(&trace)
-            .arg(&oracle),
-    );
+    convert(&["--to", "oracle-general"], &trace, &oracle);
     let bytes = std::fs::read(&oracle).unwrap();
     assert_eq!(bytes.len() % 24, 0);
     let ids: Vec<u64> = bytes
@@ -355,7 +360,7 @@ fn oracle_general_conversion_and_hit_ratio_model_agree_with_textbook_lru() {
             ])
             .arg(&json),
     );
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let v = read_json(&json);
     let runs = v.as_array().unwrap();
     assert_eq!(runs.len(), 3);
     let mut last_hits = 0;
@@ -385,12 +390,7 @@ fn oracle_general_conversion_and_hit_ratio_model_agree_with_textbook_lru() {
 
     // --repeat: the same records three times, timestamps continuing.
     let long = d.join("long.nvwc");
-    run_ok(
-        nvwc()
-            .args(["trace", "convert", "--repeat", "3"])
-            .arg(&trace)
-            .arg(&long),
-    );
+    convert(&["--repeat", "3"], &trace, &long);
     assert_eq!(trace_requests(&long), 9000);
     let _ = std::fs::remove_dir_all(&d);
 }
