@@ -51,31 +51,25 @@ fn real_clients_every_policy_and_kill9_recovery() {
             "{policy}: nbdinfo --map"
         );
         // More data than the 8 MiB cache holds, so destaging and eviction run.
-        let mut cmds: Vec<String> = (0..12)
-            .map(|i| format!("write -P {} {}M 1M", 0x10 + i, i))
-            .collect();
+        let megabytes =
+            |op: &'static str| (0..12).map(move |i| format!("{op} -P {} {i}M 1M", 0x10 + i));
+        let mut cmds: Vec<String> = megabytes("write").collect();
         cmds.push("write -f -P 0xcd 20M 64k".into());
         cmds.push("write -z 21M 64k".into());
         cmds.push("write -P 0x77 22M 6k".into());
         cmds.push("discard 30M 64k".into());
         cmds.push("flush".into());
-        for i in 0..12 {
-            cmds.push(format!("read -P {} {}M 1M", 0x10 + i, i));
-        }
-        cmds.push("read -P 0xcd 20M 64k".into());
-        cmds.push("read -P 0 21M 64k".into());
-        cmds.push("read -P 0x77 22M 6k".into());
+        // Everything written above, as it must read back.
+        let mut check: Vec<String> = megabytes("read").collect();
+        check.push("read -P 0xcd 20M 64k".into());
+        check.push("read -P 0 21M 64k".into());
+        check.push("read -P 0x77 22M 6k".into());
+        cmds.extend(check.iter().cloned());
         let refs: Vec<&str> = cmds.iter().map(String::as_str).collect();
         qemu_io(&dir, &refs);
         // Crash the server: everything flushed must come back.
         drop(s);
         let s = start(&dir, pol, &backing);
-        let mut check: Vec<String> = (0..12)
-            .map(|i| format!("read -P {} {}M 1M", 0x10 + i, i))
-            .collect();
-        check.push("read -P 0xcd 20M 64k".into());
-        check.push("read -P 0 21M 64k".into());
-        check.push("read -P 0x77 22M 6k".into());
         let refs: Vec<&str> = check.iter().map(String::as_str).collect();
         qemu_io(&dir, &refs);
         // A wrong pattern must be caught (the check can fail).
@@ -90,8 +84,7 @@ fn real_clients_every_policy_and_kill9_recovery() {
             "{policy}: wrong pattern not detected: {t}"
         );
         drop(s);
-        drop(backing);
-        let _ = std::fs::remove_dir_all(&dir);
+        clean_up(&dir, backing);
     }
 }
 
@@ -182,8 +175,7 @@ fn ext4_round_trip_across_restart() {
             must(&format!("umount {}", mnt.display()));
         }
         stop(s);
-        drop(backing);
-        let _ = std::fs::remove_dir_all(&dir);
+        clean_up(&dir, backing);
     }
 }
 
@@ -223,8 +215,7 @@ fn nbdcopy_and_fio_verify() {
             }
         }
         drop(s);
-        drop(backing);
-        let _ = std::fs::remove_dir_all(&dir);
+        clean_up(&dir, backing);
     }
 }
 

@@ -268,8 +268,7 @@ fn maxreq_case(policy: &str, cache: &str, upstream: bool) {
     );
     eprintln!("{what}: {:?}", t0.elapsed());
     drop(s);
-    drop(backing);
-    let _ = std::fs::remove_dir_all(&dir);
+    clean_up(&dir, backing);
 }
 
 /// [`maxreq_case`] for every write policy on a `cache`-byte cache; false

@@ -111,6 +111,13 @@ impl Drop for Backing {
     }
 }
 
+/// The end of a test in `dir` over `backing`: the upstream (if any) stops,
+/// then the directory goes.
+pub fn clean_up(dir: &Path, backing: Backing) {
+    drop(backing);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// Both backing kinds, when the upstream one can run (nbdkit installed).
 pub fn backing_kinds() -> Vec<bool> {
     if super::tool("nbdkit") {
