@@ -162,6 +162,16 @@ struct Local {
     io: ProcIo,
 }
 
+impl Local {
+    /// The next item of a work list (its last, popped once handled): the
+    /// process goes on at `then`, or at `done` when the list is empty.
+    fn next_of(&mut self, list: fn(&Local) -> &Vec<u64>, then: u32, done: u32) -> Option<u64> {
+        let next = list(self).last().copied();
+        self.pc = if next.is_some() { then } else { done };
+        next
+    }
+}
+
 /// The model; see the module docs.
 pub struct Postgres {
     p: PgParams,
@@ -313,12 +323,9 @@ impl Postgres {
                     // (i_mutex, held by generic_file_aio_write), then the page
                     // itself, waiting while it is under writeback
                     // (lock_page / wait_on_page_writeback).
-                    let Some(&v) = self.loc[me].victims.last() else {
-                        self.loc[me].pc = 23;
-                        continue;
-                    };
-                    self.loc[me].pc = 21;
-                    return Step::Lock(1 + rel_of(v) as usize);
+                    if let Some(v) = self.loc[me].next_of(|l| &l.victims, 21, 23) {
+                        return Step::Lock(1 + rel_of(v) as usize);
+                    }
                 }
                 21 => {
                     let v = *self.loc[me].victims.last().expect("victim");
@@ -482,12 +489,9 @@ impl Postgres {
                     self.loc[me].pc = 30;
                 }
                 30 => {
-                    let Some(&r) = self.loc[me].rels.last() else {
-                        self.loc[me].pc = 4;
-                        continue;
-                    };
-                    self.loc[me].pc = 31;
-                    return Step::Lock(1 + r as usize);
+                    if let Some(r) = self.loc[me].next_of(|l| &l.rels, 31, 4) {
+                        return Step::Lock(1 + r as usize);
+                    }
                 }
                 31 => {
                     let r = *self.loc[me].rels.last().expect("relation");
