@@ -354,6 +354,11 @@ where
         debug_assert!(have == 0 || rd.buffer().is_empty());
         let direct = have > 0 || after_large_write && rd.buffer().is_empty();
         let read = if have == hb.len() {
+            // The socket read this replaces would have spent the task's
+            // budget: spend it here too, so that the reader still yields as
+            // often, and the writer task (woken on this thread) sends the
+            // replies that piled up.
+            tokio::task::consume_budget().await;
             Ok(())
         } else {
             tokio::select! {
