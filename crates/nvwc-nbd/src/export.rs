@@ -9,7 +9,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use crate::error::NbdError;
-use crate::proto::{tx_flags, Extent, MAX_STRING_LEN};
+use crate::proto::{tx_flags, Extent, RequestHeader, MAX_STRING_LEN};
 
 /// A boxed, `Send` future (the trait is object safe and async-trait free).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -195,18 +195,38 @@ pub struct WriteZeroesFlags {
 pub struct DirectSource<'a> {
     fd: BorrowedFd<'a>,
     left: usize,
+    /// The bytes after the payload that the server knows are queued too
+    /// (the next request's header, or its start): the receive that ends
+    /// the payload takes them in the same system call.
+    ahead: [u8; RequestHeader::LEN],
+    ahead_want: usize,
+    ahead_got: usize,
 }
 
 impl<'a> DirectSource<'a> {
-    /// A payload of `len` bytes queued on `fd`. Caller (the server)
-    /// guarantees they are queued and next in the stream.
-    pub(crate) fn new(fd: BorrowedFd<'a>, len: usize) -> Self {
-        DirectSource { fd, left: len }
+    /// A payload of `len` bytes queued on `fd`, followed by at least
+    /// `ahead` more queued bytes (at most a request header's worth are
+    /// taken with the payload's end). Caller (the server) guarantees they
+    /// are queued and next in the stream.
+    pub(crate) fn new(fd: BorrowedFd<'a>, len: usize, ahead: usize) -> Self {
+        DirectSource {
+            fd,
+            left: len,
+            ahead: [0; RequestHeader::LEN],
+            ahead_want: ahead.min(RequestHeader::LEN),
+            ahead_got: 0,
+        }
     }
 
     /// Payload bytes not received yet.
     pub fn remaining(&self) -> usize {
         self.left
+    }
+
+    /// The bytes after the payload taken with its end (none unless the
+    /// whole payload was received).
+    pub(crate) fn taken_ahead(&self) -> &[u8] {
+        &self.ahead[..self.ahead_got]
     }
 
     /// Receive the next `dst.len()` payload bytes into `dst`.
@@ -219,11 +239,18 @@ impl<'a> DirectSource<'a> {
         if dst.len() > self.left {
             return Err(io::ErrorKind::InvalidInput.into());
         }
+        let last = dst.len() == self.left;
         let mut done = 0;
         while done < dst.len() {
-            match rustix::net::recv(self.fd, &mut dst[done..], rustix::net::RecvFlags::DONTWAIT) {
-                Ok((0, _)) => return Err(io::ErrorKind::UnexpectedEof.into()),
-                Ok((n, _)) => {
+            let got = if last && self.ahead_want > 0 {
+                self.recv_with_ahead(&mut dst[done..])
+            } else {
+                rustix::net::recv(self.fd, &mut dst[done..], rustix::net::RecvFlags::DONTWAIT)
+                    .map(|(n, _)| n)
+            };
+            match got {
+                Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+                Ok(n) => {
                     done += n;
                     self.left -= n;
                 }
@@ -232,6 +259,27 @@ impl<'a> DirectSource<'a> {
             }
         }
         Ok(())
+    }
+
+    /// One receive into `dst` (the payload's rest) and the bytes after it;
+    /// returns the payload bytes received.
+    fn recv_with_ahead(&mut self, dst: &mut [u8]) -> rustix::io::Result<usize> {
+        use std::io::IoSliceMut;
+        let want = dst.len();
+        let mut iov = [
+            IoSliceMut::new(dst),
+            IoSliceMut::new(&mut self.ahead[..self.ahead_want]),
+        ];
+        let mut control = rustix::net::RecvAncillaryBuffer::default();
+        let n = rustix::net::recvmsg(
+            self.fd,
+            &mut iov,
+            &mut control,
+            rustix::net::RecvFlags::DONTWAIT,
+        )?
+        .bytes;
+        self.ahead_got = n.saturating_sub(want);
+        Ok(n.min(want))
     }
 }
 

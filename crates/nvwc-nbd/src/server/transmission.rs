@@ -343,26 +343,48 @@ where
     // when nothing is buffered: a buffered read would pull most of the next
     // payload into the read buffer, and `read_payload` would copy it again.
     let mut after_large_write = false;
+    // What a direct write knew of the socket, for the next request: the
+    // bytes still queued on it (`payload_queued`), and the start of the
+    // next header, taken with the payload's end.
+    let mut carried = Ahead::default();
     let end = loop {
+        let mut ahead = std::mem::take(&mut carried);
         let mut hb = [0u8; RequestHeader::LEN];
-        let direct = after_large_write && rd.buffer().is_empty();
-        let read = tokio::select! {
-            biased;
-            r = async {
-                if direct {
-                    rd.get_mut().read_exact(&mut hb).await
-                } else {
-                    rd.read_exact(&mut hb).await
-                }
-            } => r,
-            // The writer died (client gone): stop.
-            _ = tx.closed() => break End::Hard("client-gone"),
-            // Shutting down and nothing in flight: close.
-            _ = async {
-                let _ = shutdown.wait_for(|s| *s).await;
-                sem.acquire_many(max as u32).await
-            } => break End::Graceful("shutdown"),
+        let have = ahead.header(&mut hb);
+        debug_assert!(have == 0 || rd.buffer().is_empty());
+        let direct = have > 0 || after_large_write && rd.buffer().is_empty();
+        let read = if have == hb.len() {
+            // The socket read this replaces would have spent the task's
+            // budget: spend it here too, so that the reader still yields as
+            // often, and the writer task (woken on this thread) sends the
+            // replies that piled up.
+            tokio::task::consume_budget().await;
+            Ok(())
+        } else {
+            tokio::select! {
+                biased;
+                r = async {
+                    if direct {
+                        rd.get_mut().read_exact(&mut hb[have..]).await
+                    } else {
+                        rd.read_exact(&mut hb).await
+                    }
+                } => r.map(|_| ()),
+                // The writer died (client gone): stop.
+                _ = tx.closed() => break End::Hard("client-gone"),
+                // Shutting down and nothing in flight: close.
+                _ = async {
+                    let _ = shutdown.wait_for(|s| *s).await;
+                    sem.acquire_many(max as u32).await
+                } => break End::Graceful("shutdown"),
+            }
         };
+        // A header read through the read buffer leaves the socket unknown.
+        ahead.consumed(if direct {
+            (hb.len() - have) as u64
+        } else {
+            u64::MAX
+        });
         if read.is_err() {
             // EOF (possibly mid-header) or I/O error: the client is gone.
             break End::Graceful("eof");
@@ -402,8 +424,9 @@ where
                     break End::Hard("internal");
                 };
                 permit = Some(p);
-                if payload_queued(fd, len).await {
-                    let mut src = DirectSource::new(fd.as_fd(), len as usize);
+                if payload_queued(fd, len, &mut ahead.queued).await {
+                    let after = ahead.queued - u64::from(len);
+                    let mut src = DirectSource::new(fd.as_fd(), len as usize, after as usize);
                     let ctx = RequestCtx {
                         conn_id: conn.conn_id,
                         export: conn.name.clone(),
@@ -415,6 +438,9 @@ where
                         .clone()
                         .write_direct(ctx, hdr.offset, len, fua, &mut src);
                     let left = src.remaining() as u64;
+                    if left == 0 {
+                        carried = Ahead::after(after, src.taken_ahead());
+                    }
                     match taken {
                         Some(result) => {
                             if left > 0 {
@@ -700,14 +726,64 @@ fn validate(conn: &Conn, hdr: &RequestHeader) -> Result<(), NbdError> {
     Ok(())
 }
 
-/// Wait (briefly) until the next `len` bytes are all queued on the socket:
+/// What the reader knows of a unix socket's queue while it reads the
+/// socket itself, bypassing the read buffer (direct writes and the headers
+/// between them): it saves a `FIONREAD` per request while an earlier one
+/// showed more requests queued, and a `recv` per header taken with the
+/// payload before it ([`DirectSource`]).
+#[derive(Default)]
+struct Ahead {
+    /// Bytes queued on the socket, not read yet (a lower bound: the client
+    /// only adds to them).
+    queued: u64,
+    /// The next header's first `got` bytes, already read.
+    header: [u8; RequestHeader::LEN],
+    got: usize,
+}
+
+impl Ahead {
+    /// After a direct write with `after` bytes known queued behind its
+    /// payload, of which `taken` (the next header's start) were read with it.
+    fn after(after: u64, taken: &[u8]) -> Ahead {
+        let mut a = Ahead {
+            queued: after - taken.len() as u64,
+            ..Ahead::default()
+        };
+        a.header[..taken.len()].copy_from_slice(taken);
+        a.got = taken.len();
+        a
+    }
+
+    /// Copy the header bytes read already into `hb`; returns how many.
+    fn header(&self, hb: &mut [u8; RequestHeader::LEN]) -> usize {
+        hb[..self.got].copy_from_slice(&self.header[..self.got]);
+        self.got
+    }
+
+    /// `n` more bytes were read from the socket (`u64::MAX`: an unknown
+    /// amount, through the read buffer).
+    fn consumed(&mut self, n: u64) {
+        self.queued = self.queued.saturating_sub(n);
+        self.got = 0;
+    }
+}
+
+/// Wait (briefly) until the next `len` bytes are all queued on the socket
+/// (`known`: the bytes known to be queued, updated by every look):
 /// a client that sent a header is normally still sending its payload, and
 /// the wait costs what reading it would (a wake-up when data arrives), so
 /// most payloads can still be taken directly. `false` after 1 ms (a slow or
 /// gone client: the buffered path reads, or sees the end of, the stream) or
 /// for a payload the socket may not be able to queue whole.
-async fn payload_queued(fd: &UnixStream, len: u32) -> bool {
-    let queued = || rustix::io::ioctl_fionread(fd).is_ok_and(|q| q >= u64::from(len));
+async fn payload_queued(fd: &UnixStream, len: u32, known: &mut u64) -> bool {
+    if *known >= u64::from(len) {
+        // An earlier look saw this much, and nothing has read it since.
+        return true;
+    }
+    let mut queued = || {
+        *known = rustix::io::ioctl_fionread(fd).unwrap_or(0);
+        *known >= u64::from(len)
+    };
     if queued() {
         return true;
     }

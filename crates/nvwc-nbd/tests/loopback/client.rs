@@ -378,6 +378,19 @@ fn large_writes(payload: impl Fn(u64) -> Vec<u8>) -> Vec<u8> {
     bytes
 }
 
+/// A [`DirectExport`] of `size` bytes served, and a raw client that has
+/// made one 64 KiB write, so that the server reads the next header
+/// unbuffered; with the direct writes made so far.
+async fn after_a_large_write(size: u64) -> (Arc<DirectExport>, TestServer, Raw, usize) {
+    let e = DirectExport::new(size, DirectMode::All);
+    let ts = serve(&e).await;
+    let mut r = Raw::go(&ts.sock, "", false, false).await;
+    r.request(req(1, 0, 1, 0, 64 * 1024), &[1; 64 * 1024]).await;
+    assert_eq!(r.simple_reply().await.error, 0);
+    let calls = e.direct_calls.load(Ordering::SeqCst);
+    (e, ts, r, calls)
+}
+
 bounded_test! {
     /// Pipelined 64 KiB writes with small writes and reads over a unix socket:
     /// the export takes queued payloads directly, and everything reads back.
@@ -420,6 +433,48 @@ bounded_test! {
         }
         c.disconnect().await.unwrap();
         ts.server.shutdown().await;
+    }
+}
+
+bounded_test! {
+    /// Direct writes whose payloads are followed by (part of) the next
+    /// header on the socket: the server takes those bytes with the payload
+    /// and reads the rest of the header later; every request is parsed from
+    /// the right place, whichever way its header was split.
+    async fn headers_behind_direct_payloads_stay_in_sync() {
+        let (e, ts, mut r, calls) = after_a_large_write(8 * MIB).await;
+        let mut stream = Vec::new();
+        for i in 0..4u64 {
+            stream.extend_from_slice(&req(1, 0, 10 + i, (1 + i) * MIB, 64 * 1024).encode());
+            stream.extend_from_slice(&random_bytes(64 * 1024, 700 + i));
+        }
+        stream.extend_from_slice(&req(0, 0, 20, 2 * MIB, 512).encode());
+        // Cut inside each header after the first: the bytes up to a cut are
+        // queued behind a payload, the rest come later.
+        let whole = 64 * 1024 + 28;
+        let mut at = 0;
+        for (i, cut) in [10usize, 1, 27, 28].into_iter().enumerate() {
+            let end = (i + 1) * whole + cut;
+            r.send(&stream[at..end]).await;
+            at = end;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        r.send(&stream[at..]).await;
+        for i in 0..4u64 {
+            let h = r.simple_reply().await;
+            assert_eq!((h.handle, h.error), (10 + i, 0));
+        }
+        let h = r.simple_reply().await;
+        assert_eq!((h.handle, h.error), (20, 0));
+        assert_eq!(r.read_n(512).await, random_bytes(64 * 1024, 701)[..512].to_vec());
+        assert!(e.direct_calls.load(Ordering::SeqCst) > calls, "no direct write");
+        for i in 0..4u64 {
+            assert_eq!(
+                e.inner.contents((1 + i) * MIB, 64 * 1024),
+                random_bytes(64 * 1024, 700 + i)
+            );
+        }
+        ts.assert_other_client_works_and_shut_down().await;
     }
 }
 
@@ -495,13 +550,7 @@ bounded_test! {
     /// write lands whole; if the client hangs up instead, the export never sees
     /// the write and other clients are served.
     async fn stalled_large_write_payloads_are_read_buffered() {
-        let e = DirectExport::new(4 * MIB, DirectMode::All);
-        let ts = serve(&e).await;
-        let mut r = Raw::go(&ts.sock, "", false, false).await;
-        // A first large write, so the next header is read unbuffered.
-        r.request(req(1, 0, 1, 0, 64 * 1024), &[1; 64 * 1024]).await;
-        assert_eq!(r.simple_reply().await.error, 0);
-        let calls = e.direct_calls.load(Ordering::SeqCst);
+        let (e, ts, mut r, calls) = after_a_large_write(4 * MIB).await;
         let d = random_bytes(64 * 1024, 42);
         let mut first = req(1, 0, 2, MIB, 64 * 1024).encode().to_vec();
         first.extend_from_slice(&d[..32 * 1024]);
