@@ -82,6 +82,71 @@ fn unordered_policies_report_no_counters() {
     }
 }
 
+/// Write-back overwrites a dirty version that no commit names yet in
+/// place: writes of one block between commits take one slot, not one each.
+#[test]
+fn write_back_overwrites_an_uncommitted_version_in_place() {
+    let mut h = harness(WritePolicyKind::WriteBack);
+    let free = h.engine.stats().free_slots;
+    for i in 0..10 {
+        write(&mut h, i + 1, 0, i as u8);
+    }
+    assert_eq!(
+        h.engine.stats().free_slots,
+        free - 1,
+        "{}",
+        h.engine.debug_state()
+    );
+    assert_eq!(h.engine.dirty_versions(), 1);
+    assert!(read_hit(&mut h, 20, 0, 9));
+}
+
+/// A version a durable commit names is overwritten in place only with
+/// `rewrite_in_place`. Without it the overwrite takes a fresh slot, and a
+/// crash before the next FLUSH recovers the flushed version exactly.
+#[test]
+fn write_back_rewrites_a_committed_version_in_place_only_when_configured() {
+    for in_place in [false, true] {
+        let mut h = harness(WritePolicyKind::WriteBack);
+        let mut c = h.engine.config().clone();
+        c.rewrite_in_place = in_place;
+        h = MemHarness::new(c);
+        write(&mut h, 1, 0, 1);
+        run(&mut h, 2, ReqOp::Flush);
+        // A later commit seals the one that named block 0's version.
+        write(&mut h, 3, 5, 5);
+        run(&mut h, 4, ReqOp::Flush);
+        let free = h.engine.stats().free_slots;
+        write(&mut h, 5, 0, 2);
+        let used = free - h.engine.stats().free_slots;
+        assert_eq!(used, u64::from(!in_place), "rewrite in place {in_place}");
+        if !in_place {
+            h.reopen().unwrap();
+            assert!(read_hit(&mut h, 6, 0, 1), "the flushed version, from the cache");
+        }
+    }
+}
+
+/// Nothing changed, nothing to clean: time passing costs no commit and no
+/// destage plan.
+#[test]
+fn an_idle_write_back_cache_neither_commits_nor_destages() {
+    let mut h = harness(WritePolicyKind::WriteBack);
+    write(&mut h, 1, 0, 1);
+    run(&mut h, 2, ReqOp::Flush);
+    h.settle(&mut |_| 0);
+    let before = h.engine.stats();
+    for _ in 0..3 {
+        h.now += 10_000_000_000;
+        h.engine.handle_timeout(h.now);
+        h.settle(&mut |_| 0);
+    }
+    let after = h.engine.stats();
+    assert_eq!(after.commits, before.commits);
+    assert_eq!(after.destage_plans, 0);
+    assert_eq!(after.dirty_blocks, 1);
+}
+
 #[test]
 fn write_through_restarts_warm_only_after_a_clean_shutdown() {
     for clean in [true, false] {
