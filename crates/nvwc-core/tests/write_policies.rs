@@ -58,6 +58,18 @@ fn shut_down(h: &mut MemHarness) {
     h.settle(&mut |_| 0);
 }
 
+/// Restart after a clean shutdown (`clean`) or a crash; recovery MUST keep
+/// `dirty` dirty versions and `kept` clean copies.
+fn restart(h: &mut MemHarness, clean: bool, dirty: u64, kept: u64) {
+    if clean {
+        shut_down(h);
+    }
+    let rep = h.reopen().unwrap();
+    assert_eq!(rep.clean_shutdown, clean);
+    let got = (rep.dirty_versions, rep.clean_versions);
+    assert_eq!(got, (dirty, kept), "clean shutdown {clean}: {rep:?}");
+}
+
 /// A driver calls `handle_timeout` at each deadline: an engine left with
 /// nothing to do MUST NOT ask for one already due, or the driver spins.
 #[test]
@@ -168,14 +180,7 @@ fn write_through_restarts_warm_only_after_a_clean_shutdown() {
         }
         run(&mut h, 10, ReqOp::Flush);
         assert_eq!(h.backing[0], 1, "written through before the reply");
-        if clean {
-            shut_down(&mut h);
-        }
-        let rep = h.reopen().unwrap();
-        assert_eq!(rep.clean_shutdown, clean);
-        assert_eq!(rep.dirty_versions, 0, "clean shutdown {clean}: {rep:?}");
-        let kept = if clean { 4 } else { 0 };
-        assert_eq!(rep.clean_versions, kept, "clean shutdown {clean}: {rep:?}");
+        restart(&mut h, clean, 0, if clean { 4 } else { 0 });
         for b in 0..4 {
             let hit = read_hit(&mut h, 20 + b, b, b as u8 + 1);
             assert_eq!(hit, clean, "clean shutdown {clean}: block {b}");
@@ -202,14 +207,7 @@ fn write_back_keeps_dirty_versions_always_and_clean_copies_after_a_clean_shutdow
             0,
             "a write-back write stays in the cache"
         );
-        if clean {
-            shut_down(&mut h);
-        }
-        let rep = h.reopen().unwrap();
-        assert_eq!(rep.clean_shutdown, clean);
-        assert_eq!(rep.dirty_versions, 2, "clean shutdown {clean}: {rep:?}");
-        let kept = if clean { 2 } else { 0 };
-        assert_eq!(rep.clean_versions, kept, "clean shutdown {clean}: {rep:?}");
+        restart(&mut h, clean, 2, if clean { 2 } else { 0 });
         for b in 0..4 {
             let hit = read_hit(&mut h, 20 + b, b, b as u8 + 1);
             assert_eq!(hit, clean || b >= 2, "clean shutdown {clean}: block {b}");
