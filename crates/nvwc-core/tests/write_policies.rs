@@ -180,6 +180,11 @@ fn write_through_restarts_warm_only_after_a_clean_shutdown() {
         }
         run(&mut h, 10, ReqOp::Flush);
         assert_eq!(h.backing[0], 1, "written through before the reply");
+        // A write-through FLUSH is the backing store's; the autocommit
+        // names the four copies on the cache device.
+        let before = h.engine.durable_commit();
+        h.settle(&mut |_| 0);
+        assert!(h.engine.durable_commit() > before);
         restart(&mut h, clean, 0, if clean { 4 } else { 0 });
         for b in 0..4 {
             let hit = read_hit(&mut h, 20 + b, b, b as u8 + 1);
