@@ -3,9 +3,11 @@
 
 Usage: mutants-report.py OUT_DIR [OUT_DIR ...] ANSWERS.md
 Each OUT_DIR holds cargo-mutants' caught.txt, missed.txt, unviable.txt and
-timeout.txt (one mutant per line). ANSWERS.md answers missed mutants, one per
-line: "- `MUTANT` -- ANSWER" (the test that now catches it, or why the mutant
-is equivalent). Prints the report on stdout.
+timeout.txt (one mutant per line), and after `cargo mutants --iterate`
+previously_caught.txt (caught by an earlier run into the same directory).
+ANSWERS.md answers missed mutants, one per line: "- `MUTANT` -- ANSWER" (the
+test that now catches it, or why the mutant is equivalent). Prints the report
+on stdout.
 """
 import collections
 import os
@@ -25,6 +27,8 @@ def main():
     kinds = ["caught", "missed", "unviable", "timeout"]
     seen = {}
     for d in dirs:
+        for m in read_lines(os.path.join(d, "previously_caught.txt")):
+            seen[m] = "caught"
         for k in kinds:
             for m in read_lines(os.path.join(d, k + ".txt")):
                 seen[m] = k

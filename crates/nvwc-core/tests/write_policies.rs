@@ -1,0 +1,221 @@
+//! What the unordered write policies (write-through, write-back) keep of
+//! the cache across a restart: a clean shutdown keeps every copy (the cache
+//! restarts warm); after a crash the backing store may hold newer bytes than
+//! a clean copy, so clean copies go, and only write-back's dirty versions
+//! (the newest acknowledged data) stay. Mutation testing
+//! (`scripts/mutants.sh`) found the policies' recovery rules unchecked.
+
+use bytes::Bytes;
+use nvwc_core::testkit::MemHarness;
+use nvwc_core::*;
+
+const BS: u64 = 4096;
+
+fn harness(policy: WritePolicyKind) -> MemHarness {
+    let mut c = Config::new(BS as u32, 32, 128 * BS, policy);
+    // No cleaning but what a test asks for.
+    c.watermarks = Watermarks {
+        high: 1.0,
+        low: 1.0,
+    };
+    MemHarness::new(c)
+}
+
+fn run(h: &mut MemHarness, id: ReqId, op: ReqOp<Bytes>) -> Option<Bytes> {
+    h.submit(id, op);
+    h.wait(id, &mut |_| 0).result.unwrap()
+}
+
+/// Write block `lbn` whole with `byte`.
+fn write(h: &mut MemHarness, id: ReqId, lbn: u64, byte: u8) {
+    let data = Bytes::from(vec![byte; BS as usize]);
+    run(
+        h,
+        id,
+        ReqOp::Write {
+            offset: lbn * BS,
+            data,
+            fua: false,
+        },
+    );
+}
+
+/// Read block `lbn` after a reopen; asserts its bytes and returns whether
+/// the cache served it.
+fn read_hit(h: &mut MemHarness, id: ReqId, lbn: u64, byte: u8) -> bool {
+    let before = h.engine.stats().read_hits;
+    let op = ReqOp::Read {
+        offset: lbn * BS,
+        len: BS as u32,
+    };
+    let got = run(h, id, op).unwrap();
+    assert!(got.iter().all(|&b| b == byte), "block {lbn}");
+    h.engine.stats().read_hits > before
+}
+
+fn shut_down(h: &mut MemHarness) {
+    h.engine.start_shutdown(h.now);
+    h.settle(&mut |_| 0);
+}
+
+/// Restart after a clean shutdown (`clean`) or a crash; recovery MUST keep
+/// `dirty` dirty versions and `kept` clean copies.
+fn restart(h: &mut MemHarness, clean: bool, dirty: u64, kept: u64) {
+    if clean {
+        shut_down(h);
+    }
+    let rep = h.reopen().unwrap();
+    assert_eq!(rep.clean_shutdown, clean);
+    let got = (rep.dirty_versions, rep.clean_versions);
+    assert_eq!(got, (dirty, kept), "clean shutdown {clean}: {rep:?}");
+}
+
+/// A driver calls `handle_timeout` at each deadline: an engine left with
+/// nothing to do MUST NOT ask for one already due, or the driver spins.
+#[test]
+fn a_settled_engine_wants_no_timeout_already_due() {
+    for policy in WritePolicyKind::ALL {
+        let mut h = harness(policy);
+        write(&mut h, 1, 0, 1);
+        run(&mut h, 2, ReqOp::Flush);
+        h.settle(&mut |_| 0);
+        let t = h.engine.poll_timeout();
+        assert!(t.is_none_or(|t| t > h.now), "{policy}: {t:?} at {}", h.now);
+    }
+}
+
+/// Write-through and write-back have no state of their own to report.
+#[test]
+fn unordered_policies_report_no_counters() {
+    for policy in [WritePolicyKind::WriteThrough, WritePolicyKind::WriteBack] {
+        let mut h = harness(policy);
+        write(&mut h, 1, 0, 1);
+        assert_eq!(h.engine.policy_counters(), vec![], "{policy}");
+    }
+}
+
+/// Write-back overwrites a dirty version that no commit names yet in
+/// place: writes of one block between commits take one slot, not one each.
+#[test]
+fn write_back_overwrites_an_uncommitted_version_in_place() {
+    let mut h = harness(WritePolicyKind::WriteBack);
+    let free = h.engine.stats().free_slots;
+    for i in 0..10 {
+        write(&mut h, i + 1, 0, i as u8);
+    }
+    assert_eq!(
+        h.engine.stats().free_slots,
+        free - 1,
+        "{}",
+        h.engine.debug_state()
+    );
+    assert_eq!(h.engine.dirty_versions(), 1);
+    assert!(read_hit(&mut h, 20, 0, 9));
+}
+
+/// A version a durable commit names is overwritten in place only by
+/// write-back with `rewrite_in_place`. Otherwise the overwrite takes a fresh
+/// slot, and a crash before the next FLUSH recovers the flushed version
+/// exactly (journaled: a FLUSH does not close the open transaction, so the
+/// overwrite belongs to the same one).
+#[test]
+fn only_write_back_rewrites_a_committed_version_in_place_and_only_when_configured() {
+    for (policy, in_place) in [
+        (WritePolicyKind::WriteBack, false),
+        (WritePolicyKind::WriteBack, true),
+        (WritePolicyKind::Journaled, false),
+        (WritePolicyKind::Ordered, false),
+    ] {
+        let mut c = harness(policy).engine.config().clone();
+        c.rewrite_in_place = in_place;
+        c.journal.txn_max_age_ns = 0;
+        let mut h = MemHarness::new(c);
+        write(&mut h, 1, 0, 1);
+        run(&mut h, 2, ReqOp::Flush);
+        // A later commit seals the one that named block 0's version.
+        write(&mut h, 3, 5, 5);
+        run(&mut h, 4, ReqOp::Flush);
+        let free = h.engine.stats().free_slots;
+        write(&mut h, 5, 0, 2);
+        let used = free - h.engine.stats().free_slots;
+        assert_eq!(
+            used,
+            u64::from(!in_place),
+            "{policy}, rewrite in place {in_place}"
+        );
+        if !in_place {
+            h.reopen().unwrap();
+            let hit = read_hit(&mut h, 6, 0, 1);
+            assert!(hit, "{policy}: the flushed version, from the cache");
+        }
+    }
+}
+
+/// Nothing changed, nothing to clean: time passing costs no commit and no
+/// destage plan.
+#[test]
+fn an_idle_write_back_cache_neither_commits_nor_destages() {
+    let mut h = harness(WritePolicyKind::WriteBack);
+    write(&mut h, 1, 0, 1);
+    run(&mut h, 2, ReqOp::Flush);
+    h.settle(&mut |_| 0);
+    let before = h.engine.stats();
+    for _ in 0..3 {
+        h.now += 10_000_000_000;
+        h.engine.handle_timeout(h.now);
+        h.settle(&mut |_| 0);
+    }
+    let after = h.engine.stats();
+    assert_eq!(after.commits, before.commits);
+    assert_eq!(after.destage_plans, 0);
+    assert_eq!(after.dirty_blocks, 1);
+}
+
+#[test]
+fn write_through_restarts_warm_only_after_a_clean_shutdown() {
+    for clean in [true, false] {
+        let mut h = harness(WritePolicyKind::WriteThrough);
+        for b in 0..4 {
+            write(&mut h, b + 1, b, b as u8 + 1);
+        }
+        run(&mut h, 10, ReqOp::Flush);
+        assert_eq!(h.backing[0], 1, "written through before the reply");
+        // A write-through FLUSH is the backing store's; the autocommit
+        // names the four copies on the cache device.
+        let before = h.engine.durable_commit();
+        h.settle(&mut |_| 0);
+        assert!(h.engine.durable_commit() > before);
+        restart(&mut h, clean, 0, if clean { 4 } else { 0 });
+        for b in 0..4 {
+            let hit = read_hit(&mut h, 20 + b, b, b as u8 + 1);
+            assert_eq!(hit, clean, "clean shutdown {clean}: block {b}");
+        }
+    }
+}
+
+#[test]
+fn write_back_keeps_dirty_versions_always_and_clean_copies_after_a_clean_shutdown() {
+    for clean in [true, false] {
+        let mut h = harness(WritePolicyKind::WriteBack);
+        // Blocks 0 and 1 written back (clean copies), 2 and 3 dirty.
+        write(&mut h, 1, 0, 1);
+        write(&mut h, 2, 1, 2);
+        h.engine.start_drain(h.now);
+        h.settle(&mut |_| 0);
+        h.engine.end_drain();
+        assert_eq!(h.engine.dirty_versions(), 0);
+        write(&mut h, 3, 2, 3);
+        write(&mut h, 4, 3, 4);
+        run(&mut h, 10, ReqOp::Flush);
+        assert_eq!(
+            h.backing[2 * BS as usize],
+            0,
+            "a write-back write stays in the cache"
+        );
+        restart(&mut h, clean, 2, if clean { 2 } else { 0 });
+        for b in 0..4 {
+            let hit = read_hit(&mut h, 20 + b, b, b as u8 + 1);
+            assert_eq!(hit, clean || b >= 2, "clean shutdown {clean}: block {b}");
+        }
+    }
+}
