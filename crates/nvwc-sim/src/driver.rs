@@ -1044,17 +1044,20 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
                     self.group_bytes.insert(group, (0, 0));
                     self.immediate.push_back(cmd.id);
                 }
-                IoOp::GroupEnd { group } if self.cfg.group_end != GroupEndCost::Free => {
+                IoOp::GroupEnd { group } => {
                     let (bytes, records) = self.group_bytes.remove(&group).unwrap_or_default();
                     let mut steps = self.group_end_steps(bytes, records);
-                    let first = steps.pop_front().expect("a costed group end has steps");
-                    self.bqueue.push_back(Queued::Other(
-                        first,
-                        InFlight::GroupStep {
-                            io: cmd.id,
-                            rest: steps,
-                        },
-                    ));
+                    match steps.pop_front() {
+                        // A free group end completes at once.
+                        None => self.immediate.push_back(cmd.id),
+                        Some(first) => self.bqueue.push_back(Queued::Other(
+                            first,
+                            InFlight::GroupStep {
+                                io: cmd.id,
+                                rest: steps,
+                            },
+                        )),
+                    }
                 }
                 op => {
                     let (dop, what) = match op {
@@ -1263,10 +1266,9 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
         }
     }
 
-    /// The device commands a costed `GroupEnd` runs, in order (module docs),
+    /// The device commands a `GroupEnd` runs (none when free), in order (module docs),
     /// for a group of `records` writes of `bytes` bytes in all.
     fn group_end_steps(&mut self, bytes: u64, records: u64) -> VecDeque<DevOp> {
-        self.counts.group_writes += 1;
         let log = self.backing_size;
         let steps = match self.cfg.group_end {
             GroupEndCost::Free => VecDeque::new(),
@@ -1283,6 +1285,7 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
                 DevOp::flush(0),
             ]),
         };
+        self.counts.group_writes += u64::from(!steps.is_empty());
         self.counts.group_log_bytes += steps
             .iter()
             .filter(|op| op.kind == DevOpKind::Write)
