@@ -41,7 +41,11 @@
 #   NVWC_BASE=PATH also runs the default nvwc server of each selected group
 #   (fast, fsync1, full) with the nvwc binary at PATH, named NAME@base, in
 #   the same interleaved rounds, and prints each NAME / NAME@base ratio: an
-#   A/B of two builds (before and after a change) under the same conditions.
+#   A/B of two builds (before and after a change) under the same conditions,
+#   with a 90 % bootstrap band of each ratio and the median of the same-round
+#   ratios: on a shared machine single rounds swing by 15 % or more, so a
+#   ratio means a regression only when its band lies below 1.
+# Even rounds run the servers in reverse order (no server always first).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNTIME=${1:-5}
@@ -159,7 +163,12 @@ fi
 declare -A VALS
 echo "== ${#NAMES[@]} servers (groups:${ONLY% }), fio nbd engine, ${RUNTIME}s per workload, ${REPS} interleaved rounds"
 for r in $(seq "$REPS"); do
-  for name in "${NAMES[@]}"; do
+  # Even rounds run the servers in reverse order, so no server always runs
+  # first (after a cold start of the machine's caches) or right after the
+  # same neighbour: a position effect cancels out of the medians.
+  ROUND=("${NAMES[@]}")
+  if [ $((r % 2)) = 0 ]; then ROUND=(); for ((i = ${#NAMES[@]} - 1; i >= 0; i--)); do ROUND+=("${NAMES[i]}"); done; fi
+  for name in "${ROUND[@]}"; do
     fresh
     [ "${PRE[$name]}" = 0 ] || prealloc "${PRE[$name]}"
     if [ -n "${UP[$name]}" ]; then
@@ -236,11 +245,20 @@ ratio("nvwc-write-back/full-1ms full-qd16", "nvwc-write-back/full-1ms-unpaced fu
 bases = sorted({k.split()[0] for k in iops if k.split()[0].endswith("@base")})
 if bases:
     print("== this build / the NVWC_BASE build, same rounds (IOPS; server CPU per request)")
+import random
+def rounds(k):  # IOPS per round, in round order (a stalled run counts 0)
+    return [float(r.split()[0]) for r in d[k].split(";") if r]
 for b in bases:
     for k in sorted(k for k in iops if k.split()[0] == b):
         a = k.replace("@base", "", 1)
         if a in iops and iops[k] > 0:
-            print(f"{a:<44} IOPS {iops[a] / iops[k]:.2f}x   CPU/req {cpu[a] / cpu[k]:.2f}x")
+            x, y = rounds(a), rounds(k)
+            # Noise band: a bootstrap of the ratio of medians (90 %), and the
+            # median of the same-round ratios.
+            rng = random.Random(1)
+            bs = sorted(st.median(rng.choices(x, k=len(x))) / max(st.median(rng.choices(y, k=len(y))), 1e-9) for _ in range(4000))
+            paired = st.median(u / v for u, v in zip(x, y) if v > 0)
+            print(f"{a:<44} IOPS {iops[a] / iops[k]:.2f}x (90% band {bs[200]:.2f}-{bs[3800]:.2f}, same-round median {paired:.2f}x)   CPU/req {cpu[a] / cpu[k]:.2f}x")
 print("== server CPU per request (µs, lower is better; steadier than IOPS on a noisy machine)")
 for wl in ["randwrite-4k", "write-64k"]:
   row = [f"{n}={cpu[f'{n} {wl}']:.2f}" for n in ["nvwc-write-back", "nbdkit-file", "qemu-nbd", "nbdkit-memory"] if f"{n} {wl}" in cpu]
