@@ -69,10 +69,9 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 
-use nvwc_core::pump::{self, Driver};
 use nvwc_core::{
-    Config, Dev, Engine, FetchMode, IoCmd, IoId, IoOp, Phantom, ReplacementKind, Reply, ReqId,
-    ReqOp, Request, Tag, Watermarks, WritePolicyKind,
+    Config, Dev, Engine, FetchMode, IoCmd, IoId, IoOp, Phantom, ReplacementKind, ReqId, ReqOp,
+    Request, Tag, Watermarks, WritePolicyKind,
 };
 use nvwc_mrc::MixBuildHasher;
 use nvwc_trace::{Op, TraceError, TraceRecord};
@@ -82,6 +81,8 @@ use crate::device::{build, DevOp, DevOpKind, DeviceModel, DeviceSpec, Nanos};
 use crate::idring::IdRing;
 use crate::metrics::{IntervalRecord, Latency, RunHistogram, RunResult};
 use crate::SimError;
+
+mod pumped;
 
 type Map<K, V> = HashMap<K, V, MixBuildHasher>;
 
@@ -682,18 +683,8 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
             }
         };
         self.advance_to(t);
-        self.done_buf.clear();
-        let mut buf = std::mem::take(&mut self.done_buf);
-        self.cache.pop_completions(t, &mut buf);
-        for &id in &buf {
-            self.dev_done(id, false);
-        }
-        buf.clear();
-        self.backing.pop_completions(t, &mut buf);
-        for &id in &buf {
-            self.dev_done(id, true);
-        }
-        self.done_buf = buf;
+        self.pop_device(t, false);
+        self.pop_device(t, true);
         while let Some(parent) = self.cpu_queue.pop_done(t) {
             self.complete(parent);
         }
@@ -992,14 +983,6 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
     }
 
     // ------------------------------------------------------------ devices
-
-    /// Drains every engine output at the current instant (the one pump,
-    /// [`pump::pump`], through [`Pumped`]).
-    fn pump(&mut self) {
-        debug_assert!(self.immediate.is_empty(), "a pump left completions behind");
-        pump::pump(&mut Pumped(self));
-        self.dirty_peak = self.dirty_peak.max(self.engine.dirty_versions());
-    }
 
     fn dev_op_id(&mut self) -> u64 {
         let id = self.next_dev_op;
@@ -1421,35 +1404,5 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
             },
             intervals: std::mem::take(&mut self.intervals),
         }
-    }
-}
-
-/// The simulator as the engine's pump sees it: commands go to the device
-/// models (those that cost nothing complete when the pass is over), the
-/// queued backing commands start once the engine has no more, and replies
-/// end their requests (in closed loop, issuing the client's next one).
-struct Pumped<'a, I: Iterator<Item = Result<TraceRecord, TraceError>>>(&'a mut Simulator<I>);
-
-impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Driver<Phantom> for Pumped<'_, I> {
-    fn engine(&mut self) -> &mut Engine<Phantom> {
-        &mut self.0.engine
-    }
-    fn command(&mut self, cmd: IoCmd<Phantom>) {
-        self.0.submit(cmd);
-    }
-    fn commands_taken(&mut self) -> bool {
-        self.0.dispatch_backing();
-        false
-    }
-    fn reply(&mut self, r: Reply<Phantom>) {
-        self.0.on_reply(r.id, r.result.is_ok());
-    }
-    fn pass_done(&mut self) -> bool {
-        let s = &mut *self.0;
-        let fed = !s.immediate.is_empty();
-        while let Some(io) = s.immediate.pop_front() {
-            s.engine.handle_completion(s.now, io, Ok(None));
-        }
-        fed
     }
 }
