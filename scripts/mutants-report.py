@@ -10,10 +10,12 @@ one line per mutant, `OUTCOME<TAB>SECONDS<TAB>MUTANT` (caught, missed,
 timeout or unviable; SECONDS is the mutant's build and test time, or `-`).
 
 Usage:
-  mutants-report.py record NAME OUT_DIR [--note TEXT ...] [--data DIR]
+  mutants-report.py record NAME OUT_DIR [--note TEXT ...] [--data DIR] [--skip-previous]
       Write DIR/NAME.tsv (default reports/mutants-data) from OUT_DIR
       (cargo-mutants' mutants.out: caught.txt, missed.txt, timeout.txt,
       unviable.txt, previously_caught.txt after --iterate, outcomes.json).
+      --skip-previous leaves previously_caught.txt out (when the earlier
+      run into the same directory has a record of its own).
   mutants-report.py [--data DIR] [--list LIST] [OUT_DIR ...] ANSWERS.md
       Print the report on stdout: every record in DIR, plus any OUT_DIR
       given. A mutant tested by several runs counts with its best outcome
@@ -53,10 +55,10 @@ def read_lines(path):
         return [l.rstrip("\n") for l in f if l.strip()]
 
 
-def raw_outcomes(d):
+def raw_outcomes(d, previous=True):
     """{mutant: outcome} from a cargo-mutants output directory."""
     seen = {}
-    for m in read_lines(os.path.join(d, "previously_caught.txt")):
+    for m in read_lines(os.path.join(d, "previously_caught.txt")) if previous else []:
         seen[m] = "caught"
     for k in KINDS:
         for m in read_lines(os.path.join(d, k + ".txt")):
@@ -95,8 +97,8 @@ def raw_details(d):
     return secs, argv, version
 
 
-def record(name, out_dir, notes, data_dir):
-    seen = raw_outcomes(out_dir)
+def record(name, out_dir, notes, data_dir, previous=True):
+    seen = raw_outcomes(out_dir, previous)
     secs, argv, version = raw_details(out_dir)
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -155,8 +157,13 @@ def main():
     args = sys.argv[1:]
     if args and args[0] == "record":
         name, out_dir, rest = args[1], args[2], args[3:]
-        notes, data_dir = [], DEFAULT_DATA
+        notes, data_dir, previous = [], DEFAULT_DATA, True
         while rest:
+            if rest[0] == "--skip-previous":
+                # previously_caught.txt is already in the record of the run it came from.
+                previous = False
+                rest = rest[1:]
+                continue
             if rest[0] == "--note":
                 notes.append(rest[1])
             elif rest[0] == "--data":
@@ -164,7 +171,7 @@ def main():
             else:
                 sys.exit(f"unknown argument {rest[0]}")
             rest = rest[2:]
-        record(name, out_dir, notes, data_dir)
+        record(name, out_dir, notes, data_dir, previous)
         return
     data_dir, list_path = DEFAULT_DATA, None
     while args and args[0].startswith("--"):
@@ -258,6 +265,14 @@ def main():
               "(`cargo mutants --list` over the files of `scripts/mutants.sh`).")
         if stale:
             print(f"{len(stale)} recorded mutants are no longer in that list (the source moved) and are left out.")
+
+    missed_all = [m for m, k in best.items() if k == "missed"]
+    equiv = [m for m in missed_all if answers.get(m, "").startswith("equivalent")]
+    if viable:
+        print(f"\nOf the {len(missed_all)} missed mutants, {len(equiv)} are answered as equivalent "
+              "(no output can change; the answer says why): counting those out, "
+              f"{100.0 * (total['caught'] + total['timeout']) / (viable - len(equiv)):.1f}% "
+              "of the mutants that could be caught are.")
 
     print("\n## Runs\n")
     for name, header, seen, p in runs:

@@ -1279,7 +1279,7 @@ mod tests {
         let cfg = Config::new(4096, 100_000, 1 << 32, WritePolicyKind::Journaled);
         let l = Layout::new(&cfg);
         let meta = l.table_bytes + l.log_bytes;
-        assert!(meta > 3 << 20 && meta % (1 << 20) != 0);
+        assert!(meta > 3 << 20 && !meta.is_multiple_of(1 << 20));
         let w = format_writes(&cfg, 9);
         assert_eq!(w[0], (0, Superblock::for_config(&cfg, 9).encode()));
         let cr = CommitRecord::decode(&w[1].1).unwrap();
