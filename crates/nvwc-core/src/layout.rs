@@ -1097,6 +1097,17 @@ mod tests {
         assert_eq!(CommitRecord::decode(&long), Some(c));
         assert_eq!(CommitRecord::decode(&c.encode()[..511]), None);
 
+        // The superblock, read as its whole 4 KiB region.
+        let cfg = Config::new(4096, 100, 1 << 30, WritePolicyKind::WriteBack);
+        let sb = Superblock::for_config(&cfg, 5);
+        let mut region = sb.encode();
+        region.resize(4096, 0);
+        assert_eq!(Superblock::decode(&region), Ok(sb.clone()));
+        assert_eq!(
+            Superblock::decode(&sb.encode()[..511]),
+            Err(FormatError::Short)
+        );
+
         let e = Entry {
             lbn: 4,
             seq: 5,
