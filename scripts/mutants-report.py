@@ -1,18 +1,51 @@
 #!/usr/bin/env python3
-"""reports/mutants.md from cargo-mutants output directories (scripts/mutants.sh).
+"""reports/mutants.md from committed mutant records and cargo-mutants output.
 
-Usage: mutants-report.py OUT_DIR [OUT_DIR ...] ANSWERS.md
-Each OUT_DIR holds cargo-mutants' caught.txt, missed.txt, unviable.txt and
-timeout.txt (one mutant per line), and after `cargo mutants --iterate`
-previously_caught.txt (caught by an earlier run into the same directory).
+cargo-mutants' own output directories (mutants.out/) live in target/ or
+/work/mutants-out/ and are lost when the machine is reset, so every run is
+also kept as a compact committed record, reports/mutants-data/NAME.tsv: a
+few `# key: value` header lines (run name, commit, cargo-mutants version,
+test command, timeout, and free-text notes on what the run covered), then
+one line per mutant, `OUTCOME<TAB>SECONDS<TAB>MUTANT` (caught, missed,
+timeout or unviable; SECONDS is the mutant's build and test time, or `-`).
+
+Usage:
+  mutants-report.py record NAME OUT_DIR [--note TEXT ...] [--data DIR] [--skip-previous]
+      Write DIR/NAME.tsv (default reports/mutants-data) from OUT_DIR
+      (cargo-mutants' mutants.out: caught.txt, missed.txt, timeout.txt,
+      unviable.txt, previously_caught.txt after --iterate, outcomes.json).
+      --skip-previous leaves previously_caught.txt out (when the earlier
+      run into the same directory has a record of its own).
+  mutants-report.py [--data DIR] [--list LIST] [OUT_DIR ...] ANSWERS.md
+      Print the report on stdout: every record in DIR, plus any OUT_DIR
+      given. A mutant tested by several runs counts with its best outcome
+      (caught > timeout > missed > unviable): a mutant that any run's tests
+      catch is caught by the full test command too. LIST
+      (default DIR/list.txt, from `cargo mutants --list`) is the set of
+      mutants that exist now: records of mutants no longer in it (the source
+      moved) are left out and counted, and the untested rest is counted per
+      file.
+
 ANSWERS.md answers missed mutants, one per line: "- `MUTANT` -- ANSWER" (the
-test that now catches it, or why the mutant is equivalent). Prints the report
-on stdout.
+test that now catches it, or why the mutant is equivalent).
+
+A record may also hold `# prior: FILE caught=N timeout=N unviable=N` lines
+and mutants with outcome `prior`: a run whose raw output was lost and of
+which only the report's per-file totals and its missed mutants survive (the
+missed ones are listed as `missed`, the rest as `prior`, counted from the
+totals). Re-running such mutants replaces the record.
 """
 import collections
+import datetime
+import json
 import os
 import re
+import subprocess
 import sys
+
+KINDS = ["caught", "timeout", "missed", "unviable"]
+RANK = {"caught": 4, "timeout": 3, "missed": 2, "unviable": 1, "prior": 0}
+DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reports", "mutants-data")
 
 
 def read_lines(path):
@@ -22,43 +55,235 @@ def read_lines(path):
         return [l.rstrip("\n") for l in f if l.strip()]
 
 
-def main():
-    *dirs, answers_path = sys.argv[1:]
-    kinds = ["caught", "missed", "unviable", "timeout"]
+def raw_outcomes(d, previous=True):
+    """{mutant: outcome} from a cargo-mutants output directory."""
     seen = {}
+    for m in read_lines(os.path.join(d, "previously_caught.txt")) if previous else []:
+        seen[m] = "caught"
+    for k in KINDS:
+        for m in read_lines(os.path.join(d, k + ".txt")):
+            seen[m] = k
+    return seen
+
+
+def raw_details(d):
+    """(seconds per mutant, baseline test argv, cargo-mutants version) from outcomes.json."""
+    path = os.path.join(d, "outcomes.json")
+    secs, argv, version = {}, None, None
+    if not os.path.exists(path):
+        return secs, argv, version
+    with open(path) as f:
+        j = json.load(f)
+    version = j.get("cargo_mutants_version")
+    for o in j.get("outcomes", []):
+        sc = o.get("scenario")
+        phases = o.get("phase_results", [])
+        total = sum(float(p.get("duration", 0)) for p in phases)
+        if sc == "Baseline":
+            for p in phases:
+                if p.get("phase") == "Test":
+                    argv = p.get("argv")
+            continue
+        if isinstance(sc, dict) and "Mutant" in sc:
+            if argv is None:
+                argv = next((p.get("argv") for p in phases if p.get("phase") == "Test"), None)
+            mu = sc["Mutant"]
+            name = mu.get("name")
+            if not name:
+                span = mu.get("span", {}).get("start", {})
+                name = "{}:{}:{}: {}".format(mu.get("file"), span.get("line"), span.get("column"),
+                                              mu.get("description", ""))
+            secs[name] = total
+    return secs, argv, version
+
+
+def record(name, out_dir, notes, data_dir, previous=True):
+    seen = raw_outcomes(out_dir, previous)
+    secs, argv, version = raw_details(out_dir)
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "?"
+    os.makedirs(data_dir, exist_ok=True)
+    path = os.path.join(data_dir, name + ".tsv")
+    with open(path, "w") as f:
+        f.write("# nvwc mutants record v1\n")
+        f.write(f"# run: {name}\n")
+        f.write(f"# recorded: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC at commit {commit}\n")
+        if version:
+            f.write(f"# cargo-mutants: {version}\n")
+        if argv:
+            f.write(f"# test: {' '.join(argv)}\n")
+        for n in notes:
+            f.write(f"# note: {n}\n")
+        for m in sorted(seen, key=sort_key):
+            s = secs.get(m)
+            f.write(f"{seen[m]}\t{'-' if s is None else f'{s:.0f}'}\t{m}\n")
+    print(f"{path}: {len(seen)} mutants", file=sys.stderr)
+
+
+def sort_key(m):
+    parts = m.split(":", 3)
+    try:
+        return (parts[0], int(parts[1]), int(parts[2]), m)
+    except (IndexError, ValueError):
+        return (m, 0, 0, m)
+
+
+def load_record(path):
+    """(header lines, {mutant: outcome}, {file: Counter} prior totals)."""
+    header, seen, prior = [], {}, collections.defaultdict(collections.Counter)
+    for line in read_lines(path):
+        if line.startswith("#"):
+            m = re.match(r"# prior: (\S+) (.*)$", line)
+            if m:
+                for kv in m.group(2).split():
+                    k, v = kv.split("=")
+                    prior[m.group(1)][k] += int(v)
+            else:
+                header.append(line[2:] if line.startswith("# ") else line[1:])
+            continue
+        outcome, _secs, mutant = line.split("\t", 2)
+        seen[mutant] = outcome
+    return header, seen, prior
+
+
+def file_of(m):
+    return m.split(":", 1)[0]
+
+
+def main():
+    args = sys.argv[1:]
+    if args and args[0] == "record":
+        name, out_dir, rest = args[1], args[2], args[3:]
+        notes, data_dir, previous = [], DEFAULT_DATA, True
+        while rest:
+            if rest[0] == "--skip-previous":
+                # previously_caught.txt is already in the record of the run it came from.
+                previous = False
+                rest = rest[1:]
+                continue
+            if rest[0] == "--note":
+                notes.append(rest[1])
+            elif rest[0] == "--data":
+                data_dir = rest[1]
+            else:
+                sys.exit(f"unknown argument {rest[0]}")
+            rest = rest[2:]
+        record(name, out_dir, notes, data_dir, previous)
+        return
+    data_dir, list_path = DEFAULT_DATA, None
+    while args and args[0].startswith("--"):
+        if args[0] == "--data":
+            data_dir = args[1]
+        elif args[0] == "--list":
+            list_path = args[1]
+        else:
+            sys.exit(f"unknown option {args[0]}")
+        args = args[2:]
+    *dirs, answers_path = args
+    if list_path is None:
+        list_path = os.path.join(data_dir, "list.txt")
+
+    runs = []  # (name, header, {mutant: outcome}, prior)
+    if os.path.isdir(data_dir):
+        for fn in sorted(os.listdir(data_dir)):
+            if fn.endswith(".tsv"):
+                h, s, p = load_record(os.path.join(data_dir, fn))
+                runs.append((fn[:-4], h, s, p))
     for d in dirs:
-        for m in read_lines(os.path.join(d, "previously_caught.txt")):
-            seen[m] = "caught"
-        for k in kinds:
-            for m in read_lines(os.path.join(d, k + ".txt")):
-                seen[m] = k
+        runs.append((d, ["raw output directory, not recorded"], raw_outcomes(d), {}))
+
+    existing = set(read_lines(list_path)) if os.path.exists(list_path) else None
+    best, stale = {}, set()
+    prior = collections.defaultdict(collections.Counter)
+    for _name, _h, seen, p in runs:
+        for f, c in p.items():
+            prior[f].update(c)
+        for m, k in seen.items():
+            if existing is not None and m not in existing:
+                stale.add(m)
+                continue
+            if m not in best or RANK[k] > RANK[best[m]]:
+                best[m] = k
+
+    per_file = collections.defaultdict(collections.Counter)
+    for m, k in best.items():
+        if k != "prior":
+            per_file[file_of(m)][k] += 1
+    for f, c in prior.items():
+        per_file[f].update(c)
+    total = collections.Counter()
+    for c in per_file.values():
+        total.update(c)
+    tested = sum(total[k] for k in KINDS)
+    viable = total["caught"] + total["missed"] + total["timeout"]
+    rate = 100.0 * (total["caught"] + total["timeout"]) / viable if viable else 0.0
+
     answers = {}
     for line in read_lines(answers_path):
         m = re.match(r"- `(.+?)` -- (.+)$", line)
         if m:
             answers[m.group(1)] = m.group(2)
-    per_file = collections.defaultdict(collections.Counter)
-    for m, k in seen.items():
-        per_file[m.split(":", 1)[0]][k] += 1
-    total = collections.Counter(seen.values())
-    viable = total["caught"] + total["missed"] + total["timeout"]
-    rate = 100.0 * (total["caught"] + total["timeout"]) / viable if viable else 0.0
+
     print("# Mutation testing: engine, write policies, layout\n")
-    print("Generated by `scripts/mutants.sh` (cargo-mutants; test command: nvwc-core's")
-    print("tests and `crates/nvwc-vopr/tests/smoke.rs`, a VOPR run of every policy).")
-    print("A timeout counts as caught (the mutant hangs the engine, and the VOPR's")
-    print("liveness check or the test timeout stops it).\n")
-    print(f"Mutants tested: {len(seen)}; viable: {viable}; caught {total['caught']}, "
+    print("Generated by `scripts/mutants-report.py` from the committed records in")
+    print("`reports/mutants-data/` (one per cargo-mutants run; `scripts/mutants.sh` runs")
+    print("cargo-mutants with the full test command, nvwc-core's tests and")
+    print("`crates/nvwc-vopr/tests/smoke.rs`, a VOPR run of every policy). A mutant")
+    print("tested by several runs counts with its best outcome: a mutant caught by a")
+    print("subset of the tests is caught by the full command too. A timeout counts as")
+    print("caught (the mutant hangs the engine, and the VOPR's liveness check or the")
+    print("test timeout stops it).\n")
+    print(f"Mutants tested: {tested}; viable: {viable}; caught {total['caught']}, "
           f"timeouts {total['timeout']}, missed {total['missed']}, unviable {total['unviable']}.")
-    print(f"**Caught: {rate:.1f}% of viable mutants.**\n")
-    print("| file | caught | timeout | missed | unviable | caught % |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for f in sorted(per_file):
+    print(f"**Caught: {rate:.1f}% of viable mutants tested.**\n")
+
+    remaining = collections.Counter()
+    listed = collections.Counter()
+    if existing is not None:
+        for m in existing:
+            listed[file_of(m)] += 1
+            if m not in best:
+                remaining[file_of(m)] += 1
+    files = sorted(set(per_file) | set(listed))
+    print("| file | mutants | tested | caught | timeout | missed | unviable | caught % | untested |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for f in files:
         c = per_file[f]
         v = c["caught"] + c["missed"] + c["timeout"]
-        pct = 100.0 * (c["caught"] + c["timeout"]) / v if v else 0.0
-        print(f"| `{f}` | {c['caught']} | {c['timeout']} | {c['missed']} | {c['unviable']} | {pct:.1f} |")
-    missed = sorted(m for m, k in seen.items() if k == "missed")
+        t = v + c["unviable"]
+        pct = f"{100.0 * (c['caught'] + c['timeout']) / v:.1f}" if v else "-"
+        n = listed[f] if existing is not None else "?"
+        r = remaining[f] if existing is not None else "?"
+        print(f"| `{f}` | {n} | {t} | {c['caught']} | {c['timeout']} | {c['missed']} | {c['unviable']} | {pct} | {r} |")
+    if existing is not None:
+        print(f"| **all** | {sum(listed.values())} | {tested} | {total['caught']} | {total['timeout']} | "
+              f"{total['missed']} | {total['unviable']} | {rate:.1f} | {sum(remaining.values())} |")
+        print(f"\n`mutants` and `untested` are from `{os.path.relpath(list_path)}` "
+              "(`cargo mutants --list` over the files of `scripts/mutants.sh`).")
+        if stale:
+            print(f"{len(stale)} recorded mutants are no longer in that list (the source moved) and are left out.")
+
+    missed_all = [m for m, k in best.items() if k == "missed"]
+    equiv = [m for m in missed_all if answers.get(m, "").startswith("equivalent")]
+    if viable:
+        print(f"\nOf the {len(missed_all)} missed mutants, {len(equiv)} are answered as equivalent "
+              "(no output can change; the answer says why): counting those out, "
+              f"{100.0 * (total['caught'] + total['timeout']) / (viable - len(equiv)):.1f}% "
+              "of the mutants that could be caught are.")
+
+    print("\n## Runs\n")
+    for name, header, seen, p in runs:
+        c = collections.Counter(seen.values())
+        counts = ", ".join(f"{k} {c[k]}" for k in KINDS + ["prior"] if c[k])
+        print(f"- **{name}** ({len(seen)} mutants: {counts})")
+        for h in header:
+            if not h.startswith("nvwc mutants record"):
+                print(f"  - {h}")
+
+    missed = sorted((m for m, k in best.items() if k == "missed"), key=sort_key)
     unanswered = [m for m in missed if m not in answers]
     print(f"\n## Missed mutants ({len(missed)}; {len(unanswered)} without an answer)\n")
     for m in missed:

@@ -10,22 +10,33 @@
 #
 # Usage: scripts/mutants.sh [--shard K/N] [other cargo-mutants flags]
 #   e.g. scripts/mutants.sh --shard 0/4   (a quarter of the mutants)
-# Output: target/mutants/mutants.out/ (cargo-mutants' own), then
-# reports/mutants.md (caught, missed, unviable, timeouts; every miss with its
-# answer from reports/mutants-answers.md: the test that now catches it, or why
-# it is equivalent).
+#   or   scripts/mutants.sh -F 'Layout::' --iterate   (names matching a regex;
+#        --iterate skips mutants caught by an earlier run into the same output)
+# Output: $NVWC_MUTANTS_OUT/mutants.out/ (cargo-mutants' own, default
+# target/mutants), recorded as reports/mutants-data/$NVWC_MUTANTS_NAME.tsv
+# (default full-<date>; the raw output is lost with the machine, the record
+# is committed), then reports/mutants.md from every record (caught, missed,
+# unviable, timeouts, untested per file; every miss with its answer from
+# reports/mutants-answers.md: the test that now catches it, or why it is
+# equivalent). reports/mutants-data/list.txt is refreshed first (every
+# mutant of these files, for the untested counts).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo-mutants >/dev/null || cargo install cargo-mutants --locked
 out=${NVWC_MUTANTS_OUT:-target/mutants}
 mkdir -p "$out"
 status=0
+files=(
+  -f 'crates/nvwc-core/src/engine.rs'
+  -f 'crates/nvwc-core/src/engine/*.rs'
+  -f 'crates/nvwc-core/src/write_policy/*.rs'
+  -f 'crates/nvwc-core/src/layout.rs'
+)
+mkdir -p reports/mutants-data
+cargo mutants --list "${files[@]}" > reports/mutants-data/list.txt
 cargo mutants \
   --profile mutants \
-  -f 'crates/nvwc-core/src/engine.rs' \
-  -f 'crates/nvwc-core/src/engine/*.rs' \
-  -f 'crates/nvwc-core/src/write_policy/*.rs' \
-  -f 'crates/nvwc-core/src/layout.rs' \
+  "${files[@]}" \
   --test-package nvwc-core --test-package nvwc-vopr \
   --timeout "${NVWC_MUTANTS_TIMEOUT:-300}" \
   --output "$out" \
@@ -33,5 +44,7 @@ cargo mutants \
   -- -- --skip _fails_the_run \
   || status=$?
 # cargo-mutants exits 2 when mutants were missed, 3 on timeouts: the report says which.
-python3 scripts/mutants-report.py "$out/mutants.out" reports/mutants-answers.md > reports/mutants.md
+python3 scripts/mutants-report.py record "${NVWC_MUTANTS_NAME:-full-$(date -u +%Y%m%d-%H%M)}" "$out/mutants.out" \
+  --note "scripts/mutants.sh $*"
+python3 scripts/mutants-report.py reports/mutants-answers.md > reports/mutants.md
 echo "reports/mutants.md written (cargo-mutants exit $status)"

@@ -1081,6 +1081,232 @@ mod tests {
         assert!(id.to_string().contains("…"));
     }
 
+    /// Records are read from buffers of other lengths than their own: a
+    /// commit record or page from a larger read, a log record from the rest
+    /// of the log region (exactly its length when it ends the region). A
+    /// buffer too short is no record (and no panic), a longer one still is.
+    #[test]
+    fn records_decode_from_longer_buffers_and_reject_short_ones() {
+        let c = CommitRecord {
+            commit: 3,
+            next_seq: 9,
+            ..Default::default()
+        };
+        let mut long = c.encode();
+        long.resize(4096, 0xee);
+        assert_eq!(CommitRecord::decode(&long), Some(c));
+        assert_eq!(CommitRecord::decode(&c.encode()[..511]), None);
+
+        // The superblock, read as its whole 4 KiB region.
+        let cfg = Config::new(4096, 100, 1 << 30, WritePolicyKind::WriteBack);
+        let sb = Superblock::for_config(&cfg, 5);
+        let mut region = sb.encode();
+        region.resize(4096, 0);
+        assert_eq!(Superblock::decode(&region), Ok(sb.clone()));
+        assert_eq!(
+            Superblock::decode(&sb.encode()[..511]),
+            Err(FormatError::Short)
+        );
+
+        let e = Entry {
+            lbn: 4,
+            seq: 5,
+            flags: F_VALID,
+            ..Default::default()
+        };
+        let mut b = [0u8; 100];
+        e.encode_into(8, &mut b);
+        assert_eq!(Entry::decode(8, &b), Some(e));
+        assert_eq!(Entry::decode(8, &b[..63]), None);
+
+        let page = encode_page(2, 7, &[(126, e)]);
+        let mut long = page.clone();
+        long.extend_from_slice(&[0xee; 512]);
+        assert_eq!(page_tag(2, &long), Some(7));
+        assert_eq!(page_tag(2, &page[..4095]), None);
+
+        let r = LogRecord {
+            epoch: 1,
+            n: 2,
+            sealed: 1,
+            record: CommitRecord {
+                commit: 2,
+                next_seq: 6,
+                ..Default::default()
+            },
+            entries: vec![(3, e)],
+        };
+        let b = r.encode();
+        assert_eq!(
+            LogRecord::decode(&b),
+            Some((r.clone(), 4096)),
+            "a record ending the region"
+        );
+        for cut in [20, 100, 127, 128, 4095] {
+            assert_eq!(LogRecord::decode(&b[..cut]), None, "{cut} bytes");
+        }
+    }
+
+    /// Every check of a record's header is its own: a record whose CRC is
+    /// right but whose magic (or, for a log record, length) is not, is no
+    /// record. Such a sector is what another record type looks like: a
+    /// superblock's sector carries a valid CRC at the same place as a
+    /// commit record's.
+    #[test]
+    fn a_valid_crc_under_another_header_is_no_record() {
+        let cfg = Config::new(4096, 100, 1 << 30, WritePolicyKind::WriteBack);
+        let sb = Superblock::for_config(&cfg, 1).encode();
+        assert_eq!(
+            CommitRecord::decode(&sb),
+            None,
+            "a superblock is no commit record"
+        );
+
+        let mut page = encode_page(2, 7, &[]);
+        page[0..8].copy_from_slice(b"NVWCPAGX");
+        let c = page_crc(&page);
+        put32(&mut page, 60, c);
+        assert_eq!(page_tag(2, &page), None, "a page with another magic");
+
+        let r = LogRecord {
+            epoch: 1,
+            n: 2,
+            entries: vec![(3, Entry::default())],
+            ..Default::default()
+        };
+        let mut b = r.encode();
+        b[0..8].copy_from_slice(b"NVWCLOGX");
+        let c = LogRecord::crc(&b, 1);
+        put32(&mut b, 124, c);
+        assert_eq!(
+            LogRecord::decode(&b),
+            None,
+            "a log record with another magic"
+        );
+
+        // A length field that disagrees with the entry count (two pages for
+        // one entry), the CRC made to match: not a record, even where the
+        // region holds the two pages.
+        let mut b = r.encode();
+        b.resize(8192, 0);
+        put32(&mut b, 36, 2);
+        let c = LogRecord::crc(&b, 1);
+        put32(&mut b, 124, c);
+        assert_eq!(
+            LogRecord::decode(&b),
+            None,
+            "a log record of the wrong length"
+        );
+    }
+
+    /// Every backing kind keeps its code through the superblock, and names
+    /// itself.
+    #[test]
+    fn every_backing_kind_roundtrips_and_names_itself() {
+        let cfg = Config::new(4096, 100, 1 << 30, WritePolicyKind::WriteBack);
+        let mut sb = Superblock::for_config(&cfg, 7);
+        assert!(!sb.empty() && !Superblock::decode(&sb.encode()).unwrap().empty());
+        let kinds = [BackingKind::File, BackingKind::Block, BackingKind::Nbd];
+        let codes: Vec<u32> = kinds.iter().map(|k| k.code()).collect();
+        assert_eq!(codes, [1, 2, 3]);
+        for k in kinds {
+            assert_eq!(BackingKind::from_code(k.code()), Some(k));
+            sb.backing = Some(BackingId::new(k, [0; 16], 1 << 20, "/dev/sdq", "x"));
+            assert_eq!(Superblock::decode(&sb.encode()), Ok(sb.clone()), "{k:?}");
+        }
+        assert_eq!(BackingKind::from_code(0), None);
+        assert_eq!(BackingKind::from_code(4), None);
+        assert_eq!(
+            sb.backing.as_ref().map(|b| b.to_string()).unwrap(),
+            "NBD export \"x\" at /dev/sdq (no nvwc label, 1048576 bytes)"
+        );
+        let id = BackingId::new(BackingKind::Block, [0; 16], 1 << 20, "/dev/sdq", "");
+        assert_eq!(
+            id.to_string(),
+            "block device /dev/sdq (no nvwc label, 1048576 bytes)"
+        );
+        let mut u = [0u8; 16];
+        for (i, b) in u.iter_mut().enumerate() {
+            *b = i as u8 * 17;
+        }
+        assert_eq!(uuid_string(&u), "00112233-4455-6677-8899-aabbccddeeff");
+    }
+
+    /// A superblock is checked against the configuration field by field,
+    /// each mismatch with its own error; a policy code is named.
+    #[test]
+    fn a_superblock_for_another_configuration_is_refused_by_field() {
+        let cfg = Config::new(4096, 100, 1 << 30, WritePolicyKind::Ordered);
+        let sb = Superblock::for_config(&cfg, 42);
+        assert_eq!(check_superblock(&sb, &cfg), Ok(()));
+        let mut other = cfg.clone();
+        other.block_size = 512;
+        assert_eq!(
+            check_superblock(&sb, &other),
+            Err(FormatError::BlockSize {
+                found: 4096,
+                want: 512
+            })
+        );
+        let mut other = cfg.clone();
+        other.capacity_blocks = 99;
+        assert_eq!(
+            check_superblock(&sb, &other),
+            Err(FormatError::Capacity {
+                found: 100,
+                want: 99
+            })
+        );
+        let mut other = cfg.clone();
+        other.log_pages = cfg.log_pages + 1;
+        assert_eq!(
+            check_superblock(&sb, &other),
+            Err(FormatError::LogSize {
+                found: cfg.log_pages,
+                want: cfg.log_pages + 1
+            })
+        );
+        let mut other = cfg.clone();
+        other.backing_size = 1 << 29;
+        assert_eq!(
+            check_superblock(&sb, &other),
+            Err(FormatError::BackingSize {
+                found: 1 << 30,
+                want: 1 << 29
+            })
+        );
+        assert_eq!(policy_name(3), "ordered");
+        assert_eq!(policy_name(5), "journaled-hints");
+        assert_eq!(policy_name(77), "#77");
+    }
+
+    /// A fresh format writes the superblock, commit record A (commit 0, next
+    /// sequence number 1), a blank commit record B, and zeroes over exactly
+    /// the table and the log, in order and without a gap: nothing of an
+    /// earlier format's metadata survives, and no data slot is touched.
+    #[test]
+    fn a_format_zeroes_exactly_the_metadata() {
+        // A table and log of several MiB, not a multiple of the 1 MiB chunks.
+        let cfg = Config::new(4096, 100_000, 1 << 32, WritePolicyKind::Journaled);
+        let l = Layout::new(&cfg);
+        let meta = l.table_bytes + l.log_bytes;
+        assert!(meta > 3 << 20 && !meta.is_multiple_of(1 << 20));
+        let w = format_writes(&cfg, 9);
+        assert_eq!(w[0], (0, Superblock::for_config(&cfg, 9).encode()));
+        let cr = CommitRecord::decode(&w[1].1).unwrap();
+        assert_eq!(w[1].0, l.commit_offset(0));
+        assert_eq!((cr.commit, cr.next_seq, cr.clean_shutdown), (0, 1, false));
+        assert_eq!(w[2], (l.commit_offset(1), vec![0u8; 512]));
+        let mut at = TABLE_OFFSET;
+        for (off, b) in &w[3..] {
+            assert_eq!(*off, at, "chunks in order, without a gap");
+            assert!(!b.is_empty() && b.len() <= 1 << 20 && b.iter().all(|&x| x == 0));
+            at += b.len() as u64;
+        }
+        assert_eq!(at, TABLE_OFFSET + meta, "the table and log, no more");
+        assert_eq!(at, l.log_offset + l.log_bytes);
+    }
+
     #[test]
     fn layout_is_aligned_and_fits() {
         for bs in [512u32, 4096, 65536, 1 << 20] {
