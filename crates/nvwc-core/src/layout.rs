@@ -1239,42 +1239,43 @@ mod tests {
         let cfg = Config::new(4096, 100, 1 << 30, WritePolicyKind::Ordered);
         let sb = Superblock::for_config(&cfg, 42);
         assert_eq!(check_superblock(&sb, &cfg), Ok(()));
-        let mut other = cfg.clone();
-        other.block_size = 512;
-        assert_eq!(
-            check_superblock(&sb, &other),
-            Err(FormatError::BlockSize {
-                found: 4096,
-                want: 512
-            })
-        );
-        let mut other = cfg.clone();
-        other.capacity_blocks = 99;
-        assert_eq!(
-            check_superblock(&sb, &other),
-            Err(FormatError::Capacity {
-                found: 100,
-                want: 99
-            })
-        );
-        let mut other = cfg.clone();
-        other.log_pages = cfg.log_pages + 1;
-        assert_eq!(
-            check_superblock(&sb, &other),
-            Err(FormatError::LogSize {
-                found: cfg.log_pages,
-                want: cfg.log_pages + 1
-            })
-        );
-        let mut other = cfg.clone();
-        other.backing_size = 1 << 29;
-        assert_eq!(
-            check_superblock(&sb, &other),
-            Err(FormatError::BackingSize {
-                found: 1 << 30,
-                want: 1 << 29
-            })
-        );
+        // One field changed at a time, and the error that names it.
+        type Change = fn(&mut Config);
+        let cases: [(Change, FormatError); 4] = [
+            (
+                |c| c.block_size = 512,
+                FormatError::BlockSize {
+                    found: 4096,
+                    want: 512,
+                },
+            ),
+            (
+                |c| c.capacity_blocks = 99,
+                FormatError::Capacity {
+                    found: 100,
+                    want: 99,
+                },
+            ),
+            (
+                |c| c.log_pages += 1,
+                FormatError::LogSize {
+                    found: cfg.log_pages,
+                    want: cfg.log_pages + 1,
+                },
+            ),
+            (
+                |c| c.backing_size = 1 << 29,
+                FormatError::BackingSize {
+                    found: 1 << 30,
+                    want: 1 << 29,
+                },
+            ),
+        ];
+        for (change, want) in cases {
+            let mut other = cfg.clone();
+            change(&mut other);
+            assert_eq!(check_superblock(&sb, &other), Err(want));
+        }
         assert_eq!(policy_name(3), "ordered");
         assert_eq!(policy_name(5), "journaled-hints");
         assert_eq!(policy_name(77), "#77");
