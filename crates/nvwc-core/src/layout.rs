@@ -1174,28 +1174,29 @@ mod tests {
             entries: vec![(3, Entry::default())],
             ..Default::default()
         };
-        let mut b = r.encode();
-        b[0..8].copy_from_slice(b"NVWCLOGX");
-        let c = LogRecord::crc(&b, 1);
-        put32(&mut b, 124, c);
-        assert_eq!(
-            LogRecord::decode(&b),
-            None,
-            "a log record with another magic"
+        // `edit` changes an encoding of `r`, then its CRC is made to match:
+        // still no record.
+        let refused = |edit: &dyn Fn(&mut Vec<u8>), what: &str| {
+            let mut b = r.encode();
+            edit(&mut b);
+            let c = LogRecord::crc(&b, 1);
+            put32(&mut b, 124, c);
+            assert_eq!(LogRecord::decode(&b), None, "{what}");
+        };
+        refused(
+            &|b| b[0..8].copy_from_slice(b"NVWCLOGX"),
+            "a log record with another magic",
         );
 
         // A length field that disagrees with the entry count (two pages for
         // one entry), the CRC made to match: not a record, even where the
         // region holds the two pages.
-        let mut b = r.encode();
-        b.resize(8192, 0);
-        put32(&mut b, 36, 2);
-        let c = LogRecord::crc(&b, 1);
-        put32(&mut b, 124, c);
-        assert_eq!(
-            LogRecord::decode(&b),
-            None,
-            "a log record of the wrong length"
+        refused(
+            &|b| {
+                b.resize(8192, 0);
+                put32(b, 36, 2);
+            },
+            "a log record of the wrong length",
         );
     }
 
