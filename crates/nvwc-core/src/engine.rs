@@ -109,6 +109,9 @@ pub struct Engine<P: Payload> {
     alloc_waiters: VecDeque<u32>,
     /// Writes waiting to be admitted (FIFO) until their slots can be reserved.
     admit_queue: VecDeque<Admit<P>>,
+    /// Writes held, in arrival order, while a clean-shutdown record is the
+    /// durable one (`CommitState::vouched`).
+    held: VecDeque<Rw<P>>,
     ios: IdMap<IoId, IoCtx>,
     next_io: IoId,
     out_io: VecDeque<IoCmd<P>>,
@@ -166,6 +169,7 @@ impl<P: Payload> Engine<P> {
             max_active,
             alloc_waiters: VecDeque::new(),
             admit_queue: VecDeque::new(),
+            held: VecDeque::new(),
             ios: IdMap::default(),
             next_io: 1,
             out_io: VecDeque::new(),
@@ -224,6 +228,7 @@ impl<P: Payload> Engine<P> {
             .map(|t| self.retry_at.map_or(t, |r| t.max(r)));
         let mut min = |x: u64| d = Some(d.map_or(x, |d: u64| d.min(x)));
         let commit_blocked = self.commits.job.is_some()
+            || self.stop_holds_commits()
             || self.commits.inplace_inflight > 0
             || self.patch.barrier
                 && self.policy.commit_needs_patches_done()
@@ -288,6 +293,7 @@ impl<P: Payload> Engine<P> {
     pub fn is_idle(&self) -> bool {
         self.reqs.is_empty()
             && self.admit_queue.is_empty()
+            && self.held.is_empty()
             && self.ios.is_empty()
             && self.commits.job.is_none()
             && self.destage.plans.is_empty()
@@ -597,6 +603,11 @@ impl<P: Payload> Engine<P> {
         self.set_now(now);
         self.shutting_down = true;
         self.commits.asap = true;
+        // Writes held for the commit that would end a warm restart's
+        // vouching never started: they fail like requests arriving now.
+        for rw in std::mem::take(&mut self.held) {
+            self.reply(rw.id, Err(ReqError::Shutdown), 0);
+        }
         self.materialize_all();
         self.progress();
     }

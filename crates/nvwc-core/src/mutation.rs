@@ -39,6 +39,12 @@ pub enum Mutation {
     /// as durably clean while the backing store may lose them, and their
     /// slots are reused (check (b) under write-back).
     PacedDestageWithoutFua = 6,
+    /// After a warm restart (the durable record says "clean shutdown"),
+    /// writes are not held for the commit that ends that record's
+    /// vouching: a write-through write acknowledged before it leaves the
+    /// old copy for a crash to bring back (checks (a)/(b) under
+    /// write-through, on the VOPR's warm restarts).
+    WarmRestartUnvouched = 7,
 }
 
 #[cfg(feature = "mutations")]

@@ -193,6 +193,42 @@ fn write_through_restarts_warm_only_after_a_clean_shutdown() {
     }
 }
 
+/// A clean-shutdown record vouches for every clean copy it names, so a
+/// write acknowledged after a warm restart MUST NOT leave an older copy for
+/// a crash to bring back: write-through's writes (on the backing store when
+/// acknowledged, no commit of their own) and every policy's FUA writes.
+/// Before the fix, write-through served the pre-restart copy after the
+/// crash (`nvwc serve`: clean stop, restart, rewrite, `kill -9`, read).
+#[test]
+fn a_write_after_a_warm_restart_survives_a_crash() {
+    for policy in WritePolicyKind::ALL {
+        for fua in [false, true] {
+            if !fua && policy != WritePolicyKind::WriteThrough {
+                // Only write-through promises a plain write before a FLUSH.
+                continue;
+            }
+            let mut h = harness(policy);
+            write(&mut h, 1, 0, 1);
+            run(&mut h, 2, ReqOp::Flush);
+            h.settle(&mut |_| 0);
+            shut_down(&mut h);
+            assert!(h.reopen().unwrap().clean_shutdown, "a warm restart");
+            let data = Bytes::from(vec![2u8; BS as usize]);
+            let op = ReqOp::Write {
+                offset: 0,
+                data,
+                fua,
+            };
+            run(&mut h, 3, op);
+            // A crash now: nothing more runs, and recovery reads what the
+            // cache device holds.
+            let rep = h.reopen().unwrap();
+            assert!(!rep.clean_shutdown, "{policy} fua {fua}: {rep:?}");
+            read_hit(&mut h, 4, 0, 2);
+        }
+    }
+}
+
 #[test]
 fn write_back_keeps_dirty_versions_always_and_clean_copies_after_a_clean_shutdown() {
     for clean in [true, false] {

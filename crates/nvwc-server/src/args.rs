@@ -148,6 +148,12 @@ pub struct Args {
     /// needs, at least 16M). Used only when the region is created.
     #[arg(long, value_parser = parse_size)]
     pub(crate) redo_size: Option<u64>,
+    /// Connections to an upstream NBD backing store that advertises
+    /// multi-conn; reads, writes and FLUSHes go to the one with the fewest
+    /// requests in flight. An upstream without multi-conn gets one (a FLUSH
+    /// on one connection is not known to cover another's writes).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub(crate) upstream_connections: u32,
     /// Commit cache metadata (and sync the cache device) at least this often
     /// while anything changed, even without a client FLUSH: this bounds what
     /// `kill -9` can take of writes no FLUSH covered.

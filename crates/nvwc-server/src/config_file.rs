@@ -664,6 +664,7 @@ fn export_spec(e: &ExportT, a: &Args) -> ExportSpec {
         replacement: string(&e.replacement).unwrap_or_else(|| a.replacement.clone()),
         read_only: e.read_only.as_ref().map_or(a.read_only, |v| *v.get_ref()),
         critical: e.critical.as_ref().is_some_and(|v| *v.get_ref()),
+        upstream_connections: a.upstream_connections as usize,
     }
 }
 

@@ -183,14 +183,19 @@ impl Device {
         let e = |_| IoError::Eio;
         let fut: UpFuture = match op.clone() {
             IoOp::Read { offset, len } => {
-                Box::pin(async move { c.read(offset, len).await.map(Some).map_err(e) })
+                Box::pin(async move { c.pick().read(offset, len).await.map(Some).map_err(e) })
             }
-            IoOp::Write { offset, data, fua } => {
-                Box::pin(async move { c.write(offset, data, fua).await.map(|_| None).map_err(e) })
-            }
-            IoOp::Flush => Box::pin(async move { c.flush().await.map(|_| None).map_err(e) }),
+            IoOp::Write { offset, data, fua } => Box::pin(async move {
+                c.pick()
+                    .write(offset, data, fua)
+                    .await
+                    .map(|_| None)
+                    .map_err(e)
+            }),
+            IoOp::Flush => Box::pin(async move { c.pick().flush().await.map(|_| None).map_err(e) }),
             IoOp::Checksum { offset, len } => Box::pin(async move {
-                c.read(offset, len)
+                c.pick()
+                    .read(offset, len)
                     .await
                     .map(|b| Some(crc_payload(&b)))
                     .map_err(e)
@@ -317,14 +322,17 @@ impl Device {
                 let g = group.expect("checked");
                 staged(groups.group_write(g, *offset, data.clone()))
             }
-            IoOp::Read { offset, len } => rt.block_on(c.read(*offset, *len)).map(Some).map_err(e),
+            IoOp::Read { offset, len } => rt
+                .block_on(c.pick().read(*offset, *len))
+                .map(Some)
+                .map_err(e),
             IoOp::Write { offset, data, fua } => rt
-                .block_on(c.write(*offset, data.clone(), *fua))
+                .block_on(c.pick().write(*offset, data.clone(), *fua))
                 .map(|_| None)
                 .map_err(e),
-            IoOp::Flush => rt.block_on(c.flush()).map(|_| None).map_err(e),
+            IoOp::Flush => rt.block_on(c.pick().flush()).map(|_| None).map_err(e),
             IoOp::Checksum { offset, len } => rt
-                .block_on(c.read(*offset, *len))
+                .block_on(c.pick().read(*offset, *len))
                 .map(|b| Some(crc_payload(&b)))
                 .map_err(e),
             IoOp::Trim { .. } => Ok(None),

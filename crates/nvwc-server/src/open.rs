@@ -469,7 +469,20 @@ fn devices(
 ) -> Result<(Arc<Device>, Arc<Device>)> {
     let backend = match backing.store {
         Store::File { file, redo, .. } => Backend::journaled(file, redo),
-        Store::Nbd { up, .. } => Backend::upstream(up, rt.handle().clone()),
+        Store::Nbd { mut up, .. } => {
+            let n = rt
+                .block_on(up.connect_more(&e.backing, e.upstream_connections))
+                .with_context(|| format!("upstream {}", e.backing))?;
+            log!(
+                info,
+                "upstream_connections",
+                export = &e.name,
+                backing = &e.backing,
+                connections = n,
+                multi_conn = up.info().can_multi_conn(),
+            );
+            Backend::upstream(up, rt.handle().clone())
+        }
     };
     // Block devices report size 0 in their metadata: ask the end instead.
     let cache_len = (&cache).seek(SeekFrom::End(0)).unwrap_or(0);

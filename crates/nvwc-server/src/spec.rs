@@ -21,6 +21,8 @@ pub(crate) struct ExportSpec {
     pub(crate) read_only: bool,
     /// Every request is critical (admission hint).
     pub(crate) critical: bool,
+    /// Connections to an upstream backing store that offers multi-conn.
+    pub(crate) upstream_connections: usize,
 }
 
 impl ExportSpec {
@@ -37,6 +39,7 @@ impl ExportSpec {
             replacement: a.replacement.clone(),
             read_only: a.read_only,
             critical: false,
+            upstream_connections: a.upstream_connections as usize,
         }
     }
 }

@@ -156,6 +156,17 @@ impl RedoRegion {
     }
 }
 
+/// The index of the smallest of `loads` (the first on a tie; 0 if empty).
+fn least_loaded(loads: impl Iterator<Item = usize>) -> usize {
+    let mut best = (usize::MAX, 0);
+    for (i, n) in loads.enumerate() {
+        if n < best.0 {
+            best = (n, i);
+        }
+    }
+    best.1
+}
+
 /// Decode a log body into its records (`None` if the CRC or framing is wrong).
 fn decode_body(body: &[u8], n: u64, crc: u32) -> Option<Vec<(u64, Bytes)>> {
     if crc32fast::hash(body) != crc {
@@ -182,6 +193,10 @@ pub fn log_bytes_needed(max_group_bytes: u64, max_records: u64) -> u64 {
 /// The upstream NBD backing store: nvwc's client plus, when present, the redo region.
 pub struct Upstream {
     client: Client,
+    /// Further connections to the same export ([`Upstream::connect_more`]),
+    /// for the hot path's reads, writes and FLUSHes ([`Upstream::pick`]).
+    /// The redo region, the label and replay use `client` alone.
+    more: Vec<Client>,
     region: Option<RedoRegion>,
 }
 
@@ -239,6 +254,7 @@ impl Upstream {
             .with_context(|| format!("connecting to {uri}"))?;
         let mut up = Upstream {
             client,
+            more: Vec::new(),
             region: None,
         };
         let aligned = up.client.size() / BLOCK * BLOCK;
@@ -247,6 +263,52 @@ impl Upstream {
             up.region = RedoRegion::decode_trailer(&t, aligned - BLOCK);
         }
         Ok(up)
+    }
+
+    /// Open connections to `uri` until there are `n`, if the export
+    /// advertises `NBD_FLAG_CAN_MULTI_CONN`; returns how many are open.
+    /// Why: a server bounds how many requests it runs at once per
+    /// connection (nbdkit: 16 threads each), so over a slow upstream one
+    /// connection queues what a client of the bare upstream, with several,
+    /// would not (nbdfuse and nbdcopy open 4 where multi-conn is offered).
+    /// Multi-conn is what makes this safe (NBD spec, `CAN_MULTI_CONN`):
+    /// every connection sees one cache, so a FLUSH sent on any of them
+    /// covers the writes completed on all, and a read on one sees a write
+    /// completed on another. Without it, one connection is kept: a FLUSH
+    /// would not be known to cover another connection's writes.
+    pub async fn connect_more(&mut self, uri: &str, n: usize) -> Result<usize> {
+        if !self.client.info().can_multi_conn() {
+            return Ok(1);
+        }
+        while self.more.len() + 1 < n {
+            let c = Client::connect(uri)
+                .await
+                .with_context(|| format!("connecting to {uri} again (multi-conn)"))?;
+            if c.size() != self.client.size() || c.info().name != self.client.info().name {
+                bail!(
+                    "{uri} answered a second connection with another export ({} bytes, not {})",
+                    c.size(),
+                    self.client.size()
+                );
+            }
+            self.more.push(c);
+        }
+        Ok(1 + self.more.len())
+    }
+
+    /// The connection for the next hot-path command: the one with the
+    /// fewest requests in flight (the first on a tie).
+    pub fn pick(&self) -> &Client {
+        if self.more.is_empty() {
+            return &self.client;
+        }
+        let loads = std::iter::once(&self.client)
+            .chain(&self.more)
+            .map(|c| c.in_flight());
+        match least_loaded(loads) {
+            0 => &self.client,
+            i => &self.more[i - 1],
+        }
     }
 
     /// Where a region with `want_log_len` bytes of log area would start
@@ -547,9 +609,22 @@ mod tests {
         std::sync::Arc<nvwc_nbd::MemoryExport>,
         String,
     ) {
+        let info = nvwc_nbd::export::ExportInfo::new("", 64 << 20).with_all_features();
+        memory_server_with(dir, info).await
+    }
+
+    /// As [`memory_server`], the export described by `info`.
+    async fn memory_server_with(
+        dir: &std::path::Path,
+        info: nvwc_nbd::export::ExportInfo,
+    ) -> (
+        nvwc_nbd::Server,
+        std::sync::Arc<nvwc_nbd::MemoryExport>,
+        String,
+    ) {
         let sock = dir.join("m.sock");
         let _ = std::fs::remove_file(&sock);
-        let mem = std::sync::Arc::new(nvwc_nbd::MemoryExport::with_size("", 64 << 20));
+        let mem = std::sync::Arc::new(nvwc_nbd::MemoryExport::new(info));
         let server = nvwc_nbd::Server::builder()
             .export(mem.clone())
             .build()
@@ -660,6 +735,46 @@ mod tests {
             let up = Upstream::connect(&uri).await.unwrap();
             assert_eq!(up.region(), Some(r), "the trailer is intact");
             assert_eq!(up.read_label().await.unwrap(), Some(l));
+            server.shutdown().await;
+            let _ = std::fs::remove_dir_all(&dir);
+        });
+    }
+
+    #[test]
+    fn the_least_loaded_connection_first_on_a_tie() {
+        assert_eq!(least_loaded([0usize, 0, 0].into_iter()), 0);
+        assert_eq!(least_loaded([3usize, 1, 1, 2].into_iter()), 1);
+        assert_eq!(least_loaded([2usize, 2, 0].into_iter()), 2);
+        assert_eq!(least_loaded(std::iter::empty()), 0);
+    }
+
+    /// More connections only where the export offers multi-conn, and what
+    /// one connection wrote is read back, and flushed, through another.
+    #[test]
+    fn more_connections_only_with_multi_conn() {
+        one_thread_runtime().block_on(async {
+            let dir = test_dir("nvwc-umc-");
+            let (server, mem, uri) = memory_server(&dir).await;
+            let mut up = Upstream::connect(&uri).await.unwrap();
+            assert!(std::ptr::eq(up.pick(), &up.client), "one connection");
+            assert_eq!(up.connect_more(&uri, 3).await.unwrap(), 3);
+            assert_eq!(up.connect_more(&uri, 3).await.unwrap(), 3, "no more");
+            assert!(std::ptr::eq(up.pick(), &up.client), "all idle: the first");
+            let data = Bytes::from(vec![7u8; 4096]);
+            up.client.write(8192, data.clone(), false).await.unwrap();
+            let other = &up.more[1];
+            other.flush().await.unwrap();
+            assert_eq!(other.read(8192, 4096).await.unwrap(), data);
+            assert_eq!(mem.contents(8192, 4096), vec![7u8; 4096]);
+            server.shutdown().await;
+
+            // Without multi-conn, one connection whatever is asked.
+            let mut info = nvwc_nbd::export::ExportInfo::new("", 64 << 20).with_all_features();
+            info.can_multi_conn = false;
+            let (server, _mem, uri) = memory_server_with(&dir, info).await;
+            let mut up = Upstream::connect(&uri).await.unwrap();
+            assert_eq!(up.connect_more(&uri, 4).await.unwrap(), 1);
+            assert!(up.more.is_empty());
             server.shutdown().await;
             let _ = std::fs::remove_dir_all(&dir);
         });

@@ -39,6 +39,13 @@
 //!   view is then pinned to what recovery showed; for the backing store a
 //!   state showing writes of a later round may no longer show what an
 //!   earlier crash lost (see `oracle.rs`).
+//! * in a further round, a **warm restart** first (a stream of its own per
+//!   round): a workload runs to its end, the engine shuts down cleanly and
+//!   reopens from the devices as they are (no crash: a clean stop and
+//!   start), and the round's workload and crash then hit an engine whose
+//!   durable record said "clean shutdown" when it opened. Such a record
+//!   vouches for every clean copy, so a write acknowledged before a commit
+//!   ends it could leave a copy a crash brings back.
 //!
 //! Also from streams of their own: half the write-back seeds send writes
 //! around a full cache (`bypass_when_full`, some with paced cleaning), and
@@ -48,7 +55,7 @@
 //! metadata at each recovery, `NVWC_VOPR_TRACE_DRAIN=1` every command of
 //! the drain after recovery, `NVWC_VOPR_SECTOR=S` what each crash left at
 //! sector `S` (recovered, backing powered off, backing alive), and
-//! `NVWC_VOPR_ONLY=large,quiesce,timed,rounds,journal` keeps only the named
+//! `NVWC_VOPR_ONLY=large,quiesce,timed,rounds,warm,journal` keeps only the named
 //! dimensions above and the journal bound below (to find which one a
 //! failure needs, or to compare runs).
 //!
@@ -122,6 +129,8 @@ pub struct SeedOutcome {
     pub admission: [u64; 4],
     /// Writes taken as direct writes (`Engine::handle_direct_write`).
     pub direct_writes: u64,
+    /// Warm restarts (clean shutdown, reopen) before a further round's crash.
+    pub warm_restarts: u64,
     /// The longest time (simulated ns) a workload request waited for its reply.
     pub max_latency_ns: u64,
     /// The most metadata pages one commit wrote.
@@ -451,6 +460,25 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
             table_range(&layout),
         );
         world.verbose = opts.verbose;
+        let mut warm = ChaCha8Rng::seed_from_u64(seed ^ 0x3A2B_C0FF_EE5E_ED00 ^ round);
+        if warm.gen_bool(0.35) && dimension_on("warm") {
+            world = match warm_restart(
+                world,
+                &cfg,
+                &layout,
+                &mut oracle,
+                &mut warm,
+                &mut out,
+                round,
+                opts,
+            ) {
+                Ok(w) => w,
+                Err(v) => {
+                    oracle.violations.extend(v);
+                    break;
+                }
+            };
+        }
         let n_ops = rng2.gen_range(20..300usize);
         let mut client = Workload {
             n_ops,
@@ -486,6 +514,89 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
     out.log[2] += replayed;
     out.log[3] += dropped;
     out
+}
+
+/// A warm restart (see the module docs): run a workload on `world` to its
+/// end, shut down cleanly, and reopen from the devices as they are; the
+/// recovered engine MUST report the clean shutdown. Returns the new world,
+/// or the violations (already in no oracle) that stopped it.
+#[allow(clippy::too_many_arguments)]
+fn warm_restart(
+    mut world: World,
+    cfg: &Config,
+    layout: &Layout,
+    oracle: &mut Oracle,
+    rng: &mut ChaCha8Rng,
+    out: &mut SeedOutcome,
+    round: u64,
+    opts: &Options,
+) -> Result<World, Vec<String>> {
+    let mut client = Workload {
+        n_ops: rng.gen_range(20..200usize),
+        qd: rng.gen_range(1..17usize),
+        issued: 0,
+        outstanding: BTreeMap::new(),
+        id_base: round * 1_000_000_000 + 500_000_000,
+        policy: opts.policy,
+        block_size: cfg.block_size as u64,
+        backing_size: cfg.backing_size,
+        verbose: opts.verbose,
+    };
+    let before = oracle.violations.len();
+    let mut run =
+        |w: &mut World, c: &mut Workload, o: &mut Oracle, done: &dyn Fn(&Engine<Bytes>) -> bool| {
+            w.run(c, o, rng, out, u64::MAX, &mut |_, _, _| true, done)
+        };
+    run(&mut world, &mut client, oracle, &|_| false);
+    let failures = world.eng.stats().commit_failures;
+    world.eng.start_shutdown(world.now);
+    run(&mut world, &mut client, oracle, &|e| e.is_idle());
+    if oracle.violations.len() > before {
+        return Err(oracle.violations.split_off(before));
+    }
+    if !world.eng.is_idle() {
+        return Err(vec![format!(
+            "warm restart: the clean shutdown did not finish: {}",
+            world.eng.debug_state()
+        )]);
+    }
+    count_stats(out, &world.eng.stats());
+    out.ops += client.issued;
+    let cache = world.cache.visible().to_vec();
+    let backing = world.backing.visible().to_vec();
+    let image = check::cache_image(layout, &cache);
+    let mut crc = |off: u64, len: u32| {
+        Ok(layout::data_crc(
+            &cache[off as usize..(off + len as u64) as usize],
+        ))
+    };
+    // A shutdown whose last commit failed (a transient device error: the
+    // engine does not retry it) leaves the record before it, which says
+    // the cache was running: recovery then treats the restart as after a
+    // crash, and the round goes on from there, cold.
+    let last_failed = world.eng.stats().commit_failures > failures;
+    let eng = match Engine::recover(cfg.clone(), &image, &mut crc) {
+        Ok((e, rep)) if rep.clean_shutdown || last_failed => {
+            out.warm_restarts += u64::from(rep.clean_shutdown);
+            e
+        }
+        Ok((_, rep)) => {
+            return Err(vec![format!(
+                "warm restart: recovery after a clean shutdown reports none: {rep:?}"
+            )])
+        }
+        Err(e) => return Err(vec![format!("warm restart: recovery failed: {e}")]),
+    };
+    let mut w = World::new(
+        eng,
+        Disk::new(cache),
+        Disk::new(backing),
+        draw_latency(rng),
+        world.now,
+        table_range(layout),
+    );
+    w.verbose = opts.verbose;
+    Ok(w)
 }
 
 /// The checks after a crash: (b) recover and read back; (c) while the
@@ -606,6 +717,8 @@ pub struct PolicySummary {
     pub admission: [u64; 4],
     /// Sum of [`SeedOutcome::direct_writes`].
     pub direct_writes: u64,
+    /// Sum of [`SeedOutcome::warm_restarts`].
+    pub warm_restarts: u64,
     /// The longest wait of any request (simulated ns), and its seed.
     pub max_latency: (u64, u64),
     /// The most metadata pages one commit wrote, over every seed.
@@ -629,6 +742,7 @@ pub fn run_many(
     use std::sync::Mutex;
     let next = AtomicU64::new(first);
     let done = AtomicU64::new(0);
+    let warm = AtomicU64::new(0);
     // The lowest failing seed: one that fails its verdict if any does (a
     // write-back seed failing only (c) is expected), else any.
     let lowest: Mutex<Option<(bool, SeedOutcome)>> = Mutex::new(None);
@@ -693,6 +807,7 @@ pub fn run_many(
                         *x += y;
                     }
                 }
+                warm.fetch_add(r.warm_restarts, Ordering::Relaxed);
                 {
                     let mut m = maxes.lock().unwrap();
                     if r.max_latency_ns > m.0 .0 {
@@ -737,6 +852,7 @@ pub fn run_many(
         patches: a.4,
         admission: a.5,
         direct_writes: a.6,
+        warm_restarts: warm.into_inner(),
         max_latency,
         max_commit_pages,
         log: a.7,

@@ -122,3 +122,22 @@ fn a_bypass_write_left_unflushed_fails_the_run() {
     // backing store.
     write_back_fails_b_with(Mutation::FlushSkipsBypassCover);
 }
+
+/// The VOPR's warm restarts (a clean stop and start before a further
+/// round's crash) bite: a write-through write acknowledged while the clean
+/// shutdown's record is still the durable one lets a crash bring back the
+/// copy it replaced.
+#[test]
+fn writes_acknowledged_before_a_warm_restart_s_first_commit_fail_the_run() {
+    let o = opts(WritePolicyKind::WriteThrough, None);
+    let (clean, planted) = with_and_without(Mutation::WarmRestartUnvouched, &o, 1500);
+    assert_eq!(clean.violations, 0, "{:?}", clean.first_failure);
+    assert!(clean.warm_restarts > 0, "warm restarts ran");
+    let [a, b, _, _] = planted.by_check;
+    assert!(
+        a + b > 0,
+        "the planted bug fails (a) or (b): {:?}",
+        planted.by_check
+    );
+    planted.verdict().expect_err("the run fails");
+}

@@ -141,8 +141,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
             );
         }
         println!(
-            "  direct writes (payload placed by the driver): {}",
-            s.direct_writes
+            "  direct writes (payload placed by the driver): {}; warm restarts before a crash: {}",
+            s.direct_writes, s.warm_restarts
         );
         println!(
             "  longest request wait: {:.1} ms (seed {}; liveness bound {} ms); most metadata pages in one commit: {}",

@@ -185,13 +185,7 @@ impl<P: Payload> Engine<P> {
         let reclaim = self.table.retired_pending > 0
             && (free < self.free_wanted()
                 || free < cap / 8 && self.table.retired_pending >= (cap / 32).max(1));
-        let shutdown = self.shutting_down
-            && self.reqs.is_empty()
-            && self.destage.plans.is_empty()
-            && self.patch.sets.is_empty()
-            && !self.patch.direct_unflushed
-            && self.patch.direct_cover_inflight == 0
-            && self.commits.asap;
+
         if !(self.commits.asap
             || !self.commits.waiters.is_empty()
             || self.policy.wants_commit()
@@ -200,11 +194,7 @@ impl<P: Payload> Engine<P> {
         {
             return false;
         }
-        if self.shutting_down
-            && !shutdown
-            && self.commits.waiters.is_empty()
-            && !self.policy.wants_commit()
-        {
+        if self.stop_holds_commits() {
             return false;
         }
         if self.policy.commit_needs_patches_done() && !self.patch.sets.is_empty() {
@@ -222,6 +212,28 @@ impl<P: Payload> Engine<P> {
         self.commits.deferred = false;
         self.start_commit();
         true
+    }
+
+    /// Nothing is left for a clean stop's final commit to wait for.
+    fn shutdown_quiet(&self) -> bool {
+        self.reqs.is_empty()
+            && self.destage.plans.is_empty()
+            && self.patch.sets.is_empty()
+            && !self.patch.direct_unflushed
+            && self.patch.direct_cover_inflight == 0
+    }
+
+    /// During a clean stop, commits wait for its final one (asked for
+    /// `asap`, taken once `shutdown_quiet`), unless a FLUSH or the policy
+    /// needs one now. `Engine::poll_timeout` MUST NOT ask for a commit
+    /// deadline then: one already due that `maybe_commit` refuses makes a
+    /// driver spin (the VOPR's warm restarts found it: a write-back stop
+    /// with a destage in flight).
+    pub(super) fn stop_holds_commits(&self) -> bool {
+        self.shutting_down
+            && !(self.shutdown_quiet() && self.commits.asap)
+            && self.commits.waiters.is_empty()
+            && !self.policy.wants_commit()
     }
 
     fn start_commit(&mut self) {
@@ -543,6 +555,15 @@ impl<P: Payload> Engine<P> {
 
     fn finish_commit(&mut self, ok: bool) {
         let job = self.commits.job.take().expect("no commit");
+        if ok && !job.record.clean_shutdown {
+            self.commits.vouched = false;
+        } else if !ok && self.commits.vouched {
+            // The writes held for this commit fail with it, as a FLUSH
+            // waiting for a failed commit does; a later write asks again.
+            for rw in std::mem::take(&mut self.held) {
+                self.reply(rw.id, Err(ReqError::Io), 0);
+            }
+        }
         if ok {
             self.commits.durable = job.n;
             self.stats.commits += 1;
@@ -634,6 +655,14 @@ pub(super) struct CommitState {
     pub(super) waiters: Vec<Waiter>,
     /// Start a commit as soon as possible.
     pub(super) asap: bool,
+    /// The durable commit record says the cache was shut down cleanly.
+    /// Such a record vouches for every clean copy it names: recovery keeps
+    /// them (a warm restart). A write acknowledged while it is still the
+    /// durable record could leave a clean copy older than the backing
+    /// store's bytes (write-through's writes, write-back's bypassed FUA
+    /// writes), and a crash would bring that copy back. So writes are held
+    /// (`Engine::held`) until a commit recording a running cache is durable.
+    pub(super) vouched: bool,
     /// Number of the next commit, and of the last durable one.
     pub(super) next: u64,
     pub(super) durable: u64,
@@ -652,6 +681,7 @@ impl CommitState {
             log: LogState::fresh(),
             waiters: Vec::new(),
             asap: false,
+            vouched: false,
             next: 1,
             durable: 0,
         }

@@ -91,6 +91,7 @@ impl<P: Payload> Engine<P> {
                 changed = true;
             }
             changed |= self.retry_reissues();
+            changed |= self.release_held();
             changed |= self.admit();
             while self.active_pieces < self.max_active {
                 let Some(p) = self.piece_queue.pop_front() else {

@@ -140,6 +140,7 @@ impl<P: Payload> Engine<P> {
     fn direct_write_ok(&self, offset: u64, len: u64) -> bool {
         let n = len / self.bs;
         if self.shutting_down
+            || self.commits.vouched
             || len == 0
             || !offset.is_multiple_of(self.bs)
             || !len.is_multiple_of(self.bs)

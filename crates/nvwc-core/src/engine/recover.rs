@@ -158,6 +158,14 @@ impl<P: Payload> Engine<P> {
         e.next_seq = rec.next_seq.max(max_seq + 1);
         e.unseal_recovered();
         e.commits.asap = !e.commits.meta_dirty.is_empty() || !replay.accepted.is_empty();
+        if report.clean_shutdown
+            && !crate::mutation::active(crate::mutation::Mutation::WarmRestartUnvouched)
+        {
+            // A warm restart: the first commit records a running cache
+            // before any write is acknowledged (`CommitState::vouched`).
+            e.commits.vouched = true;
+            e.commits.asap = true;
+        }
         Ok((e, report))
     }
 

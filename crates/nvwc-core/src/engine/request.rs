@@ -19,8 +19,6 @@ impl<P: Payload> Engine<P> {
         fua: bool,
         tag: Tag,
     ) {
-        let first = offset / self.bs;
-        let last = (offset + len - 1) / self.bs;
         let rw = |data: P| Rw {
             id,
             offset,
@@ -29,6 +27,15 @@ impl<P: Payload> Engine<P> {
             fua,
             tag,
         };
+        if self.commits.vouched {
+            // A warm restart's clean-shutdown record is still the durable
+            // one: held until a commit ends it (`CommitState::vouched`).
+            self.held.push_back(rw(data));
+            self.commits.asap = true;
+            return;
+        }
+        let first = offset / self.bs;
+        let last = (offset + len - 1) / self.bs;
         let bypass = self.bypass.active
             && !self.bypass.admission.admit(&WriteInfo {
                 offset,
@@ -95,6 +102,19 @@ impl<P: Payload> Engine<P> {
             pieces: last - first + 1,
             stalled_since: waits.then_some(self.now),
         });
+    }
+
+    /// Admit the writes held while a clean-shutdown record was the durable
+    /// one (`CommitState::vouched`), in arrival order, once it no longer is.
+    pub(super) fn release_held(&mut self) -> bool {
+        if self.commits.vouched || self.held.is_empty() {
+            return false;
+        }
+        while let Some(rw) = self.held.pop_front() {
+            let data = rw.data.expect("a held request is a write");
+            self.admit_write(rw.id, rw.offset, rw.len, data, rw.fua, rw.tag);
+        }
+        true
     }
 
     pub(super) fn admit(&mut self) -> bool {
