@@ -795,3 +795,45 @@ fn admission_hints_per_connection_and_export() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Write-through after a warm restart: write and FLUSH, stop cleanly, start
+/// (the cache restarts warm), rewrite the block, `kill -9` at once (before
+/// any background commit), start again: the read MUST return the rewrite.
+/// The clean-shutdown record vouched for the old copy; the server served
+/// it here until writes waited for the first commit after a warm restart
+/// (`CommitState::vouched`). Every policy is run: for the others a FUA
+/// rewrite must survive the same way.
+#[test]
+fn a_rewrite_after_a_warm_restart_survives_kill9() {
+    require_tools!("qemu-io");
+    for policy in [
+        "write-through",
+        "write-back",
+        "ordered",
+        "journaled",
+        "journaled-hints",
+    ] {
+        let dir = tempdir(&format!("warm-{policy}"));
+        let backing = Backing::new(&dir, false, "64M");
+        let s = start(&dir, policy, &backing);
+        qemu_io(
+            &dir,
+            &["write -P 0xaa 0 64k", "flush", "read -P 0xaa 0 64k"],
+        );
+        stop(s);
+        let s = start(&dir, policy, &backing);
+        // A read hit first: the old copy is in the cache.
+        qemu_io(&dir, &["read -P 0xaa 0 64k"]);
+        let rewrite = if policy == "write-through" {
+            "write -P 0xbb 0 64k"
+        } else {
+            "write -f -P 0xbb 0 64k"
+        };
+        qemu_io(&dir, &[rewrite]);
+        drop(s); // kill -9
+        let s = start(&dir, policy, &backing);
+        qemu_io(&dir, &["read -P 0xbb 0 64k"]);
+        drop(s);
+        clean_up(&dir, backing);
+    }
+}
