@@ -13,19 +13,22 @@ mod common;
 use common::serve::*;
 use common::{poll_until, require_tools, strict};
 
+/// Every write policy, by its `--write-policy` name.
+const POLICIES: [&str; 5] = [
+    "write-through",
+    "write-back",
+    "ordered",
+    "journaled",
+    "journaled-hints",
+];
+
 #[test]
 fn real_clients_every_policy_and_kill9_recovery() {
     require_tools!("qemu-io", "nbdinfo");
-    for (upstream, policy) in backing_kinds().into_iter().flat_map(|u| {
-        [
-            "write-through",
-            "write-back",
-            "ordered",
-            "journaled",
-            "journaled-hints",
-        ]
-        .map(|p| (u, p))
-    }) {
+    for (upstream, policy) in backing_kinds()
+        .into_iter()
+        .flat_map(|u| POLICIES.map(|p| (u, p)))
+    {
         let dir = tempdir(&format!("{policy}-{upstream}"));
         let backing = Backing::new(&dir, upstream, "64M");
         let policy_name = format!("{policy} over {}", backing.name());
@@ -301,13 +304,7 @@ fn direct_writes_fio_verify_across_kill9() {
 #[test]
 fn upstream_nbdkit_backing() {
     require_tools!("nbdkit", "qemu-io", "fio");
-    for policy in [
-        "write-through",
-        "write-back",
-        "ordered",
-        "journaled",
-        "journaled-hints",
-    ] {
+    for policy in POLICIES {
         let dir = tempdir(&format!("up-{policy}"));
         let up = Backing::new(&dir, true, "64M");
         let backing = up.uri().expect("an upstream backing").to_string();
@@ -806,13 +803,7 @@ fn admission_hints_per_connection_and_export() {
 #[test]
 fn a_rewrite_after_a_warm_restart_survives_kill9() {
     require_tools!("qemu-io");
-    for policy in [
-        "write-through",
-        "write-back",
-        "ordered",
-        "journaled",
-        "journaled-hints",
-    ] {
+    for policy in POLICIES {
         let dir = tempdir(&format!("warm-{policy}"));
         let backing = Backing::new(&dir, false, "64M");
         let s = start(&dir, policy, &backing);
