@@ -185,7 +185,6 @@ impl<P: Payload> Engine<P> {
         let reclaim = self.table.retired_pending > 0
             && (free < self.free_wanted()
                 || free < cap / 8 && self.table.retired_pending >= (cap / 32).max(1));
-
         if !(self.commits.asap
             || !self.commits.waiters.is_empty()
             || self.policy.wants_commit()
