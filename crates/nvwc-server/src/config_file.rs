@@ -93,6 +93,7 @@ struct Cache {
     commit_interval_ms: S<u64>,
     commit_changes: S<u32>,
     redo_size: S<Value>,
+    upstream_connections: S<u32>,
 }
 
 #[derive(Deserialize, Debug, Default)]
@@ -331,6 +332,14 @@ fn validate(f: &File) -> Vec<Diag> {
             });
         }
     }
+    if let Some(n) = f.cache.upstream_connections.as_ref() {
+        if !(1..=64).contains(n.get_ref()) {
+            d.push(Diag {
+                at: n.span(),
+                msg: format!("upstream-connections {}: must be 1 to 64", n.get_ref()),
+            });
+        }
+    }
     if let (Some(h), Some(l)) = (&f.policy.high_watermark, &f.policy.low_watermark) {
         if l.get_ref() > h.get_ref() {
             d.push(Diag {
@@ -551,6 +560,7 @@ pub(super) fn apply(path: &Path, a: &mut Args, given: BTreeSet<String>) -> Resul
         f.cache.commit_changes.as_ref().map(|v| Some(*v.get_ref()))
     );
     set!("redo_size", a.redo_size, sz(&f.cache.redo_size).map(Some));
+    set_same!(copied, f.cache; upstream_connections);
     set_same!(sz, f.defaults; size, cache_size);
     set_same!(string, f.defaults; write_policy, replacement);
     set_same!(copied, f.defaults; read_only);
@@ -848,6 +858,11 @@ mod tests {
                 "",
             ),
             ("[cache]\nblock-size = 1000\n", "t.toml:2:14: block-size 1000", ""),
+            (
+                "[cache]\nupstream-connections = 0\n",
+                "t.toml:2:24: upstream-connections 0: must be 1 to 64",
+                "",
+            ),
         ] {
             let e = errs(src);
             assert!(e.starts_with(start) && e.contains(part), "{e}");
