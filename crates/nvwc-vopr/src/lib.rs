@@ -548,7 +548,8 @@ fn warm_restart(
             w.run(c, o, rng, out, u64::MAX, &mut |_, _, _| true, done)
         };
     run(&mut world, &mut client, oracle, &|_| false);
-    let failures = world.eng.stats().commit_failures;
+    let errors = |e: &Engine<Bytes>| e.stats().commit_failures + e.stats().io_errors;
+    let before_stop = errors(&world.eng);
     world.eng.start_shutdown(world.now);
     run(&mut world, &mut client, oracle, &|e| e.is_idle());
     if oracle.violations.len() > before {
@@ -570,11 +571,13 @@ fn warm_restart(
             &cache[off as usize..(off + len as u64) as usize],
         ))
     };
-    // A shutdown whose last commit failed (a transient device error: the
-    // engine does not retry it) leaves the record before it, which says
-    // the cache was running: recovery then treats the restart as after a
-    // crash, and the round goes on from there, cold.
-    let last_failed = world.eng.stats().commit_failures > failures;
+    // A stop during which a device failed (a transient error) may end
+    // without its clean commit: the engine does not retry a failed final
+    // commit, and it is idle while a failed backing FLUSH that the commit
+    // waits for is only due for a retry. The record before it says the
+    // cache was running, so recovery treats the restart as after a crash,
+    // and the round goes on from there, cold.
+    let last_failed = errors(&world.eng) > before_stop;
     let eng = match Engine::recover(cfg.clone(), &image, &mut crc) {
         Ok((e, rep)) if rep.clean_shutdown || last_failed => {
             out.warm_restarts += u64::from(rep.clean_shutdown);
