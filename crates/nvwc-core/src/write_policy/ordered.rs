@@ -872,4 +872,393 @@ mod tests {
         o.ready_ancestors(ids[9], 100, &mut out);
         assert_eq!(out, vec![ids[1]]);
     }
+
+    /// A planning context for `next_plan`: fixed victims and limit.
+    struct Ctx {
+        want: bool,
+        victims: Vec<(u32, Group)>,
+        limit: usize,
+    }
+
+    impl PlanCtx for Ctx {
+        fn now(&self) -> u64 {
+            0
+        }
+        fn cleaning_wanted(&self) -> bool {
+            self.want
+        }
+        fn pick_victims(&mut self, max: usize, out: &mut Vec<(u32, Group)>) {
+            out.extend(self.victims.iter().take(max));
+        }
+        fn space_pressure(&self) -> bool {
+            false
+        }
+        fn destage_in_flight(&self) -> usize {
+            0
+        }
+        fn destage_limit(&self) -> usize {
+            self.limit
+        }
+    }
+
+    fn ctx(victims: &[(u32, Group)]) -> Ctx {
+        Ctx {
+            want: true,
+            victims: victims.to_vec(),
+            limit: 16,
+        }
+    }
+
+    fn sorted(mut v: Vec<u32>) -> Vec<u32> {
+        v.sort();
+        v
+    }
+
+    /// Issue a write, install its version (`slot`, `lbn`), complete it.
+    fn write(o: &mut Ordered, seq: u64, slot: u32, lbn: u64) -> Group {
+        let g = o.on_write_issue(0, seq);
+        o.on_version_installed(g, slot, lbn, seq);
+        o.on_write_data_done(0, g);
+        g
+    }
+
+    #[test]
+    fn statistics_and_live_nodes_follow_the_graph() {
+        let mut o = pol(0);
+        assert_eq!(o.live_nodes(), 0);
+        let [n1, n2, n3, n4, n5] = figure6(&mut o);
+        assert_eq!(o.live_nodes(), 5);
+        // 3 and 4 each depend on 1 and 2, 5 on 3 and 4; the raw rule: 2 + 2 + 4.
+        let c = |o: &Ordered| o.counters();
+        assert_eq!(
+            c(&o),
+            vec![
+                ("ordered_edges_live", 6),
+                ("ordered_edges_max", 6),
+                ("ordered_edges_total", 6),
+                ("ordered_dummies", 0),
+                ("ordered_waves", 0),
+                ("ordered_raw_rule_edges", 8),
+            ]
+        );
+        // Completion indexes in completion order; 5's floor is the 4 completions before it.
+        assert_eq!(o.entry_aux(n1), (0, 0));
+        assert_eq!(o.entry_aux(n2), (1, 0));
+        assert_eq!(o.entry_aux(n3), (2, 2));
+        assert_eq!(o.entry_aux(n4), (3, 2));
+        assert_eq!(o.entry_aux(n5), (UNSET, 4));
+        assert_eq!(o.entry_aux(NO_GROUP), (ORPHAN, 0));
+        assert_ne!(ORPHAN, UNSET);
+        let mut rec = CommitRecord::default();
+        o.fill_commit(&mut rec);
+        assert_eq!(rec.next_cidx, 4);
+        // Destaging 1 (no versions: freed) removes its two edges; 3 and 4 still wait for 2.
+        o.mark_destaged(n1 as u32);
+        assert_eq!(o.live_nodes(), 4);
+        assert_eq!(
+            o.entry_aux(n1),
+            (UNSET, 0),
+            "a freed node has no entry fields"
+        );
+        assert_eq!(o.nodes[n3 as usize].preds_left, 1);
+        assert!(!o.nodes[n3 as usize].ready());
+        o.mark_destaged(n2 as u32);
+        assert!(o.nodes[n3 as usize].ready() && o.nodes[n4 as usize].ready());
+        assert!(o.ready.contains(&(n3 as u32)) && o.ready.contains(&(n4 as u32)));
+        assert_eq!(o.live_nodes(), 3);
+        // 3 and 4 are completed and not destaged: a new write counts two raw edges.
+        o.on_write_issue(0, 6);
+        assert_eq!(
+            c(&o),
+            vec![
+                ("ordered_edges_live", 4),
+                ("ordered_edges_max", 6),
+                ("ordered_edges_total", 8),
+                ("ordered_dummies", 0),
+                ("ordered_waves", 0),
+                ("ordered_raw_rule_edges", 10),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_dummy_is_destaged_with_its_last_predecessor() {
+        let mut o = pol(2);
+        let a = o.on_write_issue(0, 1) as u32;
+        let b = o.on_write_issue(0, 2) as u32;
+        o.on_write_data_done(0, a as Group);
+        assert_eq!(o.dummies_total, 0);
+        o.on_write_data_done(0, b as Group);
+        // Two completions: a dummy absorbs them; the next write depends on it alone.
+        assert_eq!(o.dummies_total, 1);
+        let d = o.last_dummy.expect("a dummy");
+        assert!(o.unabsorbed.is_empty());
+        let c = o.on_write_issue(0, 3) as u32;
+        assert_eq!(o.nodes[c as usize].preds, vec![d]);
+        assert_eq!(o.edges_live, 3);
+        assert_eq!(o.live_nodes(), 4);
+        o.mark_destaged(a);
+        assert!(!o.nodes[d as usize].destaged);
+        assert_eq!(o.nodes[c as usize].preds_left, 1);
+        o.mark_destaged(b);
+        // The dummy went with b, and released c (not completed: not ready yet).
+        assert_eq!(o.last_dummy, None);
+        assert_eq!(o.nodes[c as usize].preds_left, 0);
+        assert!(o.nodes[c as usize].preds.is_empty());
+        assert_eq!(o.edges_live, 0);
+        assert_eq!(o.live_nodes(), 1);
+        assert!(!o.ready.contains(&c));
+        o.on_write_data_done(0, c as Group);
+        assert!(o.nodes[c as usize].ready());
+        assert_eq!(o.ready, vec![a, b, c]);
+    }
+
+    #[test]
+    fn a_patch_holds_its_node_back_until_it_is_a_version() {
+        let mut o = pol(0);
+        let a = o.on_write_issue(0, 1);
+        o.on_version_installed(a, 0, 10, 1);
+        o.on_patch_pending(a);
+        o.on_patch_pending(a);
+        o.on_write_data_done(0, a);
+        assert!(!o.nodes[a as usize].ready());
+        assert!(o.ready.is_empty());
+        assert!(o.next_plan(&mut ctx(&[(0, a)])).is_none());
+        o.on_patch_done(a);
+        assert!(o.ready.is_empty(), "one patch left");
+        assert!(o.next_plan(&mut ctx(&[(0, a)])).is_none());
+        o.on_patch_done(a);
+        assert_eq!(o.ready, vec![a as u32]);
+        let p = o.next_plan(&mut ctx(&[(0, a)])).expect("a wave");
+        assert_eq!(p.write, vec![0]);
+    }
+
+    #[test]
+    fn waves_follow_the_graph_and_wait_for_clean_marks() {
+        let mut o = pol(0);
+        assert_eq!(o.kind(), WritePolicyKind::Ordered);
+        assert!(o.commit_needs_patches_done());
+        assert!(!o.may_overwrite(0, 1) && !o.inherits_dirty_range());
+        assert!(o.bypass_ok());
+        // a and b in flight together, then c (a's block again) after both.
+        let a = o.on_write_issue(0, 1);
+        let b = o.on_write_issue(0, 2);
+        o.on_version_installed(a, 0, 10, 1);
+        o.on_version_installed(b, 1, 11, 2);
+        o.on_write_data_done(0, a);
+        o.on_write_data_done(0, b);
+        let c = write(&mut o, 3, 2, 10);
+        assert!(!o.bypass_ok());
+        assert!(o.keep_superseded(a, c) && !o.keep_superseded(NO_GROUP, c));
+        assert_eq!(o.aux_changed_on_completion(c), &[2]);
+        assert!(!o.wants_commit());
+        let mut idle = ctx(&[(2, c)]);
+        idle.want = false;
+        assert!(o.next_plan(&mut idle).is_none());
+        // The victim c is not ready: its ready ancestors a and b go first.
+        let p = o.next_plan(&mut ctx(&[(2, c)])).expect("a wave");
+        assert_eq!(sorted(p.write.clone()), vec![0, 1]);
+        assert!(p.commit_after && p.exact && p.drop.is_empty() && p.atomic_group.is_none());
+        assert_eq!(p.tag, 1);
+        assert_eq!(o.waves, 1);
+        assert!(o.nodes[a as usize].in_wave && o.nodes[b as usize].in_wave);
+        assert!(
+            o.next_plan(&mut ctx(&[(2, c)])).is_none(),
+            "one wave at a time"
+        );
+        o.on_plan_done(0, &p);
+        assert!(!o.nodes[a as usize].in_wave);
+        assert!(o.nodes[c as usize].ready());
+        // c rewrites block 10, whose clean mark is not committed yet: wait for a commit.
+        assert!(o.next_plan(&mut ctx(&[(2, c)])).is_none());
+        assert!(o.wants_commit());
+        o.on_commit_start();
+        assert!(!o.wants_commit());
+        assert!(o.next_plan(&mut ctx(&[(2, c)])).is_none());
+        o.on_commit_done(false);
+        assert!(o.wants_commit(), "a failed commit is retried");
+        assert!(o.next_plan(&mut ctx(&[(2, c)])).is_none());
+        o.on_commit_start();
+        o.on_commit_done(true);
+        assert!(!o.wants_commit());
+        let p = o.next_plan(&mut ctx(&[(2, c)])).expect("c's wave");
+        assert_eq!((p.write.clone(), p.tag), (vec![2], 2));
+        // A failed wave is planned again.
+        o.on_plan_failed(&p);
+        assert!(!o.nodes[c as usize].in_wave && !o.nodes[c as usize].destaged);
+        let p = o.next_plan(&mut ctx(&[(2, c)])).expect("c's wave again");
+        assert_eq!((p.write.clone(), p.tag), (vec![2], 3));
+        o.on_plan_done(0, &p);
+        assert!(o.nodes[c as usize].destaged);
+        for (g, s) in [(a, 0), (b, 1), (c, 2)] {
+            o.on_version_removed(g, s);
+        }
+        assert!(o.bypass_ok());
+        assert_eq!(o.live_nodes(), 0);
+        assert_eq!(o.counters()[4], ("ordered_waves", 3));
+    }
+
+    #[test]
+    fn a_version_outside_any_node_is_synced_whole_once_its_mark_is_durable() {
+        let mut o = pol(0);
+        let a = write(&mut o, 1, 0, 10);
+        let p = o.next_plan(&mut ctx(&[(0, a)])).expect("a wave");
+        o.on_plan_done(0, &p);
+        // The engine keeps slot 0 dirty outside any node (NO_GROUP): a sync
+        // must wait for the wave's clean mark on block 10.
+        assert!(o.next_plan(&mut ctx(&[(0, NO_GROUP)])).is_none());
+        assert!(o.wants_commit());
+        o.on_commit_start();
+        o.on_commit_done(true);
+        let s = o.next_plan(&mut ctx(&[(0, NO_GROUP)])).expect("a sync");
+        assert_eq!(
+            (s.write.clone(), s.tag, s.commit_after),
+            (vec![0], 0, false)
+        );
+        assert!(
+            o.next_plan(&mut ctx(&[(0, NO_GROUP)])).is_none(),
+            "one plan at a time"
+        );
+        o.on_plan_failed(&s);
+        let s = o
+            .next_plan(&mut ctx(&[(0, NO_GROUP)]))
+            .expect("the sync again");
+        o.on_plan_done(0, &s);
+        assert!(o.unmarked.contains(&10));
+        // A sync done leaves the wave counter alone and plans no more.
+        assert_eq!(o.waves, 1);
+        let b = write(&mut o, 2, 1, 11);
+        let p = o.next_plan(&mut ctx(&[(1, b)])).expect("b's wave");
+        assert_eq!(p.write, vec![1]);
+    }
+
+    #[test]
+    fn a_wave_takes_the_victims_ready_ancestors_first_up_to_the_limit() {
+        // a, b and x in flight together; c issued after a and b completed,
+        // before x did: c depends on a and b, not on x. All of a, b, x ready.
+        let setup = || {
+            let mut o = pol(0);
+            let a = o.on_write_issue(0, 1);
+            let b = o.on_write_issue(0, 2);
+            let x = o.on_write_issue(0, 3);
+            for (g, s) in [(a, 0), (b, 1), (x, 2)] {
+                o.on_version_installed(g, s, 10 + u64::from(s), g);
+            }
+            o.on_write_data_done(0, a);
+            o.on_write_data_done(0, b);
+            let c = o.on_write_issue(0, 4);
+            o.on_version_installed(c, 3, 13, 4);
+            o.on_write_data_done(0, x);
+            o.on_write_data_done(0, c);
+            (o, c)
+        };
+        let plan = |limit: usize| {
+            let (mut o, c) = setup();
+            let mut cx = ctx(&[(3, c)]);
+            cx.limit = limit;
+            sorted(o.next_plan(&mut cx).expect("a wave").write)
+        };
+        // Two slots: the victim's ancestors, not x (the newest ready node).
+        assert_eq!(plan(2), vec![0, 1]);
+        // One slot: one ancestor only.
+        assert_eq!(plan(1).len(), 1);
+        // Room for more: the other ready nodes fill the wave.
+        assert_eq!(plan(16), vec![0, 1, 2]);
+    }
+
+    fn version(slot: u32, lbn: u64, seq: u64, aux: (u64, u64)) -> RecoveredVersion {
+        RecoveredVersion {
+            slot,
+            lbn,
+            seq,
+            aux0: aux.0,
+            aux1: aux.1,
+            lo: 0,
+            hi: 4096,
+            dirty: true,
+            partial: false,
+            latest: true,
+            group: 0,
+            discard: false,
+            clean: false,
+        }
+    }
+
+    #[test]
+    fn recovery_rebuilds_the_graph_from_the_entries() {
+        // a and b concurrent, c after both, d and e after c and never completed.
+        let mut o = pol(0);
+        let a = o.on_write_issue(0, 1);
+        let b = o.on_write_issue(0, 2);
+        o.on_write_data_done(0, a);
+        o.on_write_data_done(0, b);
+        let c = o.on_write_issue(0, 3);
+        o.on_write_data_done(0, c);
+        let d = o.on_write_issue(0, 4);
+        let e = o.on_write_issue(0, 5);
+        let aux: Vec<(u64, u64)> = [a, b, c, d, e].iter().map(|&g| o.entry_aux(g)).collect();
+        let mut vs = vec![
+            version(0, 10, 1, aux[0]),
+            version(1, 11, 2, aux[1]),
+            version(2, 12, 3, aux[2]),
+            version(3, 13, 4, aux[3]),
+            version(4, 14, 5, aux[4]),
+            version(5, 15, 6, o.entry_aux(NO_GROUP)),
+            RecoveredVersion {
+                dirty: false,
+                latest: false,
+                ..version(6, 10, 0, (UNSET, 0))
+            },
+            RecoveredVersion {
+                dirty: false,
+                ..version(7, 16, 0, (UNSET, 0))
+            },
+        ];
+        // An older commit record: the entries say more.
+        let rec = CommitRecord::default();
+        let mut r = pol(0);
+        r.recover(&rec, &mut vs);
+        let g: Vec<Group> = vs.iter().map(|v| v.group).collect();
+        // The unfinished writes complete after every known node, in sequence order.
+        let cidx: Vec<u64> = g[..5].iter().map(|&g| r.entry_aux(g).0).collect();
+        assert_eq!(cidx, vec![0, 1, 2, 3, 4]);
+        assert_eq!(r.entry_aux(g[2]), (2, 2));
+        assert_eq!(r.entry_aux(g[3]).1, 3);
+        let preds = |n: Group| sorted(r.nodes[n as usize].preds.clone());
+        assert!(preds(g[0]).is_empty() && preds(g[1]).is_empty());
+        assert_eq!(preds(g[2]), sorted(vec![g[0] as u32, g[1] as u32]));
+        assert_eq!(preds(g[3]), vec![g[2] as u32]);
+        assert_eq!(preds(g[4]), vec![g[2] as u32]);
+        for i in 0..5 {
+            assert_eq!(r.nodes[g[i] as usize].slots, vec![i as u32]);
+            assert!(!vs[i].discard && !vs[i].clean);
+        }
+        assert_eq!(g[5], NO_GROUP);
+        assert!(!vs[5].clean && !vs[5].discard);
+        assert!(
+            vs[6].clean && vs[6].discard,
+            "an older clean version is dropped"
+        );
+        assert!(
+            vs[7].clean && !vs[7].discard,
+            "a latest clean version is kept"
+        );
+        assert_eq!(r.versions_live, 5);
+        assert!(!r.bypass_ok());
+        assert_eq!(r.lbn(5), 15);
+        let mut out = CommitRecord::default();
+        r.fill_commit(&mut out);
+        assert_eq!(out.next_cidx, 5);
+        // A newer record than the entries: the counter goes on from it.
+        let rec = CommitRecord {
+            next_cidx: 9,
+            ..Default::default()
+        };
+        let mut vs = vec![version(0, 10, 1, (0, 0)), version(1, 11, 2, (UNSET, 1))];
+        let mut r = pol(0);
+        r.recover(&rec, &mut vs);
+        assert_eq!(r.entry_aux(vs[1].group).0, 9);
+        r.fill_commit(&mut out);
+        assert_eq!(out.next_cidx, 10);
+    }
 }
