@@ -255,3 +255,77 @@ fn write_back_keeps_dirty_versions_always_and_clean_copies_after_a_clean_shutdow
         }
     }
 }
+
+/// A cache write that fails after tearing (a prefix of its bytes reached the
+/// device, as a failing device may leave it) damages no version the engine
+/// keeps: a read, and the backing store after a drain, show a whole version
+/// of the block, under every policy that promises whole versions. Write-back
+/// does not: it rewrites a dirty version in place (and, with
+/// `Config::rewrite_in_place`, a flushed one too), so a failed rewrite leaves
+/// its block undefined, as a failed write to a disk does; the crash test
+/// judges it so.
+/// The live crash test found journaled rewriting an acknowledged version in
+/// place within its open transaction: a torn rewrite then left a mix of the
+/// two writes' sectors, and the next checkpoint wrote it to the backing store
+/// (`crash.rs::cache_faults_degrade_and_lose_nothing_acknowledged`, seed
+/// 1795737061197464157).
+#[test]
+fn a_torn_cache_write_damages_no_kept_version() {
+    for policy in WritePolicyKind::ALL {
+        if policy == WritePolicyKind::WriteBack {
+            continue;
+        }
+        for flushed in [false, true] {
+            let mut h = harness(policy);
+            write(&mut h, 1, 0, 1);
+            if flushed {
+                run(&mut h, 2, ReqOp::Flush);
+            }
+            let data = Bytes::from(vec![2u8; BS as usize]);
+            let op = ReqOp::Write {
+                offset: 0,
+                data,
+                fua: false,
+            };
+            h.submit(3, op);
+            let i = h
+                .inflight()
+                .iter()
+                .position(|c| {
+                    c.dev == Dev::Cache
+                        && matches!(&c.op, IoOp::Write { data, .. } if data.len() == BS as usize && data[0] == 2)
+                })
+                .unwrap_or_else(|| panic!("{policy}: no cache write of the rewrite"));
+            h.complete_torn(i, BS as usize / 2);
+            let r = h.wait(3, &mut |_| 0);
+            // Write-through's write succeeds on the backing store; only its
+            // cache copy is lost.
+            let synchronous = policy == WritePolicyKind::WriteThrough;
+            assert_eq!(r.result.is_err(), !synchronous, "{policy}: {r:?}");
+            let what = format!("{policy}, flushed {flushed}");
+            let newest = if synchronous { 2 } else { 1 };
+            let whole = |b: &[u8]| b.iter().all(|&x| x == b[0]) && b[0] <= newest;
+            let op = ReqOp::Read {
+                offset: 0,
+                len: BS as u32,
+            };
+            let got = run(&mut h, 4, op).unwrap();
+            assert!(
+                whole(&got),
+                "{what}: read a torn block ({} then {})",
+                got[0],
+                got[BS as usize - 1]
+            );
+            h.engine.start_drain(h.now);
+            h.settle(&mut |_| 0);
+            h.engine.end_drain();
+            let b = &h.backing[..BS as usize];
+            assert!(
+                whole(b),
+                "{what}: a torn block on the backing store ({} then {})",
+                b[0],
+                b[BS as usize - 1]
+            );
+        }
+    }
+}

@@ -257,8 +257,17 @@ impl WritePolicy for Journaled {
     fn commit_needs_patches_done(&self) -> bool {
         true
     }
-    fn may_overwrite(&self, old: Group, new: Group) -> bool {
-        old == new && self.txns.back().map(|t| t.id) == Some(new)
+    /// Never: a rewrite goes to a fresh slot, even within the open
+    /// transaction. An in-place rewrite that fails part-way (a torn write, an
+    /// EIO after some sectors) would leave the acknowledged version it
+    /// overwrote a mix of two writes, and the next checkpoint would put that
+    /// mix on the backing store, which no point in time holds (the live crash
+    /// test found it; `tests/write_policies.rs`,
+    /// `a_torn_cache_write_damages_no_kept_version`). Out of place, a failed
+    /// write loses only itself. The superseded slot of the same transaction
+    /// is freed when the new version is installed (`keep_superseded`).
+    fn may_overwrite(&self, _old: Group, _new: Group) -> bool {
+        false
     }
     fn journal_wait(&mut self, waiting: bool) {
         self.journal_full = waiting;
