@@ -72,6 +72,11 @@ use state::*;
 const NIL: u32 = u32::MAX;
 /// Group of versions that belong to no policy group (clean versions).
 pub const NO_GROUP: Group = u64::MAX;
+/// How often a clean stop retries after a failure (`Engine::start_shutdown`):
+/// enough for a transient error to clear (each retry waits `retry_ns`, 10 ms
+/// by default), few enough that a stop on a failed device ends within a
+/// second, without its clean-shutdown record (the restart is then cold).
+pub const STOP_RETRIES: u32 = 8;
 
 /// Observable engine events (for logs, metrics and checkers).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,6 +123,11 @@ pub struct Engine<P: Payload> {
     out_reply: VecDeque<Reply<P>>,
     out_event: VecDeque<Event>,
     retry_at: Option<u64>,
+    /// Retries a clean stop has left (`STOP_RETRIES` at its start): a
+    /// failure during the stop (its final commit, a destage, a backing
+    /// FLUSH) is retried after `retry_ns`, and the stop is not idle while a
+    /// retry is due, until these run out.
+    stop_tries: u32,
     drain: bool,
     shutting_down: bool,
     next_seq: u64,
@@ -176,6 +186,7 @@ impl<P: Payload> Engine<P> {
             out_reply: VecDeque::new(),
             out_event: VecDeque::new(),
             retry_at: None,
+            stop_tries: 0,
             drain: false,
             shutting_down: false,
             next_seq: 1,
@@ -289,9 +300,11 @@ impl<P: Payload> Engine<P> {
     pub fn durable_commit(&self) -> u64 {
         self.commits.durable
     }
-    /// Nothing in flight: no requests, no device commands, no plans, no commit.
+    /// Nothing in flight: no requests, no device commands, no plans, no
+    /// commit, and during a clean stop no retry due (`stop_tries`).
     pub fn is_idle(&self) -> bool {
-        self.reqs.is_empty()
+        !(self.shutting_down && self.retry_at.is_some() && self.stop_tries > 0)
+            && self.reqs.is_empty()
             && self.admit_queue.is_empty()
             && self.held.is_empty()
             && self.ios.is_empty()
@@ -365,7 +378,7 @@ impl<P: Payload> Engine<P> {
             return;
         }
         assert!(
-            !self.reqs.contains_key(&req.id),
+            !self.reqs.contains_key(&req.id) && !self.held.iter().any(|w| w.id == req.id),
             "request id {} reused while in flight",
             req.id
         );
@@ -535,6 +548,11 @@ impl<P: Payload> Engine<P> {
         self.policy.on_timeout(now);
         if matches!(self.retry_at, Some(t) if t <= now) {
             self.retry_at = None;
+            if self.shutting_down {
+                // A clean stop tries its final commit again (`stop_tries`).
+                self.stop_tries = self.stop_tries.saturating_sub(1);
+                self.commits.asap = true;
+            }
         }
         self.progress();
     }
@@ -597,11 +615,21 @@ impl<P: Payload> Engine<P> {
         self.drain = false;
     }
 
+    /// A clean stop that ran out of retries (`STOP_RETRIES`) before its
+    /// final commit succeeded: it ends without a clean-shutdown record, and
+    /// the next start recovers as after a crash (cold).
+    pub fn stop_gave_up(&self) -> bool {
+        self.shutting_down && self.stop_tries == 0 && !self.commits.vouched
+    }
+
     /// Begin a clean shutdown: new requests fail with `Shutdown`; once nothing is
-    /// in flight a final commit records a clean shutdown. Done when [`Engine::is_idle`].
+    /// in flight a final commit records a clean shutdown. A failure on the
+    /// way (the final commit, a destage, a backing FLUSH) is retried after
+    /// `retry_ns`, up to [`STOP_RETRIES`] times. Done when [`Engine::is_idle`].
     pub fn start_shutdown(&mut self, now: u64) {
         self.set_now(now);
         self.shutting_down = true;
+        self.stop_tries = STOP_RETRIES;
         self.commits.asap = true;
         // Writes held for the commit that would end a warm restart's
         // vouching never started: they fail like requests arriving now.

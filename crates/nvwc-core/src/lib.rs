@@ -30,7 +30,7 @@ pub use config::{
     AdmissionKind, Config, ConfigError, FetchMode, JournalConfig, KneeSource, ReplacementKind,
     Watermarks, WritePolicyKind,
 };
-pub use engine::{CacheImage, Engine, Event, RecoverError, RecoveryReport};
+pub use engine::{CacheImage, Engine, Event, RecoverError, RecoveryReport, STOP_RETRIES};
 pub use payload::{Payload, Phantom};
 pub use stats::Stats;
 pub use types::*;

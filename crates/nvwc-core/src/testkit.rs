@@ -199,6 +199,16 @@ impl MemHarness {
         true
     }
 
+    /// Complete in-flight command `i` with EIO, without running it.
+    pub fn complete_failed(&mut self, i: usize) {
+        self.collect();
+        let cmd = self.inflight.remove(i).expect("no such command in flight");
+        self.now += 1;
+        self.engine
+            .handle_completion(self.now, cmd.id, Err(IoError::Eio));
+        self.collect();
+    }
+
     /// Complete in-flight command `i` as a torn write that failed: its first
     /// `keep` bytes reach the device (as a device that loses power, or
     /// fails, in the middle of a write may leave them), and the command

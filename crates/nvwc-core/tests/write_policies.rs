@@ -329,3 +329,47 @@ fn a_torn_cache_write_damages_no_kept_version() {
         }
     }
 }
+
+/// A clean stop whose final commit fails tries again (`STOP_RETRIES`
+/// times, `retry_ns` apart) and ends with its clean-shutdown record, so the
+/// restart is warm; a stop on a device that keeps failing gives up and
+/// ends without one (the restart is cold, which is safe). Before, the first
+/// failure ended the stop at once, and the engine reported idle while the
+/// retry was due.
+#[test]
+fn a_clean_stop_retries_its_final_commit_then_gives_up() {
+    for policy in WritePolicyKind::ALL {
+        // One failed command, then a device that fails every command.
+        for fails in [1, u32::MAX] {
+            let mut h = harness(policy);
+            write(&mut h, 1, 0, 1);
+            run(&mut h, 2, ReqOp::Flush);
+            h.settle(&mut |_| 0);
+            h.engine.start_shutdown(h.now);
+            let mut failed = 0;
+            for _ in 0..10_000 {
+                let cache = h.inflight().iter().position(|c| c.dev == Dev::Cache);
+                match cache {
+                    Some(i) if failed < fails => {
+                        h.complete_failed(i);
+                        failed += 1;
+                    }
+                    _ => {
+                        if !h.step(&mut |_| 0) && h.engine.is_idle() {
+                            break;
+                        }
+                    }
+                }
+            }
+            assert!(h.engine.is_idle(), "{policy}: {}", h.engine.debug_state());
+            let gave_up = fails == u32::MAX;
+            if gave_up {
+                assert!(failed > STOP_RETRIES, "{policy}: {failed} failures");
+            }
+            assert_eq!(h.engine.stop_gave_up(), gave_up, "{policy}, {fails} failures");
+            let rep = h.reopen().unwrap();
+            assert_eq!(rep.clean_shutdown, !gave_up, "{policy}, {fails} failures");
+            read_hit(&mut h, 3, 0, 1);
+        }
+    }
+}

@@ -131,6 +131,9 @@ pub struct SeedOutcome {
     pub direct_writes: u64,
     /// Warm restarts (clean shutdown, reopen) before a further round's crash.
     pub warm_restarts: u64,
+    /// Clean stops that ran out of retries (`Engine::stop_gave_up`) and
+    /// restarted cold.
+    pub stops_given_up: u64,
     /// The longest time (simulated ns) a workload request waited for its reply.
     pub max_latency_ns: u64,
     /// The most metadata pages one commit wrote.
@@ -548,8 +551,6 @@ fn warm_restart(
             w.run(c, o, rng, out, u64::MAX, &mut |_, _, _| true, done)
         };
     run(&mut world, &mut client, oracle, &|_| false);
-    let errors = |e: &Engine<Bytes>| e.stats().commit_failures + e.stats().io_errors;
-    let before_stop = errors(&world.eng);
     world.eng.start_shutdown(world.now);
     run(&mut world, &mut client, oracle, &|e| e.is_idle());
     if oracle.violations.len() > before {
@@ -571,15 +572,17 @@ fn warm_restart(
             &cache[off as usize..(off + len as u64) as usize],
         ))
     };
-    // A stop during which a device failed (a transient error) may end
-    // without its clean commit: the engine does not retry a failed final
-    // commit, and it is idle while a failed backing FLUSH that the commit
-    // waits for is only due for a retry. The record before it says the
-    // cache was running, so recovery treats the restart as after a crash,
-    // and the round goes on from there, cold.
-    let last_failed = errors(&world.eng) > before_stop;
+    // A stop retries what fails on the way (its final commit, a destage, a
+    // backing FLUSH) up to `STOP_RETRIES` times; only a stop that ran out
+    // of them may end without its clean record. The record before it says
+    // the cache was running, so recovery treats the restart as after a
+    // crash, and the round goes on from there, cold.
+    let gave_up = world.eng.stop_gave_up();
+    if gave_up {
+        out.stops_given_up += 1;
+    }
     let eng = match Engine::recover(cfg.clone(), &image, &mut crc) {
-        Ok((e, rep)) if rep.clean_shutdown || last_failed => {
+        Ok((e, rep)) if rep.clean_shutdown || gave_up => {
             out.warm_restarts += u64::from(rep.clean_shutdown);
             e
         }
@@ -722,6 +725,8 @@ pub struct PolicySummary {
     pub direct_writes: u64,
     /// Sum of [`SeedOutcome::warm_restarts`].
     pub warm_restarts: u64,
+    /// Sum of [`SeedOutcome::stops_given_up`].
+    pub stops_given_up: u64,
     /// The longest wait of any request (simulated ns), and its seed.
     pub max_latency: (u64, u64),
     /// The most metadata pages one commit wrote, over every seed.
@@ -746,6 +751,7 @@ pub fn run_many(
     let next = AtomicU64::new(first);
     let done = AtomicU64::new(0);
     let warm = AtomicU64::new(0);
+    let gave_up = AtomicU64::new(0);
     // The lowest failing seed: one that fails its verdict if any does (a
     // write-back seed failing only (c) is expected), else any.
     let lowest: Mutex<Option<(bool, SeedOutcome)>> = Mutex::new(None);
@@ -811,6 +817,7 @@ pub fn run_many(
                     }
                 }
                 warm.fetch_add(r.warm_restarts, Ordering::Relaxed);
+                gave_up.fetch_add(r.stops_given_up, Ordering::Relaxed);
                 {
                     let mut m = maxes.lock().unwrap();
                     if r.max_latency_ns > m.0 .0 {
@@ -856,6 +863,7 @@ pub fn run_many(
         admission: a.5,
         direct_writes: a.6,
         warm_restarts: warm.into_inner(),
+        stops_given_up: gave_up.into_inner(),
         max_latency,
         max_commit_pages,
         log: a.7,

@@ -141,8 +141,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
             );
         }
         println!(
-            "  direct writes (payload placed by the driver): {}; warm restarts before a crash: {}",
-            s.direct_writes, s.warm_restarts
+            "  direct writes (payload placed by the driver): {}; warm restarts before a crash: {} (stops that ran out of retries and restarted cold: {})",
+            s.direct_writes, s.warm_restarts, s.stops_given_up
         );
         println!(
             "  longest request wait: {:.1} ms (seed {}; liveness bound {} ms); most metadata pages in one commit: {}",

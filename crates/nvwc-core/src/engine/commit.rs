@@ -554,9 +554,11 @@ impl<P: Payload> Engine<P> {
 
     fn finish_commit(&mut self, ok: bool) {
         let job = self.commits.job.take().expect("no commit");
-        if ok && !job.record.clean_shutdown {
-            self.commits.vouched = false;
-        } else if !ok && self.commits.vouched {
+        if ok {
+            // A clean stop's final record vouches from now on
+            // (`Engine::stop_gave_up` reads it).
+            self.commits.vouched = job.record.clean_shutdown;
+        } else if self.commits.vouched {
             // The writes held for this commit fail with it, as a FLUSH
             // waiting for a failed commit does; a later write asks again.
             for rw in std::mem::take(&mut self.held) {
@@ -582,6 +584,10 @@ impl<P: Payload> Engine<P> {
             }
         } else {
             self.stats.commit_failures += 1;
+            if self.shutting_down && self.stop_tries > 0 && self.retry_at.is_none() {
+                // A clean stop tries again (`Engine::start_shutdown`).
+                self.retry_at = Some(self.now + self.cfg.retry_ns);
+            }
             // Its device flush may not have covered the in-place writes.
             self.commits.unsynced_overwrites = true;
             // What reached the device is unknown: the log's tail, or which
