@@ -366,7 +366,11 @@ fn a_clean_stop_retries_its_final_commit_then_gives_up() {
             if gave_up {
                 assert!(failed > STOP_RETRIES, "{policy}: {failed} failures");
             }
-            assert_eq!(h.engine.stop_gave_up(), gave_up, "{policy}, {fails} failures");
+            assert_eq!(
+                h.engine.stop_gave_up(),
+                gave_up,
+                "{policy}, {fails} failures"
+            );
             let rep = h.reopen().unwrap();
             assert_eq!(rep.clean_shutdown, !gave_up, "{policy}, {fails} failures");
             read_hit(&mut h, 3, 0, 1);

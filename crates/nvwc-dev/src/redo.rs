@@ -1,15 +1,29 @@
 //! Atomic groups over any device: the redo log, and the filter that stages
 //! a group's writes ([`crate::group`]) and commits them through it.
 //!
-//! One protocol, [`Redo::commit`]: (1) write the group to the log, durably;
-//! (2) write every record in place; (3) flush the device; (4) clear the log,
-//! durably. Crash story: before (1) completes, the log is torn or missing,
+//! One protocol, [`Redo::commit`]: (1) write the group to the log, durably
+//! (over the log of the group before); (2) write every record in place;
+//! (3) flush the device. Two syncs a group: the log is not cleared after
+//! it. Crash story: before (1) completes, the log is torn or missing,
 //! replay does nothing, and the device holds none of the group (step 2 has
-//! not started). After it, the log is complete: [`Redo::replay`] (on open,
-//! or `nvwc recover`) writes every record again (writing twice is
-//! harmless), flushes, and clears the log. After (4) nothing is left to
-//! replay, and a stale log can never be replayed over newer data: it is
-//! cleared before the group's end returns.
+//! not started); a log torn while (1) overwrote the previous group's is
+//! torn for both (each checks its CRC), and that group is on the device
+//! already (its step 3 is done). After (1), the log is complete:
+//! [`Redo::replay`] (on open, or `nvwc recover`) writes every record again
+//! (writing twice is harmless), flushes, and clears the log, durably.
+//!
+//! **The log stays after (3)** (until the next group's log replaces it),
+//! so replay after a crash may apply a group that is already on the
+//! device. That changes nothing as long as nothing else wrote those blocks
+//! since: groups only follow each other through the log, so the one rule is
+//! [`Redo::settle`]: before any write outside a group reaches the device,
+//! the log is cleared, durably. [`Atomic`] settles before its own plain
+//! writes and trims; a driver that writes to the device around the filter
+//! (the server's upstream fast path) MUST settle first
+//! ([`Redo::unsettled`]). Under journaled write-back the engine writes
+//! outside a group only for an admission bypass, so the clear is paid there
+//! and not per checkpoint. (The protocol used to clear the log, durably, as
+//! its step 4 of every group: a third sync.)
 //!
 //! Where the log lives is a [`LogStore`]: for a backing file, the file
 //! `<backing>.nvwc-redo` ([`FileLog`], format in `docs/BACKING-FORMAT.md`);
@@ -163,6 +177,9 @@ pub struct Redo<L> {
     /// Called halfway through step (2), where the server's `redo-apply`
     /// failpoint aborts (`nvwc-server/src/fault.rs`).
     mid_apply: fn(),
+    /// The log holds a group that is on the device already, not cleared:
+    /// [`Redo::settle`] clears it before a write outside a group.
+    unsettled: AtomicBool,
 }
 
 impl<L: LogStore> Redo<L> {
@@ -171,6 +188,7 @@ impl<L: LogStore> Redo<L> {
             log,
             pending: AtomicBool::new(false),
             mid_apply: || {},
+            unsettled: AtomicBool::new(false),
         }
     }
 
@@ -185,9 +203,10 @@ impl<L: LogStore> Redo<L> {
     }
 
     /// Commit the group `writes` (which MUST NOT overlap) to `dev`
-    /// atomically: log, in place, flush, clear (module docs). An error
-    /// leaves either none of the group on `dev`, or all of it once the log
-    /// is replayed (which the next commit does first).
+    /// atomically: log, in place, flush (module docs); the log stays until
+    /// the next group or [`Redo::settle`]. An error leaves either none of
+    /// the group on `dev`, or all of it once the log is replayed (which the
+    /// next commit does first).
     pub fn commit(&self, dev: &impl BlockDevice, writes: &[(u64, Bytes)]) -> io::Result<()> {
         // A group an earlier commit logged but could not finish (an I/O
         // error mid-apply) may be partly in place: finish it before its log
@@ -204,8 +223,31 @@ impl<L: LogStore> Redo<L> {
             dev.write_batch(&writes[half..])?;
         }
         dev.flush()?;
-        self.log.clear()?;
+        self.unsettled.store(true, Ordering::Release);
         self.pending.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// The log may hold a group that a write outside a group could make
+    /// stale: call [`Redo::settle`] before such a write.
+    pub fn unsettled(&self) -> bool {
+        self.unsettled.load(Ordering::Acquire) || self.pending.load(Ordering::Acquire)
+    }
+
+    /// Before a write outside a group reaches the device: clear the log of
+    /// a group already applied (module docs), durably, so that replay after
+    /// a crash cannot write that group over the new bytes. A group still
+    /// pending (its apply failed) is finished first, on `dev`. Nothing to
+    /// do (and no I/O) when the log is settled.
+    pub fn settle(&self, dev: &impl BlockDevice) -> io::Result<()> {
+        if self.pending.load(Ordering::Acquire) {
+            self.replay(dev)?;
+            return Ok(());
+        }
+        if self.unsettled.load(Ordering::Acquire) {
+            self.log.clear()?;
+            self.unsettled.store(false, Ordering::Release);
+        }
         Ok(())
     }
 
@@ -215,12 +257,14 @@ impl<L: LogStore> Redo<L> {
     pub fn replay(&self, dev: &impl BlockDevice) -> io::Result<usize> {
         let Some(writes) = self.log.get()? else {
             self.pending.store(false, Ordering::Release);
+            self.unsettled.store(false, Ordering::Release);
             return Ok(0);
         };
         dev.write_batch(&writes)?;
         dev.flush()?;
         self.log.clear()?;
         self.pending.store(false, Ordering::Release);
+        self.unsettled.store(false, Ordering::Release);
         Ok(writes.len())
     }
 }
@@ -268,15 +312,18 @@ impl<D: BlockDevice, L: LogStore> BlockDevice for Atomic<D, L> {
         self.dev.read(offset, buf)
     }
     fn write(&self, offset: u64, parts: &[&[u8]], fua: bool) -> io::Result<()> {
+        self.redo.settle(&self.dev)?;
         self.dev.write(offset, parts, fua)
     }
     fn write_batch(&self, writes: &[(u64, Bytes)]) -> io::Result<()> {
+        self.redo.settle(&self.dev)?;
         self.dev.write_batch(writes)
     }
     fn flush(&self) -> io::Result<()> {
         self.dev.flush()
     }
     fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.redo.settle(&self.dev)?;
         self.dev.trim(offset, len)
     }
     fn group_begin(&self, g: u64) -> io::Result<()> {
@@ -344,7 +391,11 @@ mod tests {
         redo.commit(&rw, &[(4096, b(6, 512))]).unwrap();
         assert_eq!(read_at(&rw, 0, 512), vec![5u8; 512]);
         assert_eq!(read_at(&rw, 4096, 512), vec![6u8; 512]);
-        assert_eq!(std::fs::metadata(&log).unwrap().len(), 0);
+        // The log holds the second group now (applied, not cleared).
+        assert_eq!(
+            decode(&std::fs::read(&log).unwrap()),
+            Some(vec![(4096, b(6, 512))])
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -365,10 +416,14 @@ mod tests {
         redo.commit(&f, &[(0, b(7, 512)), (4096, b(9, 512))])
             .unwrap();
         assert_eq!(read_at(&f, 4096, 512), vec![9u8; 512]);
+        assert!(redo.unsettled(), "the applied group stays logged");
+        // A write outside a group clears it first (`settle`), durably.
+        redo.settle(&f).unwrap();
+        assert!(!redo.unsettled());
         assert_eq!(
             std::fs::metadata(&log).unwrap().len(),
             0,
-            "log truncated after apply"
+            "log truncated before a write outside a group"
         );
         // A logged-but-unapplied group, written by hand in the documented
         // format (`docs/BACKING-FORMAT.md`), is replayed.
@@ -412,7 +467,10 @@ mod tests {
         assert_eq!(r, [0], "staged, not visible");
         assert_eq!(dev.staged(3).len(), 2);
         dev.group_end(3).unwrap();
-        assert!(dev.redo().log().bytes().is_empty(), "cleared at the end");
+        assert!(
+            !dev.redo().log().bytes().is_empty(),
+            "two syncs a group: the log is not cleared at its end"
+        );
         let mut rng = rand::rngs::mock::StepRng::new(0, 1);
         let img = dev.inner().borrow().crash(&mut rng, &[], &[]);
         assert_eq!(
@@ -429,6 +487,83 @@ mod tests {
         let img = after.borrow().crash(&mut rng, &[], &[]);
         assert_eq!((img[512], img[6144], img[0]), (8, 9, 1));
         assert_eq!(dev.redo().replay(&after).unwrap(), 0, "nothing left");
+    }
+
+    /// A device that counts its flushes, and a log that counts its puts
+    /// and clears (each a sync of the log's store).
+    struct Counted {
+        disk: RefCell<MemDisk>,
+        flushes: std::cell::Cell<u32>,
+    }
+    impl BlockDevice for Counted {
+        fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+            self.disk.read(offset, buf)
+        }
+        fn write(&self, offset: u64, parts: &[&[u8]], fua: bool) -> io::Result<()> {
+            self.disk.write(offset, parts, fua)
+        }
+        fn flush(&self) -> io::Result<()> {
+            self.flushes.set(self.flushes.get() + 1);
+            self.disk.flush()
+        }
+        fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
+            self.disk.trim(offset, len)
+        }
+    }
+    #[derive(Default)]
+    struct CountedLog {
+        log: MemLog,
+        syncs: std::cell::Cell<u32>,
+    }
+    impl LogStore for CountedLog {
+        fn put(&self, writes: &[(u64, Bytes)]) -> io::Result<()> {
+            self.syncs.set(self.syncs.get() + 1);
+            self.log.put(writes)
+        }
+        fn get(&self) -> io::Result<Option<Vec<(u64, Bytes)>>> {
+            self.log.get()
+        }
+        fn clear(&self) -> io::Result<()> {
+            self.syncs.set(self.syncs.get() + 1);
+            self.log.clear()
+        }
+    }
+
+    /// A group costs two syncs (its log, then the device after the apply),
+    /// not three: the log is cleared only before a write outside a group.
+    /// And that clear is what keeps replay from undoing such a write: a
+    /// crash after it replays nothing, while the log of the group, had it
+    /// stayed, would write the group's bytes over the newer ones.
+    #[test]
+    fn a_group_costs_two_syncs_and_a_plain_write_settles_the_log_first() {
+        let dev = Atomic::new(
+            Counted {
+                disk: RefCell::new(MemDisk::new(vec![0; 8192])),
+                flushes: Default::default(),
+            },
+            Redo::new(CountedLog::default()),
+        );
+        for g in 1..=3u64 {
+            dev.group_begin(g).unwrap();
+            dev.group_write(g, 0, b(g as u8, 512)).unwrap();
+            dev.group_end(g).unwrap();
+        }
+        let syncs = dev.inner().flushes.get() + dev.redo().log().syncs.get();
+        assert_eq!(syncs, 6, "two syncs for each of three groups");
+        assert!(dev.redo().unsettled());
+        // A plain write over the last group's block: the log is cleared
+        // first, so replay after a crash leaves the new bytes.
+        dev.write(0, &[&[7u8; 512]], true).unwrap();
+        assert_eq!(dev.redo().log().syncs.get(), 4, "one clear");
+        assert!(!dev.redo().unsettled());
+        dev.write(512, &[&[8u8; 512]], true).unwrap();
+        assert_eq!(dev.redo().log().syncs.get(), 4, "settled already: no clear");
+        let mut rng = rand::rngs::mock::StepRng::new(0, 1);
+        let img = dev.inner().disk.borrow().crash(&mut rng, &[], &[]);
+        let after = RefCell::new(MemDisk::new(img));
+        assert_eq!(dev.redo().replay(&after).unwrap(), 0, "nothing to replay");
+        let img = after.borrow().crash(&mut rng, &[], &[]);
+        assert_eq!((img[0], img[512]), (7, 8));
     }
 
     #[test]

@@ -87,7 +87,7 @@ pub struct Args {
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub merge_backing: bool,
     /// Cost of a journaled checkpoint's GroupEnd: redo (the live server's
-    /// redo log: log write, flush, flush, clear, flush), free (the
+    /// redo log: log write, flush, flush), free (the
     /// write-policy paper's NVRAM journal) or write-flush (a 4 KiB commit
     /// record and a flush).
     #[arg(long, default_value = "redo")]

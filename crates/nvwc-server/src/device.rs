@@ -92,6 +92,16 @@ impl Backend {
         Backend::Nbd(up, rt, Box::new(Atomic::new(dev, redo)))
     }
 
+    /// Clear the redo log of the last checkpoint group, durably, if it still
+    /// holds one (`Redo::settle`); nothing for a plain file.
+    fn settle_redo(&self) -> std::io::Result<()> {
+        match self {
+            Backend::File(_) => Ok(()),
+            Backend::Journaled(a) => a.redo().settle(a.inner()),
+            Backend::Nbd(_, _, groups) => groups.redo().settle(groups.inner()),
+        }
+    }
+
     /// The device the filters stack on: the file, the backing file with its
     /// atomic groups, or the upstream with its atomic groups.
     fn dev(&self) -> &dyn BlockDevice {
@@ -148,6 +158,12 @@ impl View for mapped::Mapped {
 }
 
 impl Device {
+    /// At a clean stop: clear the backing store's redo log if it still holds
+    /// the last checkpoint group (`Backend::settle_redo`).
+    pub(crate) fn settle_redo(&self) -> std::io::Result<()> {
+        self.backend.settle_redo()
+    }
+
     pub(crate) fn execute(&self, op: &IoOp<Bytes>, group: Option<u64>) -> IoResult<Bytes> {
         self.execute_issued(op, group, None)
     }
@@ -173,10 +189,15 @@ impl Device {
         op: &IoOp<Bytes>,
         group: Option<u64>,
     ) -> Option<(tokio::runtime::Handle, UpFuture)> {
-        let Backend::Nbd(c, rt, _) = &self.backend else {
+        let Backend::Nbd(c, rt, groups) = &self.backend else {
             return None;
         };
         if group.is_some() || !self.fault.passthrough() {
+            return None;
+        }
+        if matches!(op, IoOp::Write { .. }) && groups.redo().unsettled() {
+            // The redo log still holds the last group: it is cleared first
+            // (`execute_upstream`, `Redo::settle`).
             return None;
         }
         let c = c.clone();
@@ -326,10 +347,17 @@ impl Device {
                 .block_on(c.pick().read(*offset, *len))
                 .map(Some)
                 .map_err(e),
-            IoOp::Write { offset, data, fua } => rt
-                .block_on(c.pick().write(*offset, data.clone(), *fua))
-                .map(|_| None)
-                .map_err(e),
+            IoOp::Write { offset, data, fua } => {
+                // A write outside a group: the redo log MUST NOT still hold
+                // a group that replay could write over it (`Redo::settle`).
+                if let Err(err) = groups.redo().settle(groups.inner()) {
+                    commit_failed(&err);
+                    return Err(IoError::Eio);
+                }
+                rt.block_on(c.pick().write(*offset, data.clone(), *fua))
+                    .map(|_| None)
+                    .map_err(e)
+            }
             IoOp::Flush => rt.block_on(c.pick().flush()).map(|_| None).map_err(e),
             IoOp::Checksum { offset, len } => rt
                 .block_on(c.pick().read(*offset, *len))

@@ -369,6 +369,20 @@ impl Host {
         let r = rx.recv_timeout(timeout).ok();
         self.lock().stopped = true;
         self.timer.notify_all();
+        if r.is_some() {
+            // The engine is idle: clear a redo log that still holds the last
+            // checkpoint group (`Redo::settle`), so that nothing replays it
+            // over writes made to the backing store after this stop (with
+            // the cache detached, or by another tool).
+            if let Err(err) = self.backing_dev.settle_redo() {
+                log!(
+                    error,
+                    "redo_settle_failed",
+                    error = err.to_string(),
+                    action = "the backing store's redo log still holds the last checkpoint group; run `nvwc recover` on it before writing to it without nvwc"
+                );
+            }
+        }
         r
     }
 

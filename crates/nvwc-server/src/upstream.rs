@@ -11,20 +11,22 @@
 //! * the **log area**, `[start, S - 4096)`: a 4 KiB log header, then the log
 //!   body (the group's records).
 //!
-//! A checkpoint group is committed as: (1) write the body and the header,
-//! FLUSH; (2) write every record in place, FLUSH; (3) overwrite the header
-//! with zeroes, FLUSH. That is the one redo-log protocol
-//! (`nvwc-dev/src/redo.rs`, which also finishes a group an earlier commit
-//! left half applied), run over this region as its log store
-//! ([`RegionLog`]) and the upstream as its device ([`UpstreamDev`]), both
-//! blocking on the client's runtime. Crash story: before (1)'s FLUSH returns, the header or
-//! body may be torn or missing: the header's and body's CRCs fail and replay
-//! does nothing; the in-place writes have not started, so the upstream holds
-//! the previous checkpoint. After it, the log is complete: replay (on open,
-//! or `nvwc recover --backing nbd://...`) writes every record again (writing
-//! twice is harmless), FLUSHes, and clears the header. After (3) nothing is
-//! left to replay. A stale header can never be replayed over newer data: it
-//! is cleared and flushed before the engine learns that the group ended.
+//! A checkpoint group is committed as: (1) write the header and the body
+//! (one write), FLUSH; (2) write every record in place, FLUSH. That is the
+//! one redo-log protocol (`nvwc-dev/src/redo.rs`, which also finishes a
+//! group an earlier commit left half applied), run over this region as its
+//! log store ([`RegionLog`]) and the upstream as its device
+//! ([`UpstreamDev`]), both blocking on the client's runtime. Crash story:
+//! before (1)'s FLUSH returns, the header or body may be torn or missing
+//! (theirs or the previous group's): the header's and body's CRCs fail and
+//! replay does nothing; the in-place writes have not started, so the
+//! upstream holds the previous checkpoint. After it, the log is complete:
+//! replay (on open, or `nvwc recover --backing nbd://...`) writes every
+//! record again (writing twice is harmless), FLUSHes, and clears the header
+//! (zeroes, FLUSH). The header of a group already applied stays until the
+//! next group's replaces it: replaying it writes bytes the upstream already
+//! holds, since a write outside a group first clears it, durably
+//! (`Redo::settle`; `device.rs` routes such writes through it).
 
 use std::ops::Deref;
 
@@ -464,9 +466,9 @@ impl Upstream {
                 r.log_len
             );
         }
-        self.write_all(r.start + BLOCK, &log[BLOCK as usize..])
-            .await?;
-        self.write_all(r.start, &log[..BLOCK as usize]).await?;
+        // Header and body together: the header carries the body's CRC, so a
+        // header that lands without its whole body is not replayed.
+        self.write_all(r.start, &log).await?;
         self.client.flush().await?;
         Ok(())
     }
@@ -656,8 +658,6 @@ mod tests {
         let (up, _) = Upstream::open(&uri, Some(8 << 20), h).unwrap();
         assert_eq!(up.region(), Some(r));
 
-        // A committed group (the redo-log protocol over the region) is
-        // applied in place; nothing left to replay.
         let g1 = vec![
             (0u64, Bytes::from(vec![1u8; 8192])),
             (1 << 20, Bytes::from(vec![2u8; 4096])),
@@ -673,6 +673,10 @@ mod tests {
         Redo::new(log).commit(&dev, &g1).unwrap();
         assert_eq!(mem.contents(0, 8192), vec![1u8; 8192]);
         assert_eq!(mem.contents(1 << 20, 4096), vec![2u8; 4096]);
+        // The applied group's header stays (two syncs a group, not three):
+        // replaying it rewrites the same bytes, then clears it.
+        assert_eq!(up.replay(h).unwrap(), 2);
+        assert_eq!(mem.contents(0, 8192), vec![1u8; 8192]);
         assert_eq!(up.replay(h).unwrap(), 0);
 
         // Crash after the log's FLUSH, before any in-place write.

@@ -130,6 +130,62 @@ fn restart_and_read_back(
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Journaled over a backing file: a checkpoint group's redo log stays after
+/// the group (two syncs a group, not three), and a clean stop clears it, so
+/// that nothing replays it over writes made to the file after the stop.
+#[test]
+fn journaled_keeps_the_last_group_logged_until_a_clean_stop() {
+    let dir = tempdir("jredo");
+    let p = |f: &str| dir.join(f).display().to_string();
+    let a = Args::parse_flags([
+        "--backing",
+        &p("backing.img"),
+        "--cache",
+        &p("cache.img"),
+        "--unix",
+        &p("nvwc.sock"),
+        "--listen",
+        "none",
+        "--size",
+        "64M",
+        "--cache-size",
+        "16M",
+        "--write-policy",
+        "journaled",
+        "--txn-age-ms",
+        "20",
+    ])
+    .unwrap();
+    let s = Server::start(a).unwrap();
+    let rt = runtime();
+    rt.block_on(write_flush_read(&s.uri(""), 4));
+    let log = dir.join("backing.img.nvwc-redo");
+    let len = || std::fs::metadata(&log).map_or(0, |m| m.len());
+    // Every write checkpointed (on the backing file), the last group still
+    // in the log.
+    let backing = std::fs::File::open(dir.join("backing.img")).unwrap();
+    let on_backing = || {
+        writes(4).iter().all(|(off, d)| {
+            let mut got = vec![0u8; d.len()];
+            backing.read_exact_at(&mut got, *off).unwrap();
+            got == *d
+        })
+    };
+    let t = std::time::Instant::now();
+    while !(on_backing() && len() > 0) {
+        assert!(
+            t.elapsed().as_secs() < 30,
+            "not checkpointed: on the backing file {}, log {} bytes",
+            on_backing(),
+            len()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    s.stop().unwrap();
+    assert_eq!(len(), 0, "a clean stop clears the redo log");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Write-back: the flushed writes read back, and are still there after the
 /// server stops and starts again on the same cache.
 #[test]

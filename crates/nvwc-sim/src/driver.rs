@@ -27,12 +27,13 @@
 //!   [`SimConfig::group_end`]:
 //!   - [`GroupEndCost::Redo`] (default): what `nvwc serve` pays, the redo-log
 //!     protocol of `nvwc-dev/src/redo.rs` (log the group durably, write it in
-//!     place, flush, clear the log durably). The group's writes go in place
-//!     as the engine issues them; its `GroupEnd` then costs the log write (the
-//!     group's bytes in the log's encoding, 20 bytes plus 16 per record,
-//!     rounded up to 4 KiB, written sequentially in a log area past the
-//!     backing store's end), a flush, the flush after the in-place writes, a
-//!     4 KiB write that clears the log, and a flush. The device work is the
+//!     place, flush; the log is cleared only before a write outside a group,
+//!     which the engine sends only for an admission bypass). The group's
+//!     writes go in place as the engine issues them; its `GroupEnd` then
+//!     costs the log write (the group's bytes in the log's encoding, 20 bytes
+//!     plus 16 per record, rounded up to 4 KiB, written sequentially in a log
+//!     area past the backing store's end), a flush, and the flush after the
+//!     in-place writes. (A bypass's clear of the log is not charged.) The device work is the
 //!     server's; its order differs (the server logs before it writes in place,
 //!     and holds the in-place writes until then), so a group's end may come
 //!     sooner here than live, never with less device work;
@@ -137,7 +138,7 @@ named_options! {
 named_options! {
     /// Cost of a `GroupEnd` marker (see the module docs).
     pub enum GroupEndCost("group-end cost") {
-        /// The live server's redo log: log write, flush, flush, clear, flush.
+        /// The live server's redo log: log write, flush, flush.
         #[default]
         Redo = "redo",
         /// Completes immediately.
@@ -1263,8 +1264,6 @@ impl<I: Iterator<Item = Result<TraceRecord, TraceError>>> Simulator<I> {
             GroupEndCost::Redo => VecDeque::from([
                 DevOp::write(0, log, redo_log_bytes(bytes, records)),
                 DevOp::flush(0),
-                DevOp::flush(0),
-                DevOp::write(0, log, 4096),
                 DevOp::flush(0),
             ]),
         };
