@@ -24,8 +24,13 @@ fn tempdir(tag: &str) -> PathBuf {
 /// A server in `dir`: `policy` over a 64 MiB backing file with a 16 MiB
 /// cache, on a unix socket only.
 fn start(dir: &Path, policy: &str) -> Server {
+    start_with(dir, policy, &[])
+}
+
+/// [`start`], with `extra` flags after the others.
+fn start_with(dir: &Path, policy: &str, extra: &[&str]) -> Server {
     let p = |f: &str| dir.join(f).display().to_string();
-    let a = Args::parse_flags([
+    let flags = [
         "--backing",
         &p("backing.img"),
         "--cache",
@@ -42,8 +47,8 @@ fn start(dir: &Path, policy: &str) -> Server {
         "16M",
         "--write-policy",
         policy,
-    ])
-    .unwrap();
+    ];
+    let a = Args::parse_flags(flags.iter().copied().chain(extra.iter().copied())).unwrap();
     Server::start(a).unwrap()
 }
 
@@ -136,27 +141,7 @@ fn restart_and_read_back(
 #[test]
 fn journaled_keeps_the_last_group_logged_until_a_clean_stop() {
     let dir = tempdir("jredo");
-    let p = |f: &str| dir.join(f).display().to_string();
-    let a = Args::parse_flags([
-        "--backing",
-        &p("backing.img"),
-        "--cache",
-        &p("cache.img"),
-        "--unix",
-        &p("nvwc.sock"),
-        "--listen",
-        "none",
-        "--size",
-        "64M",
-        "--cache-size",
-        "16M",
-        "--write-policy",
-        "journaled",
-        "--txn-age-ms",
-        "20",
-    ])
-    .unwrap();
-    let s = Server::start(a).unwrap();
+    let s = start_with(&dir, "journaled", &["--txn-age-ms", "20"]);
     let rt = runtime();
     rt.block_on(write_flush_read(&s.uri(""), 4));
     let log = dir.join("backing.img.nvwc-redo");
