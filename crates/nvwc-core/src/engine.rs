@@ -77,6 +77,11 @@ pub const NO_GROUP: Group = u64::MAX;
 /// by default), few enough that a stop on a failed device ends within a
 /// second, without its clean-shutdown record (the restart is then cold).
 pub const STOP_RETRIES: u32 = 8;
+/// How often a checkpoint writes its commit record again after the write
+/// failed (`commit.rs`, `on_commit_io`), `retry_ns` apart, before it gives
+/// up. A record write that keeps failing means a failed device (the server
+/// has degraded the export to read-only by then).
+pub const RECORD_RETRIES: u32 = 8;
 
 /// Observable engine events (for logs, metrics and checkers).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -548,6 +553,7 @@ impl<P: Payload> Engine<P> {
         self.policy.on_timeout(now);
         if matches!(self.retry_at, Some(t) if t <= now) {
             self.retry_at = None;
+            self.retry_commit_record();
             if self.shutting_down {
                 // A clean stop tries its final commit again (`stop_tries`).
                 self.stop_tries = self.stop_tries.saturating_sub(1);

@@ -134,3 +134,51 @@ fn recovery_replays_the_log_and_stops_where_data_did_not_land() {
     }
     assert!(read(&mut h, 400, 8).iter().all(|&b| b == 0));
 }
+
+/// A checkpoint whose commit-record write fails may still have written the
+/// record whole (a failing device can do that). The engine writes the same
+/// record again after `retry_ns` instead of giving the commit up, so the
+/// next checkpoint never overwrites the page copies that record names.
+/// Before, it did: a crash in the middle of that next checkpoint recovered
+/// the landed record over pages it no longer described (the VOPR found it
+/// once failed cache writes could tear).
+#[test]
+fn a_failed_record_write_that_landed_is_written_again() {
+    let mut h = MemHarness::new(cfg(0));
+    write_and_flush(&mut h, 1, 0, 1);
+    let record_write = |h: &mut MemHarness| {
+        h.inflight().iter().position(|c| {
+            c.dev == Dev::Cache
+                && matches!(&c.op, IoOp::Write { fua: true, data, .. } if data.len() == 512)
+        })
+    };
+    // Block 1, then a FLUSH whose record write lands whole but fails.
+    h.submit(3, write(BS, 2));
+    h.wait(3, &mut |_| 0).result.unwrap();
+    h.submit(4, ReqOp::Flush);
+    loop {
+        if let Some(i) = record_write(&mut h) {
+            h.complete_torn(i, 512);
+            break;
+        }
+        assert!(h.step(&mut |_| 0), "no record write");
+    }
+    let r = h.wait(4, &mut |_| 0);
+    assert!(r.result.is_ok(), "the record is written again: {r:?}");
+    // Block 2 and a FLUSH, whose checkpoint runs until its record write is
+    // in flight; then the host crashes.
+    h.submit(5, write(2 * BS, 3));
+    h.wait(5, &mut |_| 0).result.unwrap();
+    h.submit(6, ReqOp::Flush);
+    while record_write(&mut h).is_none() {
+        assert!(h.step(&mut |_| 0), "no record write");
+    }
+    h.reopen().expect("recovery");
+    let whole = |b: &[u8], v: u8| b.iter().all(|&x| x == v);
+    let b0 = read(&mut h, 10, 0);
+    let b1 = read(&mut h, 11, 1);
+    let b2 = read(&mut h, 12, 2);
+    assert!(whole(&b0, 1), "block 0 (flushed): {}", b0[0]);
+    assert!(whole(&b1, 2), "block 1 (flushed): {}", b1[0]);
+    assert!(whole(&b2, 3) || whole(&b2, 0), "block 2: {}", b2[0]);
+}

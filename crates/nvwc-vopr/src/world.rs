@@ -12,7 +12,7 @@ use nvwc_core::*;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::disk::Disk;
+use crate::disk::{Disk, SECTOR};
 use crate::oracle::Oracle;
 use crate::SeedOutcome;
 
@@ -37,6 +37,10 @@ struct InFlight {
     cmd: IoCmd<Bytes>,
     stamp: u64,
     fail: bool,
+    /// For a failed plain write to the cache: the bytes of its payload (a
+    /// whole number of sectors, possibly none) that reach the device before
+    /// the failure, as a failing device may leave a torn write.
+    torn: usize,
 }
 
 /// Device latencies (ns, uniform in `[lo, hi)`) and the probability that a
@@ -250,6 +254,17 @@ impl World {
     /// Run a completed command on the disk models.
     fn execute(&mut self, f: &InFlight) -> IoResult<Bytes> {
         if f.fail {
+            if let IoOp::Write { offset, data, .. } = &f.cmd.op {
+                if f.torn > 0 {
+                    // The torn prefix lands (on the cache: `issue`), then EIO.
+                    let prefix = IoOp::Write {
+                        offset: *offset,
+                        data: data.slice(..f.torn),
+                        fua: false,
+                    };
+                    let _ = self.cache.execute(&prefix, None, f.stamp);
+                }
+            }
             return Err(IoError::Eio);
         }
         let disk = if f.cmd.dev == Dev::Cache {
@@ -299,12 +314,26 @@ impl World {
             && rng.gen_bool(self.lat.err_rate)
             && !matches!(cmd.op, IoOp::GroupBegin { .. });
         let stamp = disk.flush_issue_stamp();
+        let torn = match &cmd.op {
+            IoOp::Write { data, .. } if fail && cmd.dev == Dev::Cache && cmd.group.is_none() => {
+                rng.gen_range(0..=data.len() / SECTOR) * SECTOR
+            }
+            _ => 0,
+        };
         self.count_table_write(&cmd);
         if self.verbose {
             self.trace_issue(&cmd, fail, lat);
         }
         self.push(self.now + lat, Ev::Io(cmd.id));
-        self.inflight.insert(cmd.id, InFlight { cmd, stamp, fail });
+        self.inflight.insert(
+            cmd.id,
+            InFlight {
+                cmd,
+                stamp,
+                fail,
+                torn,
+            },
+        );
     }
 
     /// Print a command put in flight (`--verbose`).

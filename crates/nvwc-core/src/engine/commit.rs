@@ -63,6 +63,10 @@ pub(super) struct CommitJob {
     waiters: Vec<Waiter>,
     left: u32,
     failed: bool,
+    /// Checkpoint: times its record write failed and waits to be written
+    /// again (`on_commit_io`); `record_wait` while a retry is due.
+    record_tries: u32,
+    pub(super) record_wait: bool,
     record: CommitRecord,
     /// Log commit: the record (its entries' checksums fill in as they complete).
     log: Option<LogRecord>,
@@ -270,6 +274,8 @@ impl<P: Payload> Engine<P> {
             waiters,
             left: 1,
             failed: false,
+            record_tries: 0,
+            record_wait: false,
             record,
             log: None,
         };
@@ -478,6 +484,23 @@ impl<P: Payload> Engine<P> {
         if job.left > 0 {
             return;
         }
+        if job.failed && job.stage == CommitStage::Record && job.record_tries < RECORD_RETRIES {
+            // A failed record write may still have reached the device whole
+            // (a failing device can write a command and report an error), and
+            // the pages it names are the copies the next checkpoint would
+            // overwrite. So the job stays (its snapshot keeps protecting the
+            // slots it names) and writes the same record again after
+            // `retry_ns`: once that succeeds, this commit is the durable one.
+            // The VOPR's torn failed writes found a checkpoint overwriting the
+            // pages of a record that had landed.
+            job.failed = false;
+            job.record_tries += 1;
+            job.record_wait = true;
+            self.stats.commit_failures += 1;
+            let at = self.now + self.cfg.retry_ns;
+            self.retry_at = Some(self.retry_at.map_or(at, |r| r.min(at)));
+            return;
+        }
         if job.failed {
             return self.finish_commit(false);
         }
@@ -504,19 +527,7 @@ impl<P: Payload> Engine<P> {
             }
             CommitStage::MetaFlush => {
                 job.stage = CommitStage::Record;
-                job.left = 1;
-                let off = self.layout.commit_offset(job.copy as u64);
-                let data = P::encoded(512, || job.record.encode());
-                self.emit(
-                    Dev::Cache,
-                    IoOp::Write {
-                        offset: off,
-                        data,
-                        fua: true,
-                    },
-                    None,
-                    IoCtx::Commit,
-                );
+                self.write_commit_record();
             }
             CommitStage::Record | CommitStage::LogFlush => self.finish_commit(true),
             CommitStage::Checksums => {
@@ -534,6 +545,35 @@ impl<P: Payload> Engine<P> {
                 job.left = 1;
                 self.emit(Dev::Cache, IoOp::Flush, None, IoCtx::Commit);
             }
+        }
+    }
+
+    /// Write the checkpoint's commit record (FUA): its last step, or again
+    /// after a failed attempt (`on_commit_io`).
+    fn write_commit_record(&mut self) {
+        let job = self.commits.job.as_mut().expect("no commit");
+        debug_assert_eq!(job.stage, CommitStage::Record);
+        job.left = 1;
+        job.record_wait = false;
+        let off = self.layout.commit_offset(job.copy as u64);
+        let data = P::encoded(512, || job.record.encode());
+        self.emit(
+            Dev::Cache,
+            IoOp::Write {
+                offset: off,
+                data,
+                fua: true,
+            },
+            None,
+            IoCtx::Commit,
+        );
+    }
+
+    /// A checkpoint whose record write failed writes it again once the
+    /// retry is due (`Engine::handle_timeout`).
+    pub(super) fn retry_commit_record(&mut self) {
+        if self.commits.job.as_ref().is_some_and(|j| j.record_wait) {
+            self.write_commit_record();
         }
     }
 
