@@ -201,31 +201,29 @@ impl MemHarness {
 
     /// Complete in-flight command `i` with EIO, without running it.
     pub fn complete_failed(&mut self, i: usize) {
-        self.collect();
-        let cmd = self.inflight.remove(i).expect("no such command in flight");
-        self.now += 1;
-        self.engine
-            .handle_completion(self.now, cmd.id, Err(IoError::Eio));
-        self.collect();
+        self.complete_torn(i, 0);
     }
 
     /// Complete in-flight command `i` as a torn write that failed: its first
     /// `keep` bytes reach the device (as a device that loses power, or
     /// fails, in the middle of a write may leave them), and the command
-    /// completes with EIO. Command `i` MUST be a write without a group.
+    /// completes with EIO. With `keep > 0`, command `i` MUST be a write
+    /// without a group; with 0 it may be any command (`complete_failed`).
     pub fn complete_torn(&mut self, i: usize, keep: usize) {
         self.collect();
         let cmd = self.inflight.remove(i).expect("no such command in flight");
-        let IoOp::Write { offset, data, .. } = &cmd.op else {
-            panic!("complete_torn: not a write: {cmd:?}");
-        };
-        assert!(cmd.group.is_none(), "complete_torn: a group write");
-        let dev = match cmd.dev {
-            Dev::Cache => &mut self.cache,
-            Dev::Backing => &mut self.backing,
-        };
-        let keep = keep.min(data.len());
-        dev[*offset as usize..*offset as usize + keep].copy_from_slice(&data[..keep]);
+        if keep > 0 {
+            let IoOp::Write { offset, data, .. } = &cmd.op else {
+                panic!("complete_torn: not a write: {cmd:?}");
+            };
+            assert!(cmd.group.is_none(), "complete_torn: a group write");
+            let dev = match cmd.dev {
+                Dev::Cache => &mut self.cache,
+                Dev::Backing => &mut self.backing,
+            };
+            let keep = keep.min(data.len());
+            dev[*offset as usize..*offset as usize + keep].copy_from_slice(&data[..keep]);
+        }
         self.now += 1;
         self.engine
             .handle_completion(self.now, cmd.id, Err(IoError::Eio));
