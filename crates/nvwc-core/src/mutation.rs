@@ -45,6 +45,12 @@ pub enum Mutation {
     /// old copy for a crash to bring back (checks (a)/(b) under
     /// write-through, on the VOPR's warm restarts).
     WarmRestartUnvouched = 7,
+    /// Journaled rewrites a version of the open transaction in place (the
+    /// behaviour before 0c80eb7): a rewrite whose cache write tears and
+    /// fails leaves the kept version a mix of two writes, and the next
+    /// checkpoint puts the mix on the backing store (the VOPR's torn-version
+    /// check, (c)).
+    JournaledRewritesInPlace = 8,
 }
 
 #[cfg(feature = "mutations")]

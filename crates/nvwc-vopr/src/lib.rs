@@ -21,6 +21,11 @@
 //!   everything acknowledged. For the consistent policies this is checked
 //!   again after recovery: the recovered engine drains to the backing store,
 //!   which must be a prefix (completion→issue order) after every backing write;
+//!   and for every policy but write-back, no backing write carries a torn
+//!   version: where it shows a write that had already failed, the rest of
+//!   that write in the same block shows it too, or a later write (the
+//!   per-sector rules cannot see a torn write, each of whose sectors is
+//!   legal alone);
 //! * **other**: no panic, no request waiting longer than
 //!   [`LIVENESS_NS`] of simulated time (checked at every event, so a request
 //!   starved while timers keep firing fails too), no deadlock (nothing left

@@ -361,6 +361,21 @@ impl Oracle {
         }
     }
 
+    /// Does `v` at sector `s` show write `w`, or a write to `s` not ordered
+    /// before `w` (whatever crashes lost)?
+    pub fn shows_or_supersedes(&self, s: u64, v: Val, w: u32) -> bool {
+        match v {
+            Val::Garbage => false,
+            Val::W(x) => {
+                x == w || x != INIT && self.writes_to(s).contains(&x) && !self.before(x, w)
+            }
+            Val::Zero => self
+                .writes_to(s)
+                .iter()
+                .any(|&x| self.writes[x as usize].zero && !self.before(x, w)),
+        }
+    }
+
     /// May the client view show `v` at `s` after recovery at all (before
     /// the first crash: anything but garbage)?
     pub fn possible(&self, s: u64, v: Val) -> bool {

@@ -13,7 +13,7 @@ use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::disk::{Disk, SECTOR};
-use crate::oracle::Oracle;
+use crate::oracle::{decode, Oracle, Val};
 use crate::SeedOutcome;
 
 /// A request outstanding longer than this (simulated) fails the liveness
@@ -41,6 +41,8 @@ struct InFlight {
     /// whole number of sectors, possibly none) that reach the device before
     /// the failure, as a failing device may leave a torn write.
     torn: usize,
+    /// The oracle's clock when the command was put in flight.
+    issued_at: u64,
 }
 
 /// Device latencies (ns, uniform in `[lo, hi)`) and the probability that a
@@ -217,6 +219,9 @@ impl World {
                 Ev::Io(id) => {
                     let f = self.inflight.remove(&id).expect("io");
                     let res = self.execute(&f);
+                    if res.is_ok() && !self.torn_version_ok(&f, cx.o) {
+                        return Stop::Violation;
+                    }
                     self.eng.handle_completion(self.now, id, res);
                     if !watch(&f.cmd, &self.backing, cx.o) {
                         return Stop::Violation;
@@ -251,6 +256,57 @@ impl World {
         }
     }
 
+    /// A backing write never carries a torn version: where it shows a write
+    /// `x` that failed before the command was issued, every other sector of
+    /// `x` in the same block (and in the command) shows `x` too, or a write
+    /// not ordered before `x`. Except under write-back, whose failed in-place
+    /// rewrites leave a block undefined, a policy keeps a version only once
+    /// its cache write succeeded, so what a failed cache write left on the
+    /// device (a torn prefix, `InFlight::torn`) never reaches the backing
+    /// store mixed with the version it was to replace. (A failed write may
+    /// reach it whole: a FUA write whose data landed and whose commit
+    /// failed.) The oracle's per-sector rules cannot see this, since each
+    /// sector of a torn write is legal alone. `false` records a violation.
+    fn torn_version_ok(&self, f: &InFlight, o: &mut Oracle) -> bool {
+        let cfg = self.eng.config();
+        if f.cmd.dev != Dev::Backing || cfg.write_policy == WritePolicyKind::WriteBack {
+            return true;
+        }
+        let IoOp::Write { offset, data, .. } = &f.cmd.op else {
+            return true;
+        };
+        let per_block = cfg.block_size as u64 / SECTOR as u64;
+        let first = offset / SECTOR as u64;
+        let vals: Vec<Val> = data
+            .chunks_exact(SECTOR)
+            .enumerate()
+            .map(|(i, b)| decode(b, first + i as u64))
+            .collect();
+        let at = |s: u64| vals[(s - first) as usize];
+        for (i, v) in vals.iter().enumerate() {
+            let s = first + i as u64;
+            let Val::W(x) = *v else { continue };
+            let r = &o.writes[x as usize];
+            if r.ok || r.done.is_none_or(|d| d >= f.issued_at) {
+                continue;
+            }
+            let block = s / per_block;
+            let lo = (block * per_block).max(r.first_sector).max(first);
+            let hi = ((block + 1) * per_block)
+                .min(r.first_sector + r.sectors)
+                .min(first + vals.len() as u64);
+            if let Some(bad) = (lo..hi).find(|&t| !o.shows_or_supersedes(t, at(t), x)) {
+                o.violations.push(format!(
+                    "(c) a backing write at {offset} carries a torn version of failed write w{x}: sector {s} shows it, sector {bad} of the same block shows {:?} ({})",
+                    at(bad),
+                    o.describe(x)
+                ));
+                return false;
+            }
+        }
+        true
+    }
+
     /// Run a completed command on the disk models.
     fn execute(&mut self, f: &InFlight) -> IoResult<Bytes> {
         if f.fail {
@@ -281,7 +337,7 @@ impl World {
     /// now); events to the oracle when the client records transactions.
     fn pump(&mut self, client: &mut dyn Client, cx: &mut Ctx) {
         while let Some(cmd) = self.direct_cmds.pop_front() {
-            self.issue(cmd, cx.rng);
+            self.issue(cmd, cx.rng, cx.o.clock);
         }
         let records = client.records_txns();
         let mut p = Pumped {
@@ -298,7 +354,7 @@ impl World {
     }
 
     /// Put one command in flight, with a latency and maybe an error.
-    fn issue(&mut self, cmd: IoCmd<Bytes>, rng: &mut ChaCha8Rng) {
+    fn issue(&mut self, cmd: IoCmd<Bytes>, rng: &mut ChaCha8Rng, clock: u64) {
         let (lo, hi) = if cmd.dev == Dev::Cache {
             self.lat.cache
         } else {
@@ -332,6 +388,7 @@ impl World {
                 stamp,
                 fail,
                 torn,
+                issued_at: clock,
             },
         );
     }
@@ -417,7 +474,7 @@ impl Driver<Bytes> for Pumped<'_, '_> {
         &mut self.w.eng
     }
     fn command(&mut self, cmd: IoCmd<Bytes>) {
-        self.w.issue(cmd, self.cx.rng);
+        self.w.issue(cmd, self.cx.rng, self.cx.o.clock);
     }
     fn reply(&mut self, r: Reply<Bytes>) {
         self.retry |= self.client.reply(r, self.w.now, self.cx);

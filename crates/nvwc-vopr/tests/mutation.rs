@@ -141,3 +141,16 @@ fn writes_acknowledged_before_a_warm_restart_s_first_commit_fail_the_run() {
     );
     planted.verdict().expect_err("the run fails");
 }
+
+#[test]
+fn a_torn_journaled_rewrite_reaching_the_backing_store_fails_the_run() {
+    // The oracle's per-sector rules accept each sector of a torn write; the
+    // world's torn-version check on backing writes is what sees the mix.
+    let o = opts(WritePolicyKind::Journaled, None);
+    let (clean, planted) = with_and_without(Mutation::JournaledRewritesInPlace, &o, 1500);
+    assert_eq!(clean.by_check, [0; 4], "journaled passes without the bug");
+    assert_eq!(clean.verdict(), Ok(()));
+    assert!(planted.by_check[2] > 0, "the planted bug fails (c)");
+    let why = planted.verdict().expect_err("a torn version fails the run");
+    assert!(why.contains("(c)") || why.contains("seeds failed"), "{why}");
+}

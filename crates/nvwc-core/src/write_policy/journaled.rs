@@ -266,8 +266,10 @@ impl WritePolicy for Journaled {
     /// `a_torn_cache_write_damages_no_kept_version`). Out of place, a failed
     /// write loses only itself. The superseded slot of the same transaction
     /// is freed when the new version is installed (`keep_superseded`).
-    fn may_overwrite(&self, _old: Group, _new: Group) -> bool {
-        false
+    fn may_overwrite(&self, old: Group, new: Group) -> bool {
+        crate::mutation::active(crate::mutation::Mutation::JournaledRewritesInPlace)
+            && old == new
+            && self.txns.back().map(|t| t.id) == Some(new)
     }
     fn journal_wait(&mut self, waiting: bool) {
         self.journal_full = waiting;
