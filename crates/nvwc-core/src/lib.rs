@@ -30,7 +30,9 @@ pub use config::{
     AdmissionKind, Config, ConfigError, FetchMode, JournalConfig, KneeSource, ReplacementKind,
     Watermarks, WritePolicyKind,
 };
-pub use engine::{CacheImage, Engine, Event, RecoverError, RecoveryReport, STOP_RETRIES};
+pub use engine::{
+    CacheImage, Engine, Event, RecoverError, RecoveryReport, RECORD_RETRIES, STOP_RETRIES,
+};
 pub use payload::{Payload, Phantom};
 pub use stats::Stats;
 pub use types::*;

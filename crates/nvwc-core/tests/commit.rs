@@ -182,3 +182,73 @@ fn a_failed_record_write_that_landed_is_written_again() {
     assert!(whole(&b1, 2), "block 1 (flushed): {}", b1[0]);
     assert!(whole(&b2, 3) || whole(&b2, 0), "block 2: {}", b2[0]);
 }
+
+/// A record write that keeps failing (every retry lands whole and reports
+/// EIO) gives its checkpoint up. The copy it went to may now hold a record
+/// in force whose pages the next checkpoint would overwrite; so that
+/// checkpoint first erases that copy. Without the erase, a crash in the
+/// next checkpoint recovers the landed record over pages it no longer
+/// describes, and the log of the checkpoint before it (which holds a
+/// flushed write) is ignored.
+#[test]
+fn a_record_that_kept_failing_is_erased_before_the_next_checkpoint() {
+    let mut h = MemHarness::new(cfg(16));
+    // Block 0, durable through a log record.
+    write_and_flush(&mut h, 1, 0, 1);
+    let cache_flush = |h: &mut MemHarness| {
+        h.inflight()
+            .iter()
+            .position(|c| c.dev == Dev::Cache && matches!(c.op, IoOp::Flush))
+    };
+    let record_write = |h: &mut MemHarness| {
+        h.inflight().iter().position(|c| {
+            c.dev == Dev::Cache
+                && matches!(&c.op, IoOp::Write { fua: true, data, .. } if data.len() == 512)
+        })
+    };
+    // Block 1, whose log commit's device flush fails: the next commit is a
+    // checkpoint.
+    h.submit(3, write(BS, 2));
+    h.wait(3, &mut |_| 0).result.unwrap();
+    h.submit(4, ReqOp::Flush);
+    loop {
+        if let Some(i) = cache_flush(&mut h) {
+            h.complete_failed(i);
+            break;
+        }
+        assert!(h.step(&mut |_| 0), "no cache flush");
+    }
+    assert!(h.wait(4, &mut |_| 0).result.is_err());
+    // Block 2 and a FLUSH: the checkpoint's record lands whole and fails,
+    // every time it is written.
+    h.submit(5, write(2 * BS, 3));
+    h.wait(5, &mut |_| 0).result.unwrap();
+    h.submit(6, ReqOp::Flush);
+    let mut tries = 0;
+    while !h.replies.iter().any(|r| r.id == 6) {
+        if let Some(i) = record_write(&mut h) {
+            h.complete_torn(i, 512);
+            tries += 1;
+            continue;
+        }
+        assert!(h.step(&mut |_| 0), "FLUSH never answered");
+    }
+    assert_eq!(tries, RECORD_RETRIES + 1, "written once, then retried");
+    assert!(h.wait(6, &mut |_| 0).result.is_err(), "the commit gave up");
+    // Block 3 and a FLUSH, whose checkpoint runs until its record write is
+    // in flight; then the host crashes.
+    h.submit(7, write(3 * BS, 4));
+    h.wait(7, &mut |_| 0).result.unwrap();
+    h.submit(8, ReqOp::Flush);
+    while record_write(&mut h).is_none() {
+        assert!(h.step(&mut |_| 0), "no record write");
+    }
+    h.reopen().expect("recovery");
+    let whole = |b: &[u8], v: u8| b.iter().all(|&x| x == v);
+    let b0 = read(&mut h, 10, 0);
+    assert!(whole(&b0, 1), "block 0 (flushed): {}", b0[0]);
+    for (lbn, v) in [(1u64, 2u8), (2, 3), (3, 4)] {
+        let b = read(&mut h, 10 + lbn, lbn);
+        assert!(whole(&b, v) || whole(&b, 0), "block {lbn}: {}", b[0]);
+    }
+}

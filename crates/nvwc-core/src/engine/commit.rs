@@ -60,6 +60,8 @@ pub(super) struct CommitJob {
     ckpt_pages: Vec<u64>,
     /// Checkpoint: the commit-record copy it writes.
     copy: u8,
+    /// Checkpoint: it erases that copy first (`LogState::record_unsure`).
+    erase: bool,
     waiters: Vec<Waiter>,
     left: u32,
     failed: bool,
@@ -83,6 +85,11 @@ pub(super) struct LogState {
     cr_cur: u8,
     /// The next commit MUST be a checkpoint.
     force_checkpoint: bool,
+    /// A checkpoint gave up on its record write (`RECORD_RETRIES` failed):
+    /// the copy not in force (`1 - cr_cur`) may hold that record, landed
+    /// whole, naming the shadow pages the next checkpoint writes. The next
+    /// checkpoint MUST erase that copy before it writes a page.
+    record_unsure: bool,
     /// Highest commit known sealed on the device.
     sealed: u64,
     /// Versions introduced by an unsealed record, oldest first: (commit, slot, seq).
@@ -271,6 +278,7 @@ impl<P: Payload> Engine<P> {
             written: Vec::new(),
             ckpt_pages: Vec::new(),
             copy: 0,
+            erase: false,
             waiters,
             left: 1,
             failed: false,
@@ -287,8 +295,15 @@ impl<P: Payload> Engine<P> {
             }
         } else {
             self.start_checkpoint(&mut job);
+            job.erase = self.commits.log.record_unsure;
+            if job.erase {
+                job.left += 1;
+            }
             self.commits.job = Some(job);
             self.emit(Dev::Cache, IoOp::Flush, None, IoCtx::Commit);
+            if self.commits.log.record_unsure {
+                self.erase_unsure_record();
+            }
         }
     }
 
@@ -502,10 +517,18 @@ impl<P: Payload> Engine<P> {
             return;
         }
         if job.failed {
+            if job.stage == CommitStage::Record {
+                // Its record may have landed (`LogState::record_unsure`).
+                self.commits.log.record_unsure = true;
+            }
             return self.finish_commit(false);
         }
         match job.stage {
             CommitStage::DataFlush => {
+                if job.erase {
+                    // The copy is zeroes now: the durable record is in force.
+                    self.commits.log.record_unsure = false;
+                }
                 job.stage = CommitStage::Pages;
                 let pages = std::mem::take(&mut job.pages);
                 if pages.is_empty() {
@@ -557,6 +580,29 @@ impl<P: Payload> Engine<P> {
         job.record_wait = false;
         let off = self.layout.commit_offset(job.copy as u64);
         let data = P::encoded(512, || job.record.encode());
+        self.emit(
+            Dev::Cache,
+            IoOp::Write {
+                offset: off,
+                data,
+                fua: true,
+            },
+            None,
+            IoCtx::Commit,
+        );
+    }
+
+    /// Erase the commit-record copy a given-up checkpoint may have landed in
+    /// (`LogState::record_unsure`), with FUA, beside the checkpoint's first
+    /// device flush: both complete before a page is written. Zeroes decode as
+    /// no record, as the second copy of a fresh format does, so the record
+    /// in `cr_cur` is in force again. If the erase fails, the checkpoint
+    /// fails before writing anything, and the next one erases again.
+    fn erase_unsure_record(&mut self) {
+        let off = self
+            .layout
+            .commit_offset(1 - self.commits.log.cr_cur as u64);
+        let data = P::encoded(512, || vec![0u8; 512]);
         self.emit(
             Dev::Cache,
             IoOp::Write {
