@@ -37,7 +37,7 @@ struct InFlight {
     cmd: IoCmd<Bytes>,
     stamp: u64,
     fail: bool,
-    /// For a failed plain write to the cache: the bytes of its payload (a
+    /// For a failed plain write (not part of an atomic group): the bytes of its payload (a
     /// whole number of sectors, possibly none) that reach the device before
     /// the failure, as a failing device may leave a torn write.
     torn: usize,
@@ -312,13 +312,18 @@ impl World {
         if f.fail {
             if let IoOp::Write { offset, data, .. } = &f.cmd.op {
                 if f.torn > 0 {
-                    // The torn prefix lands (on the cache: `issue`), then EIO.
+                    // The torn prefix lands (`issue`), then EIO.
                     let prefix = IoOp::Write {
                         offset: *offset,
                         data: data.slice(..f.torn),
                         fua: false,
                     };
-                    let _ = self.cache.execute(&prefix, None, f.stamp);
+                    let disk = if f.cmd.dev == Dev::Cache {
+                        &mut self.cache
+                    } else {
+                        &mut self.backing
+                    };
+                    let _ = disk.execute(&prefix, None, f.stamp);
                 }
             }
             return Err(IoError::Eio);
@@ -371,7 +376,7 @@ impl World {
             && !matches!(cmd.op, IoOp::GroupBegin { .. });
         let stamp = disk.flush_issue_stamp();
         let torn = match &cmd.op {
-            IoOp::Write { data, .. } if fail && cmd.dev == Dev::Cache && cmd.group.is_none() => {
+            IoOp::Write { data, .. } if fail && cmd.group.is_none() => {
                 rng.gen_range(0..=data.len() / SECTOR) * SECTOR
             }
             _ => 0,
