@@ -77,9 +77,23 @@ pub fn parse_sizes(s: &str) -> Result<Vec<u64>> {
         .collect()
 }
 
-/// Parses a device spec (preset name or JSON).
+/// Parses a device spec: a preset name, JSON, or the path of a JSON file.
+/// An error quotes a long spec by its start only.
 pub fn parse_device(s: &str) -> Result<DeviceSpec> {
-    s.parse().map_err(|e| anyhow::anyhow!("device {s:?}: {e}"))
+    let t = s.trim();
+    let is_json = t.starts_with('{') || t.starts_with('"');
+    let path = std::path::Path::new(t);
+    if !is_json && DeviceSpec::preset(t).is_err() && path.is_file() {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| anyhow::anyhow!("device file {}: {e}", path.display()))?;
+        return DeviceSpec::from_json(text.trim())
+            .map_err(|e| anyhow::anyhow!("device file {}: {e}", path.display()));
+    }
+    s.parse().map_err(|e| {
+        let shown: String = t.chars().take(60).collect();
+        let more = if t.chars().count() > 60 { "…" } else { "" };
+        anyhow::anyhow!("device {shown:?}{more}: {e}")
+    })
 }
 
 /// The backing device's track size in cache blocks, if it has tracks.
@@ -248,5 +262,25 @@ mod tests {
         let k = parse_replacement("lst:track=4", Some(9)).unwrap();
         assert_eq!(k, ReplacementKind::Lst { track_blocks: 4 });
         assert!(parse_replacement("fifo", None).is_err());
+    }
+
+    #[test]
+    fn a_device_spec_may_be_a_json_file_and_a_bad_one_is_quoted_short() {
+        let net = DeviceSpec::preset("net").unwrap();
+        let json = serde_json::to_string(&net).unwrap();
+        let path = std::env::temp_dir().join(format!("nvwc-runs-{}.json", std::process::id()));
+        std::fs::write(&path, &json).unwrap();
+        assert_eq!(parse_device(path.to_str().unwrap()).unwrap(), net);
+        assert_eq!(parse_device(&json).unwrap(), net);
+        std::fs::write(&path, "{\"type\": \"net\"}").unwrap();
+        let e = parse_device(path.to_str().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("device file "), "{e}");
+        std::fs::remove_file(&path).unwrap();
+        let long = json.replace("\"name\"", "\"nmae\"");
+        let e = parse_device(&long).unwrap_err().to_string();
+        assert!(e.contains("…") && e.len() < 400, "{e}");
+        assert!(parse_device("no-such-device").is_err());
     }
 }

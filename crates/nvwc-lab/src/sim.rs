@@ -42,10 +42,10 @@ pub struct Args {
     /// Cache block size.
     #[arg(long, default_value = "4k")]
     pub block_size: String,
-    /// Backing device: a preset name (hdd, hdd-hp97560, ssd, net, ...) or JSON.
+    /// Backing device: a preset name (hdd, hdd-hp97560, ssd, net, ...) or JSON (inline, or the path of a JSON file).
     #[arg(long, default_value = "net")]
     pub backing: String,
-    /// Cache device: a preset name (nvdram, pmem, ssd-nvme, ssd-revodrive, ...) or JSON.
+    /// Cache device: a preset name (nvdram, pmem, ssd-nvme, ssd-revodrive, ...) or JSON (inline, or the path of a JSON file).
     #[arg(long, default_value = "nvdram")]
     pub cache_device: String,
     /// Replay mode: closed (N outstanding per client) or open (trace timestamps).
