@@ -83,6 +83,14 @@ pub const STOP_RETRIES: u32 = 8;
 /// has degraded the export to read-only by then).
 pub const RECORD_RETRIES: u32 = 8;
 
+/// Largest backing write a destage plan issues: its copies whose backing
+/// bytes are contiguous go as one command up to this size. 1 MiB: the
+/// largest request the Linux block layer builds by default
+/// (`max_sectors_kb` = 1280) rounded down to a power of two. A backing
+/// store that takes less (an NBD upstream advertising a smaller maximum
+/// block size) gets it in pieces from the driver.
+pub const MAX_DESTAGE_RUN_BYTES: u64 = 1 << 20;
+
 /// Observable engine events (for logs, metrics and checkers).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Event {
@@ -106,6 +114,8 @@ pub struct Engine<P: Payload> {
     patch: PatchState<P>,
     bypass: BypassState,
     destage: DestageState,
+    /// Bytes read for each destage run not yet written, by (plan, run).
+    destage_parts: HashMap<(u32, u32), Vec<Option<P>>>,
     cfg: Config,
     layout: Layout,
     bs: u64,
@@ -173,6 +183,7 @@ impl<P: Payload> Engine<P> {
             patch: PatchState::default(),
             bypass: BypassState::new(&cfg),
             destage: DestageState::default(),
+            destage_parts: HashMap::new(),
             layout,
             bs,
             policy,
@@ -505,13 +516,10 @@ impl<P: Payload> Engine<P> {
                 }
             }
             IoCtx::Fill { block, slot } => self.on_fill(block, slot, res.is_ok()),
-            IoCtx::DestageRead {
-                plan,
-                slot,
-                block,
-                lo,
-            } => self.on_destage_read(plan, slot, block, lo, res),
-            IoCtx::DestageWrite { plan } => self.on_destage_write(plan, res.is_ok()),
+            IoCtx::DestageRead { plan, run, part } => self.on_destage_read(plan, run, part, res),
+            IoCtx::DestageWrite { plan, copies } => {
+                self.on_destage_write(plan, copies, res.is_ok())
+            }
             IoCtx::PlanBegin { plan } => self.on_plan_begin(plan, res.is_ok()),
             IoCtx::PlanFinish { plan } => self.on_plan_finish(plan, res.is_ok()),
             IoCtx::PlanFlush => self.on_plan_flush(res.is_ok()),

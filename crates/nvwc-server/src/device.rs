@@ -203,15 +203,17 @@ impl Device {
         let c = c.clone();
         let e = |_| IoError::Eio;
         let fut: UpFuture = match op.clone() {
-            IoOp::Read { offset, len } => {
-                Box::pin(async move { c.pick().read(offset, len).await.map(Some).map_err(e) })
-            }
+            IoOp::Read { offset, len } => Box::pin(async move {
+                c.read_split(offset, len)
+                    .await
+                    .map(Some)
+                    .map_err(|_| IoError::Eio)
+            }),
             IoOp::Write { offset, data, fua } => Box::pin(async move {
-                c.pick()
-                    .write(offset, data, fua)
+                c.write_split(offset, data, fua)
                     .await
                     .map(|_| None)
-                    .map_err(e)
+                    .map_err(|_| IoError::Eio)
             }),
             IoOp::Flush => Box::pin(async move { c.pick().flush().await.map(|_| None).map_err(e) }),
             IoOp::Checksum { offset, len } => Box::pin(async move {
@@ -344,9 +346,9 @@ impl Device {
                 staged(groups.group_write(g, *offset, data.clone()))
             }
             IoOp::Read { offset, len } => rt
-                .block_on(c.pick().read(*offset, *len))
+                .block_on(c.read_split(*offset, *len))
                 .map(Some)
-                .map_err(e),
+                .map_err(|_| IoError::Eio),
             IoOp::Write { offset, data, fua } => {
                 // A write outside a group: the redo log MUST NOT still hold
                 // a group that replay could write over it (`Redo::settle`).
@@ -354,9 +356,9 @@ impl Device {
                     commit_failed(&err);
                     return Err(IoError::Eio);
                 }
-                rt.block_on(c.pick().write(*offset, data.clone(), *fua))
+                rt.block_on(c.write_split(*offset, data.clone(), *fua))
                     .map(|_| None)
-                    .map_err(e)
+                    .map_err(|_| IoError::Eio)
             }
             IoOp::Flush => rt.block_on(c.pick().flush()).map(|_| None).map_err(e),
             IoOp::Checksum { offset, len } => rt

@@ -400,6 +400,53 @@ impl Upstream {
         self.region.map_or(self.client.size(), |r| r.start)
     }
 
+    /// Write `data` at `off` in requests of at most the upstream's maximum
+    /// block size (a destage run may be larger), `fua` on each, all in
+    /// flight at once.
+    pub async fn write_split(&self, off: u64, data: Bytes, fua: bool) -> Result<()> {
+        let chunk = self.chunk() as usize;
+        if data.len() <= chunk {
+            return Ok(self.pick().write(off, data, fua).await?);
+        }
+        let pieces: Vec<_> = (0..data.len())
+            .step_by(chunk)
+            .map(|at| {
+                let piece = data.slice(at..(at + chunk).min(data.len()));
+                self.pick().write(off + at as u64, piece, fua)
+            })
+            .collect();
+        Ok(join_all(pieces).await?)
+    }
+
+    /// Read `len` bytes at `off` in requests of at most the upstream's
+    /// maximum block size, all in flight at once.
+    pub async fn read_split(&self, off: u64, len: u32) -> Result<Bytes> {
+        let chunk = self.chunk() as u32;
+        if len <= chunk {
+            return Ok(self.pick().read(off, len).await?);
+        }
+        let starts: Vec<u32> = (0..len).step_by(chunk as usize).collect();
+        let got: Vec<std::sync::Mutex<Bytes>> = starts.iter().map(|_| Default::default()).collect();
+        let pieces: Vec<_> = starts
+            .iter()
+            .zip(&got)
+            .map(|(&at, slot)| async move {
+                let d = self
+                    .pick()
+                    .read(off + u64::from(at), chunk.min(len - at))
+                    .await?;
+                *slot.lock().expect("a piece's slot") = d;
+                Ok::<(), nvwc_nbd::ClientError>(())
+            })
+            .collect();
+        join_all(pieces).await?;
+        let mut out = bytes::BytesMut::with_capacity(len as usize);
+        for g in &got {
+            out.extend_from_slice(&g.lock().expect("a piece's slot"));
+        }
+        Ok(out.freeze())
+    }
+
     fn chunk(&self) -> u64 {
         u64::from(self.client.info().max_block).clamp(BLOCK, 4 << 20) / BLOCK * BLOCK
     }

@@ -828,3 +828,74 @@ fn a_rewrite_after_a_warm_restart_survives_kill9() {
         clean_up(&dir, backing);
     }
 }
+
+/// An upstream that advertises a 64 KiB maximum block size and refuses
+/// anything longer (nbdkit's blocksize-policy filter): destage runs (up to
+/// 1 MiB, `MAX_DESTAGE_RUN_BYTES`), bypassed writes and backing reads reach
+/// it in pieces, for every write policy; after `nvwc detach` the upstream
+/// file alone holds every write.
+#[test]
+fn upstream_with_a_small_maximum_block_size() {
+    require_tools!("nbdkit", "qemu-io");
+    for policy in ["write-back", "write-through", "ordered", "journaled"] {
+        let dir = tempdir(&format!("upmax-{policy}"));
+        must(&format!(
+            "truncate -s 64M {d}/up.img && qemu-io -f raw -c 'write -P 0x41 40M 4M' {d}/up.img",
+            d = dir.display()
+        ));
+        let sock = dir.join("up.sock");
+        let up = Command::new("nbdkit")
+            .arg("-U")
+            .arg(&sock)
+            .args(["-f", "--exit-with-parent", "--threads", "1"])
+            .args(["--filter=blocksize-policy", "file"])
+            .arg(dir.join("up.img"))
+            .args([
+                "blocksize-maximum=65536",
+                "blocksize-preferred=4096",
+                "blocksize-error-policy=error",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("nbdkit");
+        wait_for(&sock, "nbdkit");
+        let backing = format!("nbd+unix:///?socket={}", sock.display());
+        let s = start_with(
+            &dir,
+            &[
+                "--backing",
+                &backing,
+                "--cache-size",
+                "8M",
+                "--write-policy",
+                policy,
+            ],
+        );
+        qemu_io(
+            &dir,
+            &[
+                "write -P 0x31 0 6M",
+                "write -P 0x32 6M 2M",
+                "flush",
+                "read -P 0x41 40M 4M",
+                "read -P 0x31 0 6M",
+            ],
+        );
+        let (ok, out) = nvwc_in(&dir, &["flush"]);
+        assert!(ok, "{policy}: nvwc flush: {out}");
+        qemu_io(&dir, &["read -P 0x31 0 6M", "read -P 0x32 6M 2M"]);
+        detach(&dir, s);
+        qemu_io_file(
+            &dir.join("up.img"),
+            &[
+                "read -P 0x31 0 6M",
+                "read -P 0x32 6M 2M",
+                "read -P 0x41 40M 4M",
+            ],
+            &format!("{policy}: upstream after detach"),
+        );
+        drop(Server(up));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

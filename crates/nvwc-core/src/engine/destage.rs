@@ -341,6 +341,7 @@ impl<P: Payload> Engine<P> {
             left: n,
             failed: false,
             fua: fua && group.is_none(),
+            runs: Vec::new(),
         });
         match group {
             Some(g) => {
@@ -355,14 +356,20 @@ impl<P: Payload> Engine<P> {
         }
     }
 
+    /// Read the plan's copies from the cache; each run of copies whose
+    /// backing bytes are contiguous (at most [`MAX_DESTAGE_RUN_BYTES`]) is
+    /// then written as one backing command (`on_destage_read`), as
+    /// dm-writecache's writeback puts contiguous blocks in one bio: over a
+    /// network store, one round trip instead of one per block.
     pub(super) fn plan_copy(&mut self, pid: u32) {
         let pe = self.destage.plans.get(pid);
         let (n, exact) = (pe.plan.write.len(), pe.plan.exact);
         if n == 0 {
             return self.plan_copied(pid);
         }
+        // (backing offset, cache offset, length) of each copy.
+        let mut copies: Vec<(u64, u64, u32)> = Vec::with_capacity(n);
         for i in 0..n {
-            // Issuing a copy leaves the plan as it is (its completions come later).
             let pe = self.destage.plans.get(pid);
             let (s, b) = (pe.plan.write[i], pe.blocks[i]);
             let (lo, hi) = if exact {
@@ -375,15 +382,50 @@ impl<P: Payload> Engine<P> {
             let (vlo, vhi) = self.valid_range(s);
             let (lo, hi) = (lo.max(vlo), hi.min(vhi));
             assert!(lo < hi, "destage of slot {s} has nothing to copy");
-            let off = self.layout.slot_offset(s) + lo as u64;
+            let at = self.map.blocks[b as usize].lbn() * self.bs + u64::from(lo);
+            copies.push((at, self.layout.slot_offset(s) + u64::from(lo), hi - lo));
+        }
+        // Stable: copies of one address (never two in a plan) keep their order.
+        copies.sort_by_key(|c| c.0);
+        let mut runs: Vec<RunExec> = Vec::new();
+        let mut place = Vec::with_capacity(n);
+        let (mut end, mut bytes) = (u64::MAX, 0u64);
+        for &(at, _, len) in &copies {
+            let len = u64::from(len);
+            match runs.last_mut() {
+                Some(r) if at == end && bytes + len <= MAX_DESTAGE_RUN_BYTES => {
+                    r.parts += 1;
+                    r.waiting += 1;
+                    bytes += len;
+                }
+                _ => {
+                    runs.push(RunExec {
+                        offset: at,
+                        parts: 1,
+                        waiting: 1,
+                        failed: false,
+                    });
+                    bytes = len;
+                }
+            }
+            end = at + len;
+            let r = runs.last().expect("a run");
+            place.push((runs.len() as u32 - 1, r.parts - 1));
+        }
+        for (i, r) in runs.iter().enumerate() {
+            self.destage_parts
+                .insert((pid, i as u32), vec![None; r.parts as usize]);
+        }
+        self.destage.plans.get_mut(pid).runs = runs;
+        for (&(_, from, len), &(run, part)) in copies.iter().zip(&place) {
+            // Issuing a read leaves the plan as it is (completions come later).
             self.cache_read(
-                off,
-                hi - lo,
+                from,
+                len,
                 IoCtx::DestageRead {
                     plan: pid,
-                    slot: s,
-                    block: b,
-                    lo,
+                    run,
+                    part,
                 },
             );
         }
@@ -399,35 +441,58 @@ impl<P: Payload> Engine<P> {
         self.plan_copy(pid);
     }
 
-    pub(super) fn on_destage_read(&mut self, pid: u32, _s: u32, b: u32, lo: u32, res: IoResult<P>) {
+    pub(super) fn on_destage_read(&mut self, pid: u32, run: u32, part: u32, res: IoResult<P>) {
+        let parts = self
+            .destage_parts
+            .get_mut(&(pid, run))
+            .expect("destage read of a run not waiting");
+        let pe = self.destage.plans.get_mut(pid);
+        let r = &mut pe.runs[run as usize];
         match res {
-            Ok(Some(d)) => {
-                let lbn = self.map.blocks[b as usize].lbn();
-                let pe = self.destage.plans.get(pid);
-                let (group, fua) = (pe.plan.atomic_group, pe.fua);
-                let fua = fua
-                    && !crate::mutation::active(crate::mutation::Mutation::PacedDestageWithoutFua);
-                self.emit(
-                    Dev::Backing,
-                    IoOp::Write {
-                        offset: lbn * self.bs + lo as u64,
-                        data: d,
-                        fua,
-                    },
-                    group,
-                    IoCtx::DestageWrite { plan: pid },
-                );
-            }
-            _ => self.on_destage_write(pid, false),
+            Ok(Some(d)) => parts[part as usize] = Some(d),
+            _ => r.failed = true,
         }
+        r.waiting -= 1;
+        if r.waiting > 0 {
+            return;
+        }
+        let (offset, n, failed) = (r.offset, r.parts, r.failed);
+        let (group, fua) = (pe.plan.atomic_group, pe.fua);
+        let parts = self
+            .destage_parts
+            .remove(&(pid, run))
+            .expect("the run's parts");
+        if failed {
+            return self.on_destage_write(pid, n, false);
+        }
+        let mut parts: Vec<P> = parts
+            .into_iter()
+            .map(|p| p.expect("every part read"))
+            .collect();
+        let data = if parts.len() == 1 {
+            parts.pop().expect("one part")
+        } else {
+            P::concat(&parts)
+        };
+        let fua =
+            fua && !crate::mutation::active(crate::mutation::Mutation::PacedDestageWithoutFua);
+        self.emit(
+            Dev::Backing,
+            IoOp::Write { offset, data, fua },
+            group,
+            IoCtx::DestageWrite {
+                plan: pid,
+                copies: n,
+            },
+        );
     }
 
-    pub(super) fn on_destage_write(&mut self, pid: u32, ok: bool) {
+    pub(super) fn on_destage_write(&mut self, pid: u32, copies: u32, ok: bool) {
         let pe = self.destage.plans.get_mut(pid);
         if !ok {
             pe.failed = true;
         }
-        pe.left -= 1;
+        pe.left -= copies;
         if pe.left == 0 {
             self.plan_copied(pid);
         }

@@ -242,14 +242,15 @@ pub(super) enum IoCtx {
     },
     DestageRead {
         plan: u32,
-        slot: u32,
-        /// The version's block when the plan started (it stays in the table while destaging).
-        block: u32,
-        /// Where in the block the bytes read start.
-        lo: u32,
+        /// The run of the plan (`PlanExec::runs`) the bytes read belong to,
+        /// and their place in it.
+        run: u32,
+        part: u32,
     },
     DestageWrite {
         plan: u32,
+        /// Copies the write carries (a run's parts).
+        copies: u32,
     },
     PlanBegin {
         plan: u32,
@@ -329,6 +330,23 @@ pub(super) struct PlanExec {
     /// Each copy is a FUA write, durable on its own: the plan ends without
     /// the shared backing FLUSH (paced cleaning, `Engine::pace_after`).
     pub(super) fua: bool,
+    /// The plan's copies by backing address, in runs of contiguous bytes:
+    /// each run is one backing write (`Engine::plan_copy`).
+    pub(super) runs: Vec<RunExec>,
+}
+
+/// One backing write of a destage plan: copies whose backing bytes are
+/// contiguous, written as one command once every part is read.
+#[derive(Debug)]
+pub(super) struct RunExec {
+    /// Backing byte offset of the first part.
+    pub(super) offset: u64,
+    /// Parts (copies) in the run.
+    pub(super) parts: u32,
+    /// Parts whose cache read has not completed.
+    pub(super) waiting: u32,
+    /// A part's cache read failed: the run is not written.
+    pub(super) failed: bool,
 }
 
 /// A write waiting for admission.
