@@ -47,6 +47,14 @@ fn write_and_flush(h: &mut MemHarness, id: ReqId, lbn: u64, byte: u8) -> usize {
     flushes.len()
 }
 
+/// The commit-record write in flight (512 bytes, FUA, to the cache), if any.
+fn record_write(h: &mut MemHarness) -> Option<usize> {
+    h.inflight().iter().position(|c| {
+        c.dev == Dev::Cache
+            && matches!(&c.op, IoOp::Write { fua: true, data, .. } if data.len() == 512)
+    })
+}
+
 fn read(h: &mut MemHarness, id: ReqId, lbn: u64) -> Vec<u8> {
     h.submit(
         id,
@@ -146,12 +154,6 @@ fn recovery_replays_the_log_and_stops_where_data_did_not_land() {
 fn a_failed_record_write_that_landed_is_written_again() {
     let mut h = MemHarness::new(cfg(0));
     write_and_flush(&mut h, 1, 0, 1);
-    let record_write = |h: &mut MemHarness| {
-        h.inflight().iter().position(|c| {
-            c.dev == Dev::Cache
-                && matches!(&c.op, IoOp::Write { fua: true, data, .. } if data.len() == 512)
-        })
-    };
     // Block 1, then a FLUSH whose record write lands whole but fails.
     h.submit(3, write(BS, 2));
     h.wait(3, &mut |_| 0).result.unwrap();
@@ -199,12 +201,6 @@ fn a_record_that_kept_failing_is_erased_before_the_next_checkpoint() {
         h.inflight()
             .iter()
             .position(|c| c.dev == Dev::Cache && matches!(c.op, IoOp::Flush))
-    };
-    let record_write = |h: &mut MemHarness| {
-        h.inflight().iter().position(|c| {
-            c.dev == Dev::Cache
-                && matches!(&c.op, IoOp::Write { fua: true, data, .. } if data.len() == 512)
-        })
     };
     // Block 1, whose log commit's device flush fails: the next commit is a
     // checkpoint.

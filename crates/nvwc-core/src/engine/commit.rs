@@ -578,12 +578,18 @@ impl<P: Payload> Engine<P> {
         debug_assert_eq!(job.stage, CommitStage::Record);
         job.left = 1;
         job.record_wait = false;
-        let off = self.layout.commit_offset(job.copy as u64);
+        let copy = job.copy;
         let data = P::encoded(512, || job.record.encode());
+        self.put_record_copy(copy, data);
+    }
+
+    /// Write `data` (512 bytes) over commit-record copy `copy`, with FUA.
+    fn put_record_copy(&mut self, copy: u8, data: P) {
+        let offset = self.layout.commit_offset(u64::from(copy));
         self.emit(
             Dev::Cache,
             IoOp::Write {
-                offset: off,
+                offset,
                 data,
                 fua: true,
             },
@@ -599,20 +605,8 @@ impl<P: Payload> Engine<P> {
     /// in `cr_cur` is in force again. If the erase fails, the checkpoint
     /// fails before writing anything, and the next one erases again.
     fn erase_unsure_record(&mut self) {
-        let off = self
-            .layout
-            .commit_offset(1 - self.commits.log.cr_cur as u64);
         let data = P::encoded(512, || vec![0u8; 512]);
-        self.emit(
-            Dev::Cache,
-            IoOp::Write {
-                offset: off,
-                data,
-                fua: true,
-            },
-            None,
-            IoCtx::Commit,
-        );
+        self.put_record_copy(1 - self.commits.log.cr_cur, data);
     }
 
     /// A checkpoint whose record write failed writes it again once the
