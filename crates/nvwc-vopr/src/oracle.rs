@@ -146,6 +146,10 @@ pub(crate) struct Oracle {
     pub base: Option<Base>,
     /// The round now running (1 before the first crash).
     pub round: u32,
+    /// Writes a failed backing write tore: a prefix of their data is the
+    /// backing store's own state (`World::torn_version_ok` does not judge
+    /// them).
+    pub backing_torn: std::collections::HashSet<u32>,
 }
 
 impl Oracle {
@@ -160,6 +164,7 @@ impl Oracle {
             violations: Vec::new(),
             base: None,
             round: 1,
+            backing_torn: Default::default(),
         }
     }
 

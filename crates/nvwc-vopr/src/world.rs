@@ -218,7 +218,7 @@ impl World {
                 }
                 Ev::Io(id) => {
                     let f = self.inflight.remove(&id).expect("io");
-                    let res = self.execute(&f);
+                    let res = self.execute(&f, cx.o);
                     if res.is_ok() && !self.torn_version_ok(&f, cx.o) {
                         return Stop::Violation;
                     }
@@ -265,7 +265,9 @@ impl World {
     /// device (a torn prefix, `InFlight::torn`) never reaches the backing
     /// store mixed with the version it was to replace. (A failed write may
     /// reach it whole: a FUA write whose data landed and whose commit
-    /// failed.) The oracle's per-sector rules cannot see this, since each
+    /// failed. And a failed write that tore on the backing store itself, a
+    /// bypass, left its prefix there: a later read-modify-write of that
+    /// block carries it legitimately, so such writes are not judged.) The oracle's per-sector rules cannot see this, since each
     /// sector of a torn write is legal alone. `false` records a violation.
     fn torn_version_ok(&self, f: &InFlight, o: &mut Oracle) -> bool {
         let cfg = self.eng.config();
@@ -287,7 +289,7 @@ impl World {
             let s = first + i as u64;
             let Val::W(x) = *v else { continue };
             let r = &o.writes[x as usize];
-            if r.ok || r.done.is_none_or(|d| d >= f.issued_at) {
+            if r.ok || r.done.is_none_or(|d| d >= f.issued_at) || o.backing_torn.contains(&x) {
                 continue;
             }
             let block = s / per_block;
@@ -308,7 +310,7 @@ impl World {
     }
 
     /// Run a completed command on the disk models.
-    fn execute(&mut self, f: &InFlight) -> IoResult<Bytes> {
+    fn execute(&mut self, f: &InFlight, o: &mut Oracle) -> IoResult<Bytes> {
         if f.fail {
             if let IoOp::Write { offset, data, .. } = &f.cmd.op {
                 if f.torn > 0 {
@@ -321,6 +323,14 @@ impl World {
                     let disk = if f.cmd.dev == Dev::Cache {
                         &mut self.cache
                     } else {
+                        // What lands there is the backing store's own state
+                        // from now on (`Oracle::backing_torn`).
+                        let first = offset / SECTOR as u64;
+                        for (i, b) in data[..f.torn].chunks_exact(SECTOR).enumerate() {
+                            if let Val::W(x) = decode(b, first + i as u64) {
+                                o.backing_torn.insert(x);
+                            }
+                        }
                         &mut self.backing
                     };
                     let _ = disk.execute(&prefix, None, f.stamp);
