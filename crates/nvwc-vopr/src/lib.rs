@@ -4,7 +4,8 @@
 //! TigerBeetle's VOPR. One seed generates a random configuration, a random
 //! concurrent workload (overlapping writes, reads, flushes, FUA, trims,
 //! write-zeroes, checkpoints, direct writes, admission hints), random device
-//! latencies and errors, and a crash at a random point. An oracle that knows
+//! latencies and errors (a failed plain write, to either device, first lands
+//! a random prefix of its sectors), and a crash at a random point. An oracle that knows
 //! every write checks:
 //!
 //! * **(a) while running**: every read returns a value the NBD semantics allow
@@ -25,7 +26,8 @@
 //!   version: where it shows a write that had already failed, the rest of
 //!   that write in the same block shows it too, or a later write (the
 //!   per-sector rules cannot see a torn write, each of whose sectors is
-//!   legal alone);
+//!   legal alone; a write whose failed backing write tore is exempt, its
+//!   prefix being the backing store's own state);
 //! * **other**: no panic, no request waiting longer than
 //!   [`LIVENESS_NS`] of simulated time (checked at every event, so a request
 //!   starved while timers keep firing fails too), no deadlock (nothing left
