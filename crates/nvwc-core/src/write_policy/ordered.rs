@@ -1414,12 +1414,28 @@ mod tests {
         let mut o = independent(5);
         assert_eq!(sorted(fill(&mut o, (0..5).collect(), 3)), vec![2, 3, 4]);
         // The first victim with a ready ancestor decides; later victims add
-        // nothing beyond the limit.
+        // nothing beyond the limit (node 0 holds two slots: the limit).
         let mut o = independent(3);
+        o.on_version_installed(0, 5, 105, 0);
         let mut cx = ctx(&[(0, 0), (1, 1)]);
-        cx.limit = 1;
+        cx.limit = 2;
         let p = o.next_plan(&mut cx).expect("a wave");
-        assert_eq!(p.write, vec![0]);
+        assert_eq!(sorted(p.write), vec![0, 5]);
+        // A victim without a ready ancestor (its write, issued first, not
+        // completed) is passed over for the next one; the newest ready node
+        // fills the rest.
+        let mut o = pol(0);
+        let late = o.on_write_issue(0, 9);
+        o.on_version_installed(late, 7, 200, 9);
+        let ids: Vec<Group> = (0..3).map(|i| o.on_write_issue(0, i)).collect();
+        for (i, &g) in ids.iter().enumerate() {
+            o.on_version_installed(g, i as u32, 100 + i as u64, i as u64);
+            o.on_write_data_done(0, g);
+        }
+        let mut cx = ctx(&[(7, late), (0, ids[0])]);
+        cx.limit = 2;
+        let p = o.next_plan(&mut cx).expect("a wave");
+        assert_eq!(sorted(p.write), vec![0, 2]);
     }
 
     #[test]
@@ -1488,25 +1504,23 @@ mod tests {
         assert_eq!(chain_wave(2049), vec![0]);
     }
 
-    #[test]
-    fn the_ancestor_walk_visits_each_node_once() {
-        // Twelve rounds of two writes, each round issued after the previous
-        // one completed (each node depends on both nodes of the round
-        // before: 2^12 paths down). The first round holds patches: nothing in
-        // it is ready. r is issued first and completes after the last round
-        // was issued, before it completed; s is issued first and completes
-        // after v. v depends on r and the last round; v's walk goes through
-        // the rounds first and reaches r only if it visits each of their
-        // 24 nodes once.
+    /// `layers` rounds of `width` writes, each round issued after the
+    /// previous one completed (each node depends on every node of the round
+    /// before: width^layers paths down). The first round holds patches:
+    /// nothing in it is ready. r is issued first and completes after the
+    /// last round was issued, before it completed; s is issued first and
+    /// completes after v. v depends on r and the last round. The slots of
+    /// the wave with room for one and v as the victim.
+    fn rounds_wave(width: u32, layers: u32) -> Vec<u32> {
         let mut o = pol(0);
         let r = o.on_write_issue(0, 1000);
-        o.on_version_installed(r, 100, 100, 1000);
+        o.on_version_installed(r, 1000, 1000, 1000);
         let s = o.on_write_issue(0, 1001);
-        o.on_version_installed(s, 101, 101, 1001);
+        o.on_version_installed(s, 1001, 1001, 1001);
         let mut slot = 0;
         let mut round: Vec<Group> = Vec::new();
-        for k in 0..12 {
-            round = (0..2)
+        for k in 0..layers {
+            round = (0..width)
                 .map(|_| {
                     slot += 1;
                     let g = o.on_write_issue(0, u64::from(slot));
@@ -1517,7 +1531,7 @@ mod tests {
                     g
                 })
                 .collect();
-            if k == 11 {
+            if k == layers - 1 {
                 o.on_write_data_done(0, r);
             }
             for &g in &round {
@@ -1525,17 +1539,25 @@ mod tests {
             }
         }
         let v = o.on_write_issue(0, 2000);
-        o.on_version_installed(v, 200, 200, 2000);
+        o.on_version_installed(v, 2000, 2000, 2000);
         o.on_write_data_done(0, s);
-        assert_eq!(
-            sorted(o.nodes[v as usize].preds.clone()),
-            sorted(vec![r as u32, round[0] as u32, round[1] as u32])
-        );
+        let mut want: Vec<u32> = round.iter().map(|&g| g as u32).collect();
+        want.push(r as u32);
+        assert_eq!(sorted(o.nodes[v as usize].preds.clone()), sorted(want));
         assert_eq!(o.ready, vec![r as u32, s as u32]);
-        let mut cx = ctx(&[(200, v)]);
+        let mut cx = ctx(&[(2000, v)]);
         cx.limit = 1;
-        let p = o.next_plan(&mut cx).expect("a wave");
-        assert_eq!(p.write, vec![100], "r, v's ready ancestor");
+        o.next_plan(&mut cx).expect("a wave").write
+    }
+
+    #[test]
+    fn the_ancestor_walk_visits_each_node_once() {
+        // v's walk goes through the rounds first and reaches r, its ready
+        // ancestor, within its visit budget only if it visits each node of
+        // the rounds once (24 and 60 nodes: under the 64 it remembers).
+        // Otherwise the walk gives up and the ready list gives s.
+        assert_eq!(rounds_wave(2, 12), vec![1000]);
+        assert_eq!(rounds_wave(3, 20), vec![1000]);
     }
 
     #[test]
