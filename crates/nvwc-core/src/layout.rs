@@ -1319,4 +1319,21 @@ mod tests {
             assert!(Layout::capacity_for(l.device_bytes(), bs) >= 999);
         }
     }
+
+    #[test]
+    fn a_text_that_fills_its_field_roundtrips_exactly() {
+        // Only a cut text has its zero padding stripped: a text of exactly
+        // its field's size is kept whole, zero bytes at its end included.
+        let cfg = Config::new(4096, 100, 1 << 30, WritePolicyKind::Journaled);
+        let mut sb = Superblock::for_config(&cfg, 7);
+        let location = format!("{}\0\0", "l".repeat(LOCATION_BYTES - 2));
+        let name = format!("{}\0", "n".repeat(NAME_BYTES - 1));
+        let id = BackingId::new(BackingKind::Nbd, [1; 16], 1 << 30, &location, &name);
+        assert!(!id.location.truncated() && !id.name.truncated());
+        sb.backing = Some(id.clone());
+        let got = Superblock::decode(&sb.encode()).unwrap().backing.unwrap();
+        assert_eq!(got.location.shown, location);
+        assert_eq!(got.name.shown, name);
+        assert_eq!(got, id);
+    }
 }

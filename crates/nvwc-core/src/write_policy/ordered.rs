@@ -1261,4 +1261,381 @@ mod tests {
         r.fill_commit(&mut out);
         assert_eq!(out.next_cidx, 10);
     }
+
+    #[test]
+    fn the_memory_estimate_counts_nodes_edges_slots_and_marks() {
+        let empty = pol(0);
+        assert_eq!(empty.mem_bytes(), 0, "nothing allocated");
+        // Figure 6's five nodes, three of them with versions, one wave done
+        // and its marks being committed, another done since.
+        let mut o = pol(0);
+        let [n1, n2, n3, ..] = figure6(&mut o);
+        o.on_version_installed(n1, 0, 10, 1);
+        o.on_version_installed(n2, 1, 11, 2);
+        o.on_version_installed(n3, 7, 17, 3);
+        o.on_version_installed(n3, 8, 18, 3);
+        let p = o.next_plan(&mut ctx(&[(0, n1)])).expect("a wave");
+        o.on_plan_done(0, &p);
+        o.on_commit_start();
+        o.unmarked.insert(12);
+        o.unmarked.insert(13);
+        assert!(!o.marking.is_empty() && !o.unmarked.is_empty());
+        // What it counts: the node table, the slot-to-block map (8 bytes a
+        // slot), the blocks of both clean-mark sets (8 bytes each), and
+        // every node's edge and slot lists (4 bytes an entry).
+        let table = o.nodes.capacity() * std::mem::size_of::<Node>();
+        let map = o.slot_lbn.capacity() * 8;
+        let marks = (o.unmarked.capacity() + o.marking.capacity()) * 8;
+        let lists: Vec<usize> = o
+            .nodes
+            .iter()
+            .map(|n| (n.preds.capacity() + n.succs.capacity() + n.slots.capacity()) * 4)
+            .collect();
+        assert!(table > 0 && map >= 9 * 8 && marks >= 3 * 8);
+        assert!(lists.iter().filter(|&&l| l > 0).count() >= 3, "{lists:?}");
+        assert_eq!(
+            o.mem_bytes(),
+            table + map + marks + lists.iter().sum::<usize>()
+        );
+        assert!(o.mem_bytes() >= 5 * std::mem::size_of::<Node>() + 9 * 8);
+    }
+
+    #[test]
+    fn with_no_victim_ready_the_oldest_ready_node_is_destaged() {
+        // b is issued first (the lowest node id) but completes last; a is
+        // older. w, issued with them, completes first but holds a patch: not
+        // ready. A failed wave leaves a and b ready, out of the ready list;
+        // with no victim, the next wave takes the oldest ready node alone.
+        let mut o = pol(0);
+        let b = o.on_write_issue(0, 1);
+        let a = o.on_write_issue(0, 2);
+        let w = o.on_write_issue(0, 3);
+        assert!(b < a && a < w);
+        o.on_version_installed(b, 0, 10, 1);
+        o.on_version_installed(a, 1, 11, 2);
+        o.on_version_installed(w, 2, 12, 3);
+        o.on_patch_pending(w);
+        o.on_write_data_done(0, w);
+        o.on_write_data_done(0, a);
+        o.on_write_data_done(0, b);
+        assert_eq!(o.entry_aux(w).0, 0);
+        assert_eq!(o.entry_aux(a).0, 1);
+        assert_eq!(o.entry_aux(b).0, 2);
+        let p = o.next_plan(&mut ctx(&[])).expect("a and b ready");
+        assert_eq!(sorted(p.write.clone()), vec![0, 1]);
+        o.on_plan_failed(&p);
+        assert!(o.ready.is_empty());
+        let mut one = ctx(&[]);
+        one.limit = 1;
+        let p = o.next_plan(&mut one).expect("the oldest");
+        assert_eq!(p.write, vec![1], "a, the oldest ready write");
+        o.on_plan_done(0, &p);
+        // b's block was not written: no wait for a commit.
+        let p = o.next_plan(&mut one).expect("then b");
+        assert_eq!(p.write, vec![0]);
+        o.on_plan_done(0, &p);
+        assert!(o.next_plan(&mut one).is_none(), "w is not ready");
+    }
+
+    /// `n` independent writes (all issued before any completes), write `i`
+    /// in slot `i` of block `100 + i`, completed in order: node `i`, ready,
+    /// and the ready list `0..n`.
+    fn independent(n: u32) -> Ordered {
+        let mut o = pol(0);
+        let ids: Vec<Group> = (0..n).map(|i| o.on_write_issue(0, u64::from(i))).collect();
+        for (i, &g) in ids.iter().enumerate() {
+            assert_eq!(g, i as Group);
+            o.on_version_installed(g, i as u32, 100 + i as u64, i as u64);
+        }
+        for &g in &ids {
+            o.on_write_data_done(0, g);
+        }
+        assert_eq!(o.ready, (0..n).collect::<Vec<u32>>());
+        o
+    }
+
+    /// The slots of the wave `next_plan` makes with no victim and room for
+    /// `limit` slots, after the ready list was set to `ready`.
+    fn fill(o: &mut Ordered, ready: Vec<u32>, limit: usize) -> Vec<u32> {
+        o.ready = ready;
+        let mut cx = ctx(&[]);
+        cx.limit = limit;
+        o.next_plan(&mut cx).expect("a wave").write
+    }
+
+    #[test]
+    fn the_ready_list_is_taken_newest_first_and_compacted_only_when_long() {
+        // Short lists (at most 1024 entries) are taken as they are, from
+        // the end, stale and repeated entries skipped.
+        let mut o = independent(3);
+        assert_eq!(fill(&mut o, vec![2, 2, 2, 2, 2, 2, 0, 1], 1), vec![1]);
+        let mut o = independent(3);
+        let mut r = vec![2; 1022];
+        r.extend([0, 1]);
+        assert_eq!(fill(&mut o, r, 1), vec![1], "1024 entries: not compacted");
+        let mut o = independent(3);
+        assert_eq!(sorted(fill(&mut o, vec![2, 0, 1, 0, 1], 16)), vec![0, 1, 2]);
+        // A node not ready (its write not completed) is skipped.
+        let mut o = independent(2);
+        let late = o.on_write_issue(0, 9);
+        o.on_version_installed(late, 7, 200, 9);
+        assert_eq!(
+            sorted(fill(&mut o, vec![late as u32, 0, 1, 0, 1], 16)),
+            vec![0, 1]
+        );
+        // Longer than 1024 and than twice the nodes: compacted (only ready
+        // nodes, once each, in id order), so the highest id goes first.
+        let mut o = independent(3);
+        let mut r = vec![2; 1100];
+        r.extend([0, 1]);
+        assert_eq!(fill(&mut o, r, 1), vec![2]);
+        assert_eq!(o.ready, vec![0, 1]);
+        // 1100 entries and 550 nodes: not more than twice the nodes.
+        let mut o = independent(550);
+        let mut r: Vec<u32> = (0..550).collect();
+        r.extend([0; 550]);
+        assert_eq!(fill(&mut o, r, 1), vec![0]);
+        let mut o = independent(550);
+        let mut r: Vec<u32> = (0..550).collect();
+        r.extend([0; 551]);
+        assert_eq!(fill(&mut o, r, 1), vec![549], "1101 entries: compacted");
+    }
+
+    #[test]
+    fn a_wave_is_filled_up_to_the_limit_in_slots() {
+        // The victim's node (one slot), then the newest ready nodes until
+        // the wave holds `limit` slots.
+        let mut o = independent(5);
+        let mut cx = ctx(&[(0, 0)]);
+        cx.limit = 4;
+        let p = o.next_plan(&mut cx).expect("a wave");
+        assert_eq!(sorted(p.write), vec![0, 2, 3, 4]);
+        // No victim: as many as fit.
+        let mut o = independent(5);
+        assert_eq!(sorted(fill(&mut o, (0..5).collect(), 3)), vec![2, 3, 4]);
+        // The first victim with a ready ancestor decides; later victims add
+        // nothing beyond the limit (node 0 holds two slots: the limit).
+        let mut o = independent(3);
+        o.on_version_installed(0, 5, 105, 0);
+        let mut cx = ctx(&[(0, 0), (1, 1)]);
+        cx.limit = 2;
+        let p = o.next_plan(&mut cx).expect("a wave");
+        assert_eq!(sorted(p.write), vec![0, 5]);
+        // A victim without a ready ancestor (its write, issued first, not
+        // completed) is passed over for the next one; the newest ready node
+        // fills the rest.
+        let mut o = pol(0);
+        let late = o.on_write_issue(0, 9);
+        o.on_version_installed(late, 7, 200, 9);
+        let ids: Vec<Group> = (0..3).map(|i| o.on_write_issue(0, i)).collect();
+        for (i, &g) in ids.iter().enumerate() {
+            o.on_version_installed(g, i as u32, 100 + i as u64, i as u64);
+            o.on_write_data_done(0, g);
+        }
+        let mut cx = ctx(&[(7, late), (0, ids[0])]);
+        cx.limit = 2;
+        let p = o.next_plan(&mut cx).expect("a wave");
+        assert_eq!(sorted(p.write), vec![0, 2]);
+    }
+
+    #[test]
+    fn a_held_node_asks_for_a_commit_whichever_way_it_is_found() {
+        let mut o = pol(0);
+        assert!(o.next_plan(&mut ctx(&[])).is_none());
+        assert!(!o.wants_commit(), "nothing ready, nothing held");
+        let a = write(&mut o, 1, 0, 10);
+        let p = o.next_plan(&mut ctx(&[(0, a)])).expect("a's wave");
+        o.on_plan_done(0, &p);
+        // c rewrites block 10 (no older node left: c is ready at once). No
+        // victim: the ready list finds c, held for block 10's mark.
+        let c = write(&mut o, 2, 1, 10);
+        assert_eq!(o.ready, vec![c as u32]);
+        assert!(o.next_plan(&mut ctx(&[])).is_none());
+        assert!(o.wants_commit(), "c waits for block 10's mark");
+        assert_eq!(o.ready, vec![c as u32], "and stays in the ready list");
+        // c as the victim, out of the ready list (its wave failed): the
+        // victim's walk finds c, held for block 11's mark.
+        let mut o = pol(0);
+        let c = write(&mut o, 1, 1, 11);
+        let p = o.next_plan(&mut ctx(&[(1, c)])).expect("c's wave");
+        o.on_plan_failed(&p);
+        assert!(o.ready.is_empty());
+        // A plan done on block 11 since (a sync of another of its versions).
+        o.set_slot_lbn(5, 11);
+        o.on_plan_done(
+            0,
+            &Plan {
+                write: vec![5],
+                tag: 0,
+                ..Default::default()
+            },
+        );
+        assert!(o.next_plan(&mut ctx(&[(1, c)])).is_none());
+        assert!(o.wants_commit(), "c waits for block 11's mark");
+    }
+
+    /// A chain of `len` writes (each issued after the previous completed),
+    /// write `i` in slot `i + 1`, and `s` (slot 0), issued first and
+    /// completed last: ready, newest in the ready list, no ancestor of the
+    /// chain. The slots of the wave with room for one, the chain's top as
+    /// the victim.
+    fn chain_wave(len: u32) -> Vec<u32> {
+        let mut o = pol(0);
+        let s = o.on_write_issue(0, 0);
+        o.on_version_installed(s, 0, 0, 0);
+        let mut top = 0;
+        for i in 1..=len {
+            top = write(&mut o, u64::from(i), i, u64::from(i));
+        }
+        o.on_write_data_done(0, s);
+        assert_eq!(o.nodes[top as usize].preds.len(), 1);
+        let mut cx = ctx(&[(len, top)]);
+        cx.limit = 1;
+        o.next_plan(&mut cx).expect("a wave").write
+    }
+
+    #[test]
+    fn the_ancestor_walk_stops_after_its_visit_budget() {
+        // The chain's root is the victim's only ready ancestor, ANCESTOR_VISITS
+        // nodes down: found. One more and the walk gives up; the ready list
+        // gives s.
+        assert_eq!(ANCESTOR_VISITS, 2048);
+        assert_eq!(chain_wave(2048), vec![1]);
+        assert_eq!(chain_wave(2049), vec![0]);
+    }
+
+    /// `layers` rounds of `width` writes, each round issued after the
+    /// previous one completed (each node depends on every node of the round
+    /// before: width^layers paths down). The first round holds patches:
+    /// nothing in it is ready. r is issued first and completes after the
+    /// last round was issued, before it completed; s is issued first and
+    /// completes after v. v depends on r and the last round. The slots of
+    /// the wave with room for one and v as the victim.
+    fn rounds_wave(width: u32, layers: u32) -> Vec<u32> {
+        let mut o = pol(0);
+        let r = o.on_write_issue(0, 1000);
+        o.on_version_installed(r, 1000, 1000, 1000);
+        let s = o.on_write_issue(0, 1001);
+        o.on_version_installed(s, 1001, 1001, 1001);
+        let mut slot = 0;
+        let mut round: Vec<Group> = Vec::new();
+        for k in 0..layers {
+            round = (0..width)
+                .map(|_| {
+                    slot += 1;
+                    let g = o.on_write_issue(0, u64::from(slot));
+                    o.on_version_installed(g, slot, u64::from(slot), u64::from(slot));
+                    if k == 0 {
+                        o.on_patch_pending(g);
+                    }
+                    g
+                })
+                .collect();
+            if k == layers - 1 {
+                o.on_write_data_done(0, r);
+            }
+            for &g in &round {
+                o.on_write_data_done(0, g);
+            }
+        }
+        let v = o.on_write_issue(0, 2000);
+        o.on_version_installed(v, 2000, 2000, 2000);
+        o.on_write_data_done(0, s);
+        let mut want: Vec<u32> = round.iter().map(|&g| g as u32).collect();
+        want.push(r as u32);
+        assert_eq!(sorted(o.nodes[v as usize].preds.clone()), sorted(want));
+        assert_eq!(o.ready, vec![r as u32, s as u32]);
+        let mut cx = ctx(&[(2000, v)]);
+        cx.limit = 1;
+        o.next_plan(&mut cx).expect("a wave").write
+    }
+
+    #[test]
+    fn the_ancestor_walk_visits_each_node_once() {
+        // v's walk goes through the rounds first and reaches r, its ready
+        // ancestor, within its visit budget only if it visits each node of
+        // the rounds once (24 and 60 nodes: under the 64 it remembers).
+        // Otherwise the walk gives up and the ready list gives s.
+        assert_eq!(rounds_wave(2, 12), vec![1000]);
+        assert_eq!(rounds_wave(3, 20), vec![1000]);
+    }
+
+    #[test]
+    fn the_ancestor_walk_skips_nodes_in_a_wave_destaged_or_freed() {
+        let mut o = pol(0);
+        let a = write(&mut o, 1, 0, 10);
+        let b = write(&mut o, 2, 1, 11);
+        let mut one = ctx(&[(0, a)]);
+        one.limit = 1;
+        let p = o.next_plan(&mut one).expect("a's wave");
+        assert_eq!(p.write, vec![0]);
+        let walk = |o: &mut Ordered, n: Group| {
+            let mut out = Vec::new();
+            o.ready_ancestors(n as u32, 16, &mut out);
+            out
+        };
+        assert!(o.nodes[a as usize].in_wave);
+        assert_eq!(walk(&mut o, a), vec![], "a is in a wave");
+        assert_eq!(walk(&mut o, b), vec![], "b's ancestor a is in a wave");
+        o.on_plan_done(0, &p);
+        // Destaged, its version not yet removed: not freed.
+        assert!(o.nodes[a as usize].destaged && o.nodes[a as usize].live);
+        assert_eq!(walk(&mut o, a), vec![], "a is destaged");
+        assert_eq!(walk(&mut o, b), vec![b as u32]);
+        o.on_version_removed(a, 0);
+        assert!(!o.nodes[a as usize].live, "freed");
+        assert_eq!(walk(&mut o, a), vec![], "a is freed");
+    }
+
+    #[test]
+    fn a_live_dummy_stays_the_frontier_while_its_predecessors_are_destaged() {
+        // a and b complete: a dummy d absorbs them. a destaged: d is still
+        // live (it waits for b), and a new write c depends on it.
+        let mut o = pol(2);
+        let a = o.on_write_issue(0, 1) as u32;
+        let b = o.on_write_issue(0, 2) as u32;
+        o.on_write_data_done(0, a as Group);
+        o.on_write_data_done(0, b as Group);
+        let d = o.last_dummy.expect("a dummy");
+        o.mark_destaged(a);
+        assert_eq!(o.last_dummy, Some(d));
+        let c = o.on_write_issue(0, 3);
+        assert_eq!(o.nodes[c as usize].preds, vec![d]);
+        o.on_write_data_done(0, c);
+        assert!(!o.nodes[c as usize].ready(), "b is not destaged yet");
+        // Issues count the completed writes not destaged (the raw rule):
+        // none for a and b, b alone for c (a is destaged).
+        assert_eq!(o.raw_edges, 1);
+        o.mark_destaged(b);
+        assert_eq!(o.last_dummy, None, "d went with b");
+        assert!(o.nodes[c as usize].ready());
+        // The dummy counted no completion: c alone is left.
+        o.on_write_issue(0, 4);
+        assert_eq!(o.raw_edges, 1 + 1);
+    }
+
+    #[test]
+    fn a_wave_waits_for_marks_a_commit_in_flight_is_recording() {
+        // a's wave is done, and a commit (started by the engine, not asked
+        // for) is recording block 10's clean mark. c rewrites block 10: it
+        // waits until that commit is done.
+        let mut o = pol(0);
+        let a = write(&mut o, 1, 0, 10);
+        let p = o.next_plan(&mut ctx(&[(0, a)])).expect("a's wave");
+        o.on_plan_done(0, &p);
+        o.on_commit_start();
+        assert!(o.unmarked.is_empty() && o.marking.contains(&10));
+        let c = write(&mut o, 2, 1, 10);
+        assert!(o.next_plan(&mut ctx(&[(1, c)])).is_none());
+        assert!(o.wants_commit());
+        o.on_commit_done(true);
+        assert!(o.marking.is_empty());
+        if o.wants_commit() {
+            // The commit that recorded the mark was not the one asked for.
+            o.on_commit_start();
+            o.on_commit_done(true);
+        }
+        let p = o.next_plan(&mut ctx(&[(1, c)])).expect("c's wave");
+        assert_eq!(p.write, vec![1]);
+    }
 }
