@@ -844,22 +844,17 @@ fn upstream_with_a_small_maximum_block_size() {
             d = dir.display()
         ));
         let sock = dir.join("up.sock");
-        let up = Command::new("nbdkit")
-            .arg("-U")
-            .arg(&sock)
-            .args(["-f", "--exit-with-parent", "--threads", "1"])
-            .args(["--filter=blocksize-policy", "file"])
-            .arg(dir.join("up.img"))
-            .args([
+        let up = nbdkit_file_with(
+            &dir,
+            "up.img",
+            "up.sock",
+            &["blocksize-policy"],
+            &[
                 "blocksize-maximum=65536",
                 "blocksize-preferred=4096",
                 "blocksize-error-policy=error",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("nbdkit");
-        wait_for(&sock, "nbdkit");
+            ],
+        );
         let backing = format!("nbd+unix:///?socket={}", sock.display());
         let s = start_with(
             &dir,
@@ -895,7 +890,7 @@ fn upstream_with_a_small_maximum_block_size() {
             ],
             &format!("{policy}: upstream after detach"),
         );
-        drop(Server(up));
+        drop(up);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -341,13 +341,28 @@ pub fn read(dir: &Path, f: &str) -> Vec<u8> {
 
 /// `nbdkit file` on `dir/file` at `dir/sock` (one thread, see [`Backing`]).
 pub fn nbdkit_file(dir: &Path, file: &str, sock: &str) -> Server {
+    nbdkit_file_with(dir, file, sock, &[], &[])
+}
+
+/// [`nbdkit_file`] with `filters` (`--filter=NAME`) and their `params`
+/// (`key=value`).
+pub fn nbdkit_file_with(
+    dir: &Path,
+    file: &str,
+    sock: &str,
+    filters: &[&str],
+    params: &[&str],
+) -> Server {
     let sock = dir.join(sock);
     let _ = std::fs::remove_file(&sock);
     let child = Command::new("nbdkit")
         .arg("-U")
         .arg(&sock)
-        .args(["-f", "--exit-with-parent", "--threads", "1", "file"])
+        .args(["-f", "--exit-with-parent", "--threads", "1"])
+        .args(filters.iter().map(|f| format!("--filter={f}")))
+        .arg("file")
         .arg(dir.join(file))
+        .args(params)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
