@@ -242,11 +242,18 @@ fn adjacent_destages_coalesce_into_runs() {
         .unwrap()
         .run()
         .unwrap();
-    // Without merging every device write is one block; runs are still counted
-    // (writes still queued at the end are not dispatched yet).
-    assert_eq!(r2.backing_write_ops, r2.run_length_histogram.blocks);
-    assert!(r2.backing_write_ops <= r2.backing_writes && r2.backing_write_ops > 0);
-    assert!(r2.backing_write_runs < r2.backing_write_ops);
+    // Without the driver's merging, the engine's destage runs still put
+    // adjacent blocks of one plan in one device write
+    // (`MAX_DESTAGE_RUN_BYTES`); the driver's merging only takes more.
+    assert!(r2.backing_write_ops > 0);
+    assert!(
+        r2.backing_write_ops < r2.run_length_histogram.blocks,
+        "{} device writes for {} blocks",
+        r2.backing_write_ops,
+        r2.run_length_histogram.blocks
+    );
+    assert!(r.backing_write_ops <= r2.backing_write_ops);
+    assert!(r2.backing_write_runs <= r2.backing_write_ops);
 }
 
 #[test]
