@@ -93,9 +93,9 @@ fn a_log_record_accepted_without_its_data_fails_the_run() {
 
 /// Write-back with planted bug `m`: clean without it, check (b) fails the
 /// run with it.
-fn write_back_fails_b_with(m: Mutation) {
+fn write_back_fails_b_with(m: Mutation, seeds: u64) {
     let o = opts(WritePolicyKind::WriteBack, None);
-    let (clean, planted) = with_and_without(m, &o, 1500);
+    let (clean, planted) = with_and_without(m, &o, seeds);
     assert_eq!(clean.by_check[1], 0);
     assert_eq!(clean.verdict(), Ok(()));
     assert!(planted.by_check[1] > 0, "the planted bug fails (b)");
@@ -105,14 +105,14 @@ fn write_back_fails_b_with(m: Mutation) {
 
 #[test]
 fn an_in_place_rewrite_before_the_seal_fails_the_run() {
-    write_back_fails_b_with(Mutation::InPlaceIgnoresSeal);
+    write_back_fails_b_with(Mutation::InPlaceIgnoresSeal, 4000);
 }
 
 #[test]
 fn a_paced_destage_without_fua_fails_the_run() {
     // Paced cleaning (a third of the seeds that bypass when full) ends a
     // plan without a backing FLUSH: only its FUA writes make it durable.
-    write_back_fails_b_with(Mutation::PacedDestageWithoutFua);
+    write_back_fails_b_with(Mutation::PacedDestageWithoutFua, 1500);
 }
 
 #[test]
@@ -120,7 +120,7 @@ fn a_bypass_write_left_unflushed_fails_the_run() {
     // Write-back bypasses (admission, or a full cache on half the seeds)
     // are ordinary backing writes: a FLUSH after them must flush the
     // backing store.
-    write_back_fails_b_with(Mutation::FlushSkipsBypassCover);
+    write_back_fails_b_with(Mutation::FlushSkipsBypassCover, 1500);
 }
 
 /// The VOPR's warm restarts (a clean stop and start before a further
