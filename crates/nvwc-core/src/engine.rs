@@ -571,6 +571,30 @@ impl<P: Payload> Engine<P> {
         self.progress();
     }
 
+    /// The driver reports sent replies: it MUST then call
+    /// [`Engine::handle_replies_sending`] before any reply the engine has
+    /// released (`poll_reply`) can be seen by a client, that is, before it
+    /// starts sending replies, each time. Call before the first request.
+    ///
+    /// Ordered write-back then counts a write as complete, for the writes
+    /// issued after it, from that call on rather than from the moment its
+    /// data is in the cache: requests that arrived together (before any of
+    /// their replies went out) are independent, as they are at the client,
+    /// and their writes can be destaged in one wave. Without it, a driver
+    /// that completes each request before it reads the next (the server's
+    /// inline path) makes every write depend on the one before.
+    pub fn set_reply_events(&mut self, on: bool) {
+        self.policy.set_reply_events(on);
+    }
+
+    /// Replies may be seen by clients from now on (see
+    /// [`Engine::set_reply_events`]).
+    pub fn handle_replies_sending(&mut self, now: u64) {
+        self.set_now(now);
+        self.policy.on_replies_sending(now);
+        self.progress();
+    }
+
     /// A critical waiter depends on client request `id` (which the driver
     /// issued earlier and which has not completed): I/O criticality
     /// inheritance for dependencies the engine cannot see, such as a process

@@ -51,6 +51,12 @@ pub enum Mutation {
     /// checkpoint puts the mix on the backing store (the VOPR's torn-version
     /// check, (c)).
     JournaledRewritesInPlace = 8,
+    /// Ordered write-back, with reply events on, lets the writes it counts
+    /// as complete at `on_replies_sending` raise later writes' completion
+    /// floor without joining the graph's frontier: a write issued after a
+    /// client saw another's reply does not wait for it on its way to the
+    /// backing store (check (c), on the VOPR's seeds that hold replies).
+    RepliesSeenWithoutEdges = 9,
 }
 
 #[cfg(feature = "mutations")]

@@ -383,6 +383,15 @@ pub trait Export: Send + Sync + 'static {
         Box::pin(async move { Ok(vec![Extent { len, flags: 0 }]) })
     }
 
+    /// A connection's reply writer is about to send replies to requests
+    /// whose operations returned before this call: none of them has
+    /// reached the client yet. Called before every batch of replies, from
+    /// the writer's task; MUST NOT block for long. An export may use it to
+    /// tell which requests a client could have sent knowing of which
+    /// completions: a request read before this call was sent before its
+    /// client saw these replies.
+    fn replies_sending(&self) {}
+
     /// A connection selected this export and entered transmission.
     fn on_connect(&self, conn_id: u64) {
         let _ = conn_id;

@@ -232,6 +232,9 @@ impl Export for NvwcExport {
     fn flush(&self, ctx: RequestCtx) -> OpFuture<'_> {
         Box::pin(async move { self.call(&ctx, ReqOp::Flush).await.map(|_| ()) })
     }
+    fn replies_sending(&self) {
+        self.host.replies_sending();
+    }
     fn trim(&self, ctx: RequestCtx, offset: u64, len: u32, fua: bool) -> OpFuture<'_> {
         Box::pin(async move {
             self.pieces(&ctx, offset, len, |offset, len| ReqOp::Trim { offset, len })

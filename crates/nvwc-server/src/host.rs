@@ -87,12 +87,15 @@ pub struct Host {
     name: String,
     /// `background_error` lines: one per second at most.
     bg_log: crate::log::Throttle,
+    /// The engine takes reply events (`Host::replies_sending`): ordered
+    /// write-back, whose graph they keep from being a chain.
+    reply_events: bool,
 }
 
 impl Host {
     /// Start the host: `cache_threads` and `backing_threads` workers, and the timer.
     pub fn start(
-        eng: Engine<Bytes>,
+        mut eng: Engine<Bytes>,
         cache_dev: Arc<Device>,
         backing_dev: Arc<Device>,
         cache_threads: usize,
@@ -101,6 +104,8 @@ impl Host {
     ) -> Arc<Host> {
         let (cache_q, cache_rx) = mpsc::channel();
         let (backing_q, backing_rx) = mpsc::channel();
+        let reply_events = eng.config().write_policy == WritePolicyKind::Ordered;
+        eng.set_reply_events(reply_events);
         let host = Arc::new_cyclic(|me| Host {
             me: me.clone(),
             core: Mutex::new(Core {
@@ -123,6 +128,7 @@ impl Host {
             t0: Instant::now(),
             name: name.to_string(),
             bg_log: crate::log::Throttle::new(),
+            reply_events,
         });
         spawn_pool(&host, cache_dev, cache_rx, cache_threads);
         spawn_pool(&host, backing_dev, backing_rx, backing_threads);
@@ -159,6 +165,22 @@ impl Host {
             Arc::downgrade(&self.cache_dev),
             Arc::downgrade(&self.backing_dev),
         ]
+    }
+
+    /// Replies may reach clients from now on: a connection's reply writer
+    /// calls this before it sends the replies it has taken, each time
+    /// (`Export::replies_sending`). The engine then counts every write whose
+    /// data is in the cache as complete for the writes issued after this
+    /// call (`Engine::set_reply_events`); requests read before it were sent
+    /// before their client saw any of these replies.
+    pub fn replies_sending(&self) {
+        if !self.reply_events {
+            return;
+        }
+        let mut c = self.lock();
+        let now = self.now();
+        c.eng.handle_replies_sending(now);
+        self.pump(&mut c, 0);
     }
 
     /// Submit a request and wait for its reply.

@@ -55,14 +55,19 @@
 //!   ends it could leave a copy a crash brings back.
 //!
 //! Also from streams of their own: half the write-back seeds send writes
-//! around a full cache (`bypass_when_full`, some with paced cleaning), and
-//! half the journaled seeds bound the journal (`JournalConfig::size_blocks`).
+//! around a full cache (`bypass_when_full`, some with paced cleaning),
+//! half the journaled seeds bound the journal (`JournalConfig::size_blocks`),
+//! and half the ordered seeds hold replies (`World::delay_replies`: released
+//! replies reach the client in batches, up to 0.3 ms late, and the engine is
+//! told before each batch, as the server's reply writer does; requests issued
+//! meanwhile are independent of the held writes, for the oracle and for
+//! ordered's graph).
 //!
 //! Triage aids (environment): `NVWC_VOPR_DUMP=1` prints the recovered
 //! metadata at each recovery, `NVWC_VOPR_TRACE_DRAIN=1` every command of
 //! the drain after recovery, `NVWC_VOPR_SECTOR=S` what each crash left at
 //! sector `S` (recovered, backing powered off, backing alive), and
-//! `NVWC_VOPR_ONLY=large,quiesce,timed,rounds,warm,journal` keeps only the named
+//! `NVWC_VOPR_ONLY=large,quiesce,timed,rounds,warm,journal,replies` keeps only the named
 //! dimensions above and the journal bound below (to find which one a
 //! failure needs, or to compare runs).
 //!
@@ -138,6 +143,8 @@ pub struct SeedOutcome {
     pub direct_writes: u64,
     /// Warm restarts (clean shutdown, reopen) before a further round's crash.
     pub warm_restarts: u64,
+    /// Batches of held replies sent (`World::delay_replies`).
+    pub reply_batches: u64,
     /// Clean stops that ran out of retries (`Engine::stop_gave_up`) and
     /// restarted cold.
     pub stops_given_up: u64,
@@ -398,6 +405,17 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
         table_range(&layout),
     );
     world.verbose = opts.verbose;
+    // Half the ordered seeds hold replies for a while and report when they
+    // go out (`World::delay_replies`), as the server does: requests that
+    // arrive together are then independent in ordered's graph. Drawn from
+    // a stream of its own.
+    let held = opts.policy == WritePolicyKind::Ordered
+        && dimension_on("replies")
+        && ChaCha8Rng::seed_from_u64(seed ^ 0x5E17_D0E5_0FF1_CE00).gen_bool(0.5);
+    let replies = held.then_some(seed ^ 0x5E17_D0E5_0FF1_CE01);
+    if let Some(s) = replies {
+        world.delay_replies(s);
+    }
     let mut client = Workload {
         n_ops,
         qd,
@@ -470,6 +488,9 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
             table_range(&layout),
         );
         world.verbose = opts.verbose;
+        if let Some(s) = replies {
+            world.delay_replies(s ^ round);
+        }
         let mut warm = ChaCha8Rng::seed_from_u64(seed ^ 0x3A2B_C0FF_EE5E_ED00 ^ round);
         if warm.gen_bool(0.35) && dimension_on("warm") {
             world = match warm_restart(
@@ -609,6 +630,9 @@ fn warm_restart(
         table_range(layout),
     );
     w.verbose = opts.verbose;
+    if let Some(s) = world.reply_seed() {
+        w.delay_replies(s ^ 0x3A2B);
+    }
     Ok(w)
 }
 
@@ -732,6 +756,8 @@ pub struct PolicySummary {
     pub direct_writes: u64,
     /// Sum of [`SeedOutcome::warm_restarts`].
     pub warm_restarts: u64,
+    /// Seeds with held replies, and the sum of [`SeedOutcome::reply_batches`].
+    pub reply_batches: (u64, u64),
     /// Sum of [`SeedOutcome::stops_given_up`].
     pub stops_given_up: u64,
     /// The longest wait of any request (simulated ns), and its seed.
@@ -758,6 +784,8 @@ pub fn run_many(
     let next = AtomicU64::new(first);
     let done = AtomicU64::new(0);
     let warm = AtomicU64::new(0);
+    let held_seeds = AtomicU64::new(0);
+    let batches = AtomicU64::new(0);
     let gave_up = AtomicU64::new(0);
     // The lowest failing seed: one that fails its verdict if any does (a
     // write-back seed failing only (c) is expected), else any.
@@ -824,6 +852,10 @@ pub fn run_many(
                     }
                 }
                 warm.fetch_add(r.warm_restarts, Ordering::Relaxed);
+                if r.reply_batches > 0 {
+                    held_seeds.fetch_add(1, Ordering::Relaxed);
+                    batches.fetch_add(r.reply_batches, Ordering::Relaxed);
+                }
                 gave_up.fetch_add(r.stops_given_up, Ordering::Relaxed);
                 {
                     let mut m = maxes.lock().unwrap();
@@ -870,6 +902,7 @@ pub fn run_many(
         admission: a.5,
         direct_writes: a.6,
         warm_restarts: warm.into_inner(),
+        reply_batches: (held_seeds.into_inner(), batches.into_inner()),
         stops_given_up: gave_up.into_inner(),
         max_latency,
         max_commit_pages,

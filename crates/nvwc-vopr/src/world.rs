@@ -31,7 +31,13 @@ enum Ev {
     Client,
     Io(u64),
     Timeout,
+    /// Held replies go out (`World::delay_replies`).
+    Replies,
 }
+
+/// Longest a released reply is held before it goes out (ns), with
+/// `World::delay_replies`: long enough that requests keep arriving meanwhile.
+const REPLY_DELAY_NS: u64 = 300_000;
 
 struct InFlight {
     cmd: IoCmd<Bytes>,
@@ -114,6 +120,12 @@ pub(crate) struct World {
     table: (u64, u64),
     pages_since_commit: std::collections::BTreeSet<u64>,
     pub max_commit_pages: u64,
+    /// With `delay_replies`: the stream the delays are drawn from (its
+    /// seed, for a world that follows this one), and the replies the
+    /// engine released that the client has not seen yet.
+    replies: Option<(ChaCha8Rng, u64)>,
+    held: Vec<Reply<Bytes>>,
+    replies_due: bool,
 }
 
 impl World {
@@ -141,7 +153,29 @@ impl World {
             table,
             pages_since_commit: Default::default(),
             max_commit_pages: 0,
+            replies: None,
+            held: Vec::new(),
+            replies_due: false,
         }
+    }
+
+    /// Replies reach the client after a random delay, in batches, as a
+    /// server's reply writer sends them; the engine is told before each
+    /// batch goes out (`Engine::handle_replies_sending`). Requests issued
+    /// meanwhile were sent before the client saw those replies, so the
+    /// oracle does not order them after the held writes, and ordered
+    /// write-back, with reply events on, does not either. The delays come
+    /// from a stream of their own (`seed`), so the seed's other draws keep
+    /// their values.
+    pub fn delay_replies(&mut self, seed: u64) {
+        use rand::SeedableRng;
+        self.eng.set_reply_events(true);
+        self.replies = Some((ChaCha8Rng::seed_from_u64(seed), seed));
+    }
+
+    /// The seed given to `delay_replies`, if any.
+    pub fn reply_seed(&self) -> Option<u64> {
+        self.replies.as_ref().map(|r| r.1)
     }
 
     fn push(&mut self, t: u64, e: Ev) {
@@ -231,6 +265,18 @@ impl World {
                     if self.timeout_at.is_some_and(|t| t <= self.now) {
                         self.timeout_at = None;
                         self.eng.handle_timeout(self.now);
+                    }
+                }
+                Ev::Replies => {
+                    cx.out.reply_batches += 1;
+                    self.replies_due = false;
+                    self.eng.handle_replies_sending(self.now);
+                    let mut retry = false;
+                    for r in std::mem::take(&mut self.held) {
+                        retry |= client.reply(r, self.now, cx);
+                    }
+                    if retry {
+                        self.push(self.now, Ev::Client);
                     }
                 }
             }
@@ -492,7 +538,17 @@ impl Driver<Bytes> for Pumped<'_, '_> {
         self.w.issue(cmd, self.cx.rng, self.cx.o.clock);
     }
     fn reply(&mut self, r: Reply<Bytes>) {
-        self.retry |= self.client.reply(r, self.w.now, self.cx);
+        let w = &mut *self.w;
+        let Some((rng, _)) = w.replies.as_mut() else {
+            self.retry |= self.client.reply(r, w.now, self.cx);
+            return;
+        };
+        w.held.push(r);
+        if !w.replies_due {
+            w.replies_due = true;
+            let t = w.now + rng.gen_range(0..REPLY_DELAY_NS);
+            w.push(t, Ev::Replies);
+        }
     }
     fn event(&mut self, ev: Event) {
         if self.records {

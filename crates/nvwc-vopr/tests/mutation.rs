@@ -154,3 +154,15 @@ fn a_torn_journaled_rewrite_reaching_the_backing_store_fails_the_run() {
     let why = planted.verdict().expect_err("a torn version fails the run");
     assert!(why.contains("(c)") || why.contains("seeds failed"), "{why}");
 }
+
+#[test]
+fn ordered_counting_a_seen_reply_without_its_edges_fails_the_run() {
+    // Only the seeds that hold replies (`World::delay_replies`) run the
+    // planted branch.
+    let o = opts(WritePolicyKind::Ordered, None);
+    let (clean, planted) = with_and_without(Mutation::RepliesSeenWithoutEdges, &o, 1500);
+    assert_eq!(clean.by_check, [0; 4], "ordered passes without the bug");
+    assert!(clean.reply_batches.0 > 0, "some seeds hold replies");
+    assert!(planted.by_check[2] > 0, "the planted bug fails (c)");
+    planted.verdict().expect_err("the run fails");
+}

@@ -144,6 +144,12 @@ pub fn run(a: Args) -> Result<ExitCode> {
             "  direct writes (payload placed by the driver): {}; warm restarts before a crash: {} (stops that ran out of retries and restarted cold: {})",
             s.direct_writes, s.warm_restarts, s.stops_given_up
         );
+        if s.reply_batches.0 > 0 {
+            println!(
+                "  replies held and sent in batches (the engine told before each): {} seeds, {} batches",
+                s.reply_batches.0, s.reply_batches.1
+            );
+        }
         println!(
             "  longest request wait: {:.1} ms (seed {}; liveness bound {} ms); most metadata pages in one commit: {}",
             s.max_latency.0 as f64 / 1e6,

@@ -113,6 +113,15 @@ pub trait WritePolicy: Send {
     fn aux_changed_on_completion(&self, _group: Group) -> &[u32] {
         &[]
     }
+    /// The driver will report, with [`WritePolicy::on_replies_sending`],
+    /// each moment from which replies may be visible to clients. Without it
+    /// (the default) a write counts as visible once its data is in the cache
+    /// ([`WritePolicy::on_write_data_done`]), before its reply.
+    fn set_reply_events(&mut self, _on: bool) {}
+    /// Replies may be visible to clients from now on: every write whose data
+    /// is in the cache by now counts as complete for the writes issued after
+    /// this call (the completion→issue rule; only ordered cares).
+    fn on_replies_sending(&mut self, _now: u64) {}
     /// A client write was acknowledged.
     fn on_write_ack(&mut self, _now: u64, _group: Group) {}
     /// A write of `group` was acknowledged with some of its data held as a

@@ -35,7 +35,14 @@
 //!
 //! "Completion" here is the moment a write's data is in the cache (before its
 //! reply): that is never later than the client's completion, so every real
-//! dependency is captured (some extra, harmless ones may be added).
+//! dependency is captured (some extra, harmless ones may be added). With
+//! reply events (`WritePolicy::set_reply_events`, the server) a completed
+//! write joins the frontier only at the next `on_replies_sending`, which the
+//! driver calls before any reply can reach a client: still no later than the
+//! client's completion, and requests that arrived together (before their
+//! replies went out) stay independent instead of forming a chain. Seen
+//! completions are always a prefix of the completion indexes (`floor`), so
+//! the entries' `(cidx, dfloor)` describe the graph as before.
 //!
 //! Crash story: every version carries its completion index and its dependency
 //! floor (completions before its issue) in its slot entry, so recovery rebuilds
@@ -85,6 +92,9 @@ struct Node {
     dummy: bool,
     live: bool,
     in_wave: bool,
+    /// Completed, but no reply sent since (`Ordered::unseen`): no later
+    /// write depends on it yet.
+    unseen: bool,
 }
 
 impl Node {
@@ -110,6 +120,13 @@ pub struct Ordered {
     /// Apply the frontier's transitive reduction (on by default).
     pub reduce: bool,
     next_cidx: u64,
+    /// The driver reports sent replies (`WritePolicy::set_reply_events`):
+    /// a write counts as complete, for the writes issued after it, only once
+    /// a reply may have been sent since its data reached the cache.
+    reply_events: bool,
+    /// Completed write nodes no later write depends on yet, in completion
+    /// order (their completion indexes are the last ones given out).
+    unseen: Vec<u32>,
     wave: Vec<u32>,
     /// Nodes that became ready (completed, no undestaged predecessor); may hold
     /// stale ids, checked when taken. Ready nodes never depend on each other.
@@ -152,6 +169,8 @@ impl Ordered {
             dummy_every: cfg.dummy_every,
             reduce: cfg.ordered_reduction,
             next_cidx: 0,
+            reply_events: false,
+            unseen: Vec::new(),
             wave: Vec::new(),
             ready: Vec::new(),
             wave_in_flight: false,
@@ -220,8 +239,15 @@ impl Ordered {
         id
     }
 
-    /// Completion event.
+    /// Completion event, seen at once by every later issue.
     fn complete(&mut self, id: u32, cidx: u64) {
+        self.complete_data(id, cidx);
+        self.make_seen(id);
+    }
+
+    /// Completion event: the write's data is in the cache. It may be
+    /// destaged from now on; later writes depend on it from `make_seen`.
+    fn complete_data(&mut self, id: u32, cidx: u64) {
         let n = &mut self.nodes[id as usize];
         assert!(
             n.live && !n.completed && !n.dummy,
@@ -231,6 +257,17 @@ impl Ordered {
         n.cidx = cidx;
         self.completed_live += 1;
         self.next_cidx = self.next_cidx.max(cidx + 1);
+        if self.nodes[id as usize].preds_left == 0 && self.nodes[id as usize].pending == 0 {
+            self.ready.push(id);
+        }
+    }
+
+    /// Writes issued from now on depend on completed node `id`.
+    fn make_seen(&mut self, id: u32) {
+        if self.nodes[id as usize].destaged {
+            // On the backing store already: nothing can come before it.
+            return;
+        }
         if self.reduce {
             // Transitive reduction of the frontier: a completed node that depends
             // on frontier nodes stands in for them (later writes reach them through it).
@@ -239,9 +276,6 @@ impl Ordered {
             self.nodes[id as usize].preds = preds;
         }
         self.unabsorbed.push(id);
-        if self.nodes[id as usize].preds_left == 0 && self.nodes[id as usize].pending == 0 {
-            self.ready.push(id);
-        }
         if self.dummy_every > 0 && self.unabsorbed.len() >= self.dummy_every as usize {
             let d = self.alloc();
             self.nodes[d as usize].dummy = true;
@@ -261,6 +295,16 @@ impl Ordered {
                 self.mark_destaged(d);
             }
         }
+    }
+
+    /// The completion floor of a write issued now: every completion index
+    /// below it is a write it depends on. Unseen nodes hold the last indexes
+    /// given out, so the seen completions are exactly those below the first
+    /// unseen one.
+    fn floor(&self) -> u64 {
+        self.unseen
+            .first()
+            .map_or(self.next_cidx, |&u| self.nodes[u as usize].cidx)
     }
 
     /// Node `id` is durable on the backing store: release its successors.
@@ -309,6 +353,7 @@ impl Ordered {
             && n.pending == 0
             && n.succs.is_empty()
             && (n.completed || n.dummy)
+            && !n.unseen
         {
             self.nodes[id as usize] = Node::default();
             self.free.push(id);
@@ -389,12 +434,42 @@ impl WritePolicy for Ordered {
         self.versions_live == 0
     }
     fn on_write_issue(&mut self, _now: u64, _seq: u64) -> Group {
-        let d = self.next_cidx;
+        let d = self.floor();
         self.issue(d) as Group
     }
     fn on_write_data_done(&mut self, _now: u64, group: Group) {
         let c = self.next_cidx;
-        self.complete(group as u32, c);
+        if self.reply_events {
+            self.complete_data(group as u32, c);
+            self.nodes[group as usize].unseen = true;
+            self.unseen.push(group as u32);
+        } else {
+            self.complete(group as u32, c);
+        }
+    }
+    fn set_reply_events(&mut self, on: bool) {
+        if !on {
+            self.on_replies_sending(0);
+        }
+        self.reply_events = on;
+    }
+    /// Every write completed so far may have been acknowledged from now on:
+    /// writes issued later depend on it. Safe because a client that saw a
+    /// write's reply before sending another request had that reply sent
+    /// before the request arrived, so before its issue here.
+    fn on_replies_sending(&mut self, _now: u64) {
+        let unseen = std::mem::take(&mut self.unseen);
+        for &id in &unseen {
+            self.nodes[id as usize].unseen = false;
+            if crate::mutation::active(crate::mutation::Mutation::RepliesSeenWithoutEdges) {
+                self.maybe_free(id);
+                continue;
+            }
+            self.make_seen(id);
+            self.maybe_free(id);
+        }
+        self.unseen = unseen;
+        self.unseen.clear();
     }
     /// The completion index is in every version's entry (`entry_aux`).
     fn aux_changed_on_completion(&self, group: Group) -> &[u32] {
@@ -705,6 +780,7 @@ impl WritePolicy for Ordered {
         self.nodes.capacity() * std::mem::size_of::<Node>()
             + self.slot_lbn.capacity() * 8
             + (self.unmarked.capacity() + self.marking.capacity()) * 8
+            + self.unseen.capacity() * 4
             + self
                 .nodes
                 .iter()
@@ -746,6 +822,101 @@ mod tests {
         o.on_write_data_done(0, n4);
         let n5 = o.on_write_issue(0, 5);
         [n1, n2, n3, n4, n5]
+    }
+
+    #[test]
+    fn with_reply_events_a_write_counts_once_replies_may_be_seen() {
+        let preds = |o: &Ordered, n: Group| sorted(o.nodes[n as usize].preds.clone());
+        let mut o = pol(0);
+        o.set_reply_events(true);
+        let a = o.on_write_issue(0, 1);
+        o.on_write_data_done(0, a);
+        // b arrived before any reply went out: the client cannot have seen
+        // a's, so b does not depend on a.
+        let b = o.on_write_issue(0, 2);
+        assert!(preds(&o, b).is_empty());
+        assert_eq!(o.entry_aux(b), (UNSET, 0), "floor: no completion seen");
+        o.on_write_data_done(0, b);
+        assert_eq!(o.entry_aux(a), (0, 0));
+        assert_eq!(o.entry_aux(b), (1, 0));
+        // Both are ready at once: one wave.
+        assert_eq!(sorted(o.ready.clone()), sorted(vec![a as u32, b as u32]));
+        o.on_replies_sending(0);
+        let c = o.on_write_issue(0, 3);
+        assert_eq!(preds(&o, c), sorted(vec![a as u32, b as u32]));
+        assert_eq!(o.entry_aux(c).1, 2);
+        // Replies going out with nothing new completed change nothing.
+        o.on_replies_sending(0);
+        let d = o.on_write_issue(0, 4);
+        assert_eq!(preds(&o, d), sorted(vec![a as u32, b as u32]));
+        // Without the events, b depends on a.
+        let mut q = pol(0);
+        let a = q.on_write_issue(0, 1);
+        q.on_write_data_done(0, a);
+        let b = q.on_write_issue(0, 2);
+        assert_eq!(preds(&q, b), vec![a as u32]);
+        assert_eq!(q.entry_aux(b), (UNSET, 1));
+    }
+
+    #[test]
+    fn a_write_destaged_before_its_reply_is_kept_until_then_and_adds_no_edge() {
+        let mut o = pol(0);
+        o.set_reply_events(true);
+        let a = o.on_write_issue(0, 1);
+        o.on_write_data_done(0, a);
+        o.mark_destaged(a as u32);
+        assert!(
+            o.nodes[a as usize].live,
+            "freed while a reply may still name it"
+        );
+        o.on_replies_sending(0);
+        assert!(!o.nodes[a as usize].live && o.free.contains(&(a as u32)));
+        assert!(o.unabsorbed.is_empty());
+        let b = o.on_write_issue(0, 2);
+        assert!(o.nodes[b as usize].preds.is_empty());
+        assert_eq!(o.entry_aux(b).1, 1, "a is below b's floor");
+    }
+
+    #[test]
+    fn unseen_completions_reach_a_dummy_once_seen() {
+        let mut o = pol(2);
+        o.set_reply_events(true);
+        let ids: Vec<Group> = (0..3).map(|i| o.on_write_issue(0, i)).collect();
+        for &g in &ids {
+            o.on_write_data_done(0, g);
+        }
+        assert_eq!(o.dummies_total, 0, "no completion seen yet");
+        o.on_replies_sending(0);
+        assert_eq!(o.dummies_total, 1);
+        // Turning the events off sees what is pending.
+        let x = o.on_write_issue(0, 9);
+        o.on_write_data_done(0, x);
+        o.set_reply_events(false);
+        assert!(o.unseen.is_empty() && !o.nodes[x as usize].unseen);
+        assert!(o.unabsorbed.contains(&(x as u32)));
+    }
+
+    #[test]
+    fn recovery_rebuilds_a_graph_built_with_reply_events() {
+        let mut o = pol(0);
+        o.set_reply_events(true);
+        let a = o.on_write_issue(0, 1);
+        o.on_write_data_done(0, a);
+        let b = o.on_write_issue(0, 2);
+        o.on_write_data_done(0, b);
+        o.on_replies_sending(0);
+        let c = o.on_write_issue(0, 3);
+        o.on_write_data_done(0, c);
+        let aux: Vec<(u64, u64)> = [a, b, c].iter().map(|&g| o.entry_aux(g)).collect();
+        let mut vs: Vec<RecoveredVersion> = (0..3)
+            .map(|i| version(i as u32, 10 + i, 1 + i, aux[i as usize]))
+            .collect();
+        let mut r = pol(0);
+        r.recover(&CommitRecord::default(), &mut vs);
+        let g: Vec<Group> = vs.iter().map(|v| v.group).collect();
+        let preds = |n: Group| sorted(r.nodes[n as usize].preds.clone());
+        assert!(preds(g[0]).is_empty() && preds(g[1]).is_empty());
+        assert_eq!(preds(g[2]), sorted(vec![g[0] as u32, g[1] as u32]));
     }
 
     #[test]

@@ -332,7 +332,7 @@ where
         (u64::from(len).div_ceil(BUDGET_UNIT as u64)).min(u64::from(budget_units)) as u32
     };
     let (tx, rx) = mpsc::channel::<Queued>(max + 16);
-    let writer = tokio::spawn(writer_task(wr, rx));
+    let writer = tokio::spawn(writer_task(wr, rx, conn.export.clone()));
     let mut shutdown = inner.shutdown.subscribe();
     let mut requests = 0u64;
     // Requests run inline on the reader task first: one that completes at
@@ -577,18 +577,24 @@ impl std::task::Wake for NoopWake {
 }
 
 /// Writes replies in the order they are queued (= completion order),
-/// flushing whenever the queue is momentarily empty. A reply's memory-budget
+/// flushing whenever the queue is momentarily empty. Each batch (what is
+/// queued when the writer wakes) is taken whole, then the export is told
+/// (`Export::replies_sending`), then it is written. A reply's memory-budget
 /// permit is released once it has been written. Returns the writer on a
 /// clean end (channel closed), `None` after an I/O error.
 async fn writer_task<W: AsyncWrite + Unpin>(
     mut wr: BufWriter<W>,
     mut rx: mpsc::Receiver<Queued>,
+    export: Arc<dyn Export>,
 ) -> Option<BufWriter<W>> {
-    while let Some((msg, _permit)) = rx.recv().await {
-        if write_msg(&mut wr, msg).await.is_err() {
-            return None;
+    let mut batch = Vec::new();
+    while let Some(q) = rx.recv().await {
+        batch.push(q);
+        while let Ok(q) = rx.try_recv() {
+            batch.push(q);
         }
-        while let Ok((msg, _permit)) = rx.try_recv() {
+        export.replies_sending();
+        for (msg, _permit) in batch.drain(..) {
             if write_msg(&mut wr, msg).await.is_err() {
                 return None;
             }
