@@ -23,6 +23,7 @@ mod write_policies;
 mod write_policies_claims;
 mod write_policies_disk;
 mod write_policies_notes;
+mod write_policies_parallel;
 
 use std::process::ExitCode;
 

@@ -50,7 +50,11 @@
 //! backing store in order. Their "clean" marks are committed lazily: a wave
 //! (or sync) may start while earlier plans' marks are not yet durable as long
 //! as it writes none of *their blocks*; a plan that would touch such a block
-//! first waits for a metadata commit. After a crash, recovery sees every
+//! first waits for a metadata commit, and so does a plan that would write a
+//! version whose own entry is not durable yet (`fresh`): otherwise a crash
+//! could lose the version after its bytes reached the backing store, with an
+//! older version of its block surviving in the cache to be served over them.
+//! After a crash, recovery sees every
 //! plan since the last durable marks as not done and destages those versions
 //! again, in dependency order. Each such block was written by exactly one of
 //! those plans and by nothing after it, so the backing store already holds
@@ -142,6 +146,12 @@ pub struct Ordered {
     /// commit in flight started (durable when it succeeds).
     unmarked: std::collections::HashSet<u64>,
     marking: std::collections::HashSet<u64>,
+    /// Slots of versions installed since the last commit started (their
+    /// entries are not durable yet), and of those the commit in flight
+    /// records: no plan writes them to the backing store before their
+    /// entries are durable (see `needs_marks`).
+    fresh: std::collections::HashSet<u32>,
+    freshing: std::collections::HashSet<u32>,
     scratch: Vec<(u32, Group)>,
     stack: Vec<u32>,
     seen: Vec<u32>,
@@ -180,6 +190,8 @@ impl Ordered {
             slot_lbn: Vec::new(),
             unmarked: Default::default(),
             marking: Default::default(),
+            fresh: Default::default(),
+            freshing: Default::default(),
             scratch: Vec::new(),
             stack: Vec::new(),
             seen: Vec::new(),
@@ -371,14 +383,25 @@ impl Ordered {
         self.slot_lbn[slot as usize]
     }
 
-    /// Does a plan writing `slots` have to wait for earlier plans' clean
-    /// marks to be committed (it would rewrite one of their blocks)?
+    /// Does a plan writing `slots` have to wait for a metadata commit: to
+    /// earlier plans' clean marks (it would rewrite one of their blocks), or
+    /// to its own versions' entries? A version whose entry is not durable
+    /// may be lost by a crash while an older version of its block survives
+    /// in the cache; had its bytes reached the backing store, recovery would
+    /// serve the older version over them, and a later write destaged before
+    /// that block is synced again would put the backing store on a state no
+    /// prefix of the order allows (the VOPR found it: ordered seed 17411).
     fn needs_marks(&self, slots: &[u32]) -> bool {
-        (!self.unmarked.is_empty() || !self.marking.is_empty())
-            && slots.iter().any(|&s| {
-                let l = self.lbn(s);
-                self.unmarked.contains(&l) || self.marking.contains(&l)
-            })
+        let fresh = (!self.fresh.is_empty() || !self.freshing.is_empty())
+            && slots
+                .iter()
+                .any(|s| self.fresh.contains(s) || self.freshing.contains(s));
+        fresh
+            || (!self.unmarked.is_empty() || !self.marking.is_empty())
+                && slots.iter().any(|&s| {
+                    let l = self.lbn(s);
+                    self.unmarked.contains(&l) || self.marking.contains(&l)
+                })
     }
 
     fn node_needs_marks(&self, n: u32) -> bool {
@@ -496,6 +519,8 @@ impl WritePolicy for Ordered {
     }
     fn on_version_installed(&mut self, group: Group, slot: u32, lbn: u64, _seq: u64) {
         self.set_slot_lbn(slot, lbn);
+        self.freshing.remove(&slot);
+        self.fresh.insert(slot);
         let n = &mut self.nodes[group as usize];
         assert!(
             n.live && !n.destaged,
@@ -505,6 +530,8 @@ impl WritePolicy for Ordered {
         self.versions_live += 1;
     }
     fn on_version_removed(&mut self, group: Group, slot: u32) {
+        self.fresh.remove(&slot);
+        self.freshing.remove(&slot);
         let n = &mut self.nodes[group as usize];
         if let Some(pos) = n.slots.iter().position(|&s| s == slot) {
             n.slots.swap_remove(pos);
@@ -690,16 +717,22 @@ impl WritePolicy for Ordered {
         if self.awaiting_commit {
             self.commit_started = true;
         }
-        // This commit records every clean mark made so far.
+        // This commit records every clean mark made so far, and every
+        // version installed so far.
         let done: Vec<u64> = self.unmarked.drain().collect();
         self.marking.extend(done);
+        let installed: Vec<u32> = self.fresh.drain().collect();
+        self.freshing.extend(installed);
     }
     fn on_commit_done(&mut self, ok: bool) {
         if ok {
             self.marking.clear();
+            self.freshing.clear();
         } else {
             let back: Vec<u64> = self.marking.drain().collect();
             self.unmarked.extend(back);
+            let back: Vec<u32> = self.freshing.drain().collect();
+            self.fresh.extend(back);
         }
         if self.commit_started {
             self.commit_started = false;
@@ -780,6 +813,7 @@ impl WritePolicy for Ordered {
         self.nodes.capacity() * std::mem::size_of::<Node>()
             + self.slot_lbn.capacity() * 8
             + (self.unmarked.capacity() + self.marking.capacity()) * 8
+            + (self.fresh.capacity() + self.freshing.capacity()) * 4
             + self.unseen.capacity() * 4
             + self
                 .nodes
@@ -802,6 +836,20 @@ impl WritePolicy for Ordered {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A version installed whose entry a commit has made durable since
+    /// (`Ordered::fresh` is what a wave waits on otherwise; the tests of
+    /// that rule install with `on_version_installed` itself).
+    trait InstallDurable {
+        fn install_durable(&mut self, g: Group, slot: u32, lbn: u64, seq: u64);
+    }
+
+    impl InstallDurable for Ordered {
+        fn install_durable(&mut self, g: Group, slot: u32, lbn: u64, seq: u64) {
+            self.on_version_installed(g, slot, lbn, seq);
+            self.fresh.remove(&slot);
+        }
+    }
 
     fn pol(dummy: u32) -> Ordered {
         let mut c = Config::new(4096, 64, 1 << 20, WritePolicyKind::Ordered);
@@ -920,6 +968,38 @@ mod tests {
     }
 
     #[test]
+    fn a_wave_waits_until_its_versions_entries_are_durable() {
+        // a's version is installed, its entry not yet committed: a crash
+        // could lose it while the backing store had its bytes.
+        let mut o = pol(0);
+        let a = o.on_write_issue(0, 1);
+        o.on_version_installed(a, 0, 10, 1);
+        o.on_write_data_done(0, a);
+        assert!(o.next_plan(&mut ctx(&[(0, a)])).is_none());
+        assert!(o.wants_commit(), "it asks for the commit it waits for");
+        o.on_commit_start();
+        // The commit in flight records the entry: still not durable.
+        assert!(o.next_plan(&mut ctx(&[(0, a)])).is_none());
+        // A failed commit leaves it to the next one.
+        o.on_commit_done(false);
+        assert!(o.next_plan(&mut ctx(&[(0, a)])).is_none());
+        o.on_commit_start();
+        o.on_commit_done(true);
+        let p = o.next_plan(&mut ctx(&[(0, a)])).expect("a's wave");
+        assert_eq!(p.write, vec![0]);
+        // A version installed while a commit is in flight waits for the next.
+        let b = o.on_write_issue(0, 2);
+        o.on_commit_start();
+        o.on_version_installed(b, 1, 11, 2);
+        o.on_write_data_done(0, b);
+        o.on_commit_done(true);
+        assert!(o.needs_marks(&[1]));
+        // A removed version's slot is not held back.
+        o.on_version_removed(b, 1);
+        assert!(!o.needs_marks(&[1]));
+    }
+
+    #[test]
     fn figure6_graph() {
         // I1, I2, C1, C2, I3, I4, C3, C4, I5 (§3.1.1): 3 and 4 depend on 1 and 2; 5 on all.
         let mut o = pol(0);
@@ -1030,7 +1110,7 @@ mod tests {
         let mut ids = Vec::new();
         for i in 0..10 {
             let g = o.on_write_issue(0, i);
-            o.on_version_installed(g, i as u32, i, i);
+            o.install_durable(g, i as u32, i, i);
             o.on_write_data_done(0, g);
             ids.push(g as u32);
         }
@@ -1088,7 +1168,7 @@ mod tests {
     /// Issue a write, install its version (`slot`, `lbn`), complete it.
     fn write(o: &mut Ordered, seq: u64, slot: u32, lbn: u64) -> Group {
         let g = o.on_write_issue(0, seq);
-        o.on_version_installed(g, slot, lbn, seq);
+        o.install_durable(g, slot, lbn, seq);
         o.on_write_data_done(0, g);
         g
     }
@@ -1188,7 +1268,7 @@ mod tests {
     fn a_patch_holds_its_node_back_until_it_is_a_version() {
         let mut o = pol(0);
         let a = o.on_write_issue(0, 1);
-        o.on_version_installed(a, 0, 10, 1);
+        o.install_durable(a, 0, 10, 1);
         o.on_patch_pending(a);
         o.on_patch_pending(a);
         o.on_write_data_done(0, a);
@@ -1214,8 +1294,8 @@ mod tests {
         // a and b in flight together, then c (a's block again) after both.
         let a = o.on_write_issue(0, 1);
         let b = o.on_write_issue(0, 2);
-        o.on_version_installed(a, 0, 10, 1);
-        o.on_version_installed(b, 1, 11, 2);
+        o.install_durable(a, 0, 10, 1);
+        o.install_durable(b, 1, 11, 2);
         o.on_write_data_done(0, a);
         o.on_write_data_done(0, b);
         let c = write(&mut o, 3, 2, 10);
@@ -1313,12 +1393,12 @@ mod tests {
             let b = o.on_write_issue(0, 2);
             let x = o.on_write_issue(0, 3);
             for (g, s) in [(a, 0), (b, 1), (x, 2)] {
-                o.on_version_installed(g, s, 10 + u64::from(s), g);
+                o.install_durable(g, s, 10 + u64::from(s), g);
             }
             o.on_write_data_done(0, a);
             o.on_write_data_done(0, b);
             let c = o.on_write_issue(0, 4);
-            o.on_version_installed(c, 3, 13, 4);
+            o.install_durable(c, 3, 13, 4);
             o.on_write_data_done(0, x);
             o.on_write_data_done(0, c);
             (o, c)
@@ -1441,10 +1521,10 @@ mod tests {
         // and its marks being committed, another done since.
         let mut o = pol(0);
         let [n1, n2, n3, ..] = figure6(&mut o);
-        o.on_version_installed(n1, 0, 10, 1);
-        o.on_version_installed(n2, 1, 11, 2);
-        o.on_version_installed(n3, 7, 17, 3);
-        o.on_version_installed(n3, 8, 18, 3);
+        o.install_durable(n1, 0, 10, 1);
+        o.install_durable(n2, 1, 11, 2);
+        o.install_durable(n3, 7, 17, 3);
+        o.install_durable(n3, 8, 18, 3);
         let p = o.next_plan(&mut ctx(&[(0, n1)])).expect("a wave");
         o.on_plan_done(0, &p);
         o.on_commit_start();
@@ -1464,9 +1544,13 @@ mod tests {
             .collect();
         assert!(table > 0 && map >= 9 * 8 && marks >= 3 * 8);
         assert!(lists.iter().filter(|&&l| l > 0).count() >= 3, "{lists:?}");
+        // And the slots whose entries are not durable yet, and completions
+        // no reply has shown yet (4 bytes each).
+        let fresh = (o.fresh.capacity() + o.freshing.capacity() + o.unseen.capacity()) * 4;
+        assert!(fresh > 0, "installs leave capacity in the fresh set");
         assert_eq!(
             o.mem_bytes(),
-            table + map + marks + lists.iter().sum::<usize>()
+            table + map + marks + fresh + lists.iter().sum::<usize>()
         );
         assert!(o.mem_bytes() >= 5 * std::mem::size_of::<Node>() + 9 * 8);
     }
@@ -1482,9 +1566,9 @@ mod tests {
         let a = o.on_write_issue(0, 2);
         let w = o.on_write_issue(0, 3);
         assert!(b < a && a < w);
-        o.on_version_installed(b, 0, 10, 1);
-        o.on_version_installed(a, 1, 11, 2);
-        o.on_version_installed(w, 2, 12, 3);
+        o.install_durable(b, 0, 10, 1);
+        o.install_durable(a, 1, 11, 2);
+        o.install_durable(w, 2, 12, 3);
         o.on_patch_pending(w);
         o.on_write_data_done(0, w);
         o.on_write_data_done(0, a);
@@ -1516,7 +1600,7 @@ mod tests {
         let ids: Vec<Group> = (0..n).map(|i| o.on_write_issue(0, u64::from(i))).collect();
         for (i, &g) in ids.iter().enumerate() {
             assert_eq!(g, i as Group);
-            o.on_version_installed(g, i as u32, 100 + i as u64, i as u64);
+            o.install_durable(g, i as u32, 100 + i as u64, i as u64);
         }
         for &g in &ids {
             o.on_write_data_done(0, g);
@@ -1549,7 +1633,7 @@ mod tests {
         // A node not ready (its write not completed) is skipped.
         let mut o = independent(2);
         let late = o.on_write_issue(0, 9);
-        o.on_version_installed(late, 7, 200, 9);
+        o.install_durable(late, 7, 200, 9);
         assert_eq!(
             sorted(fill(&mut o, vec![late as u32, 0, 1, 0, 1], 16)),
             vec![0, 1]
@@ -1587,7 +1671,7 @@ mod tests {
         // The first victim with a ready ancestor decides; later victims add
         // nothing beyond the limit (node 0 holds two slots: the limit).
         let mut o = independent(3);
-        o.on_version_installed(0, 5, 105, 0);
+        o.install_durable(0, 5, 105, 0);
         let mut cx = ctx(&[(0, 0), (1, 1)]);
         cx.limit = 2;
         let p = o.next_plan(&mut cx).expect("a wave");
@@ -1597,10 +1681,10 @@ mod tests {
         // fills the rest.
         let mut o = pol(0);
         let late = o.on_write_issue(0, 9);
-        o.on_version_installed(late, 7, 200, 9);
+        o.install_durable(late, 7, 200, 9);
         let ids: Vec<Group> = (0..3).map(|i| o.on_write_issue(0, i)).collect();
         for (i, &g) in ids.iter().enumerate() {
-            o.on_version_installed(g, i as u32, 100 + i as u64, i as u64);
+            o.install_durable(g, i as u32, 100 + i as u64, i as u64);
             o.on_write_data_done(0, g);
         }
         let mut cx = ctx(&[(7, late), (0, ids[0])]);
@@ -1653,7 +1737,7 @@ mod tests {
     fn chain_wave(len: u32) -> Vec<u32> {
         let mut o = pol(0);
         let s = o.on_write_issue(0, 0);
-        o.on_version_installed(s, 0, 0, 0);
+        o.install_durable(s, 0, 0, 0);
         let mut top = 0;
         for i in 1..=len {
             top = write(&mut o, u64::from(i), i, u64::from(i));
@@ -1685,9 +1769,9 @@ mod tests {
     fn rounds_wave(width: u32, layers: u32) -> Vec<u32> {
         let mut o = pol(0);
         let r = o.on_write_issue(0, 1000);
-        o.on_version_installed(r, 1000, 1000, 1000);
+        o.install_durable(r, 1000, 1000, 1000);
         let s = o.on_write_issue(0, 1001);
-        o.on_version_installed(s, 1001, 1001, 1001);
+        o.install_durable(s, 1001, 1001, 1001);
         let mut slot = 0;
         let mut round: Vec<Group> = Vec::new();
         for k in 0..layers {
@@ -1695,7 +1779,7 @@ mod tests {
                 .map(|_| {
                     slot += 1;
                     let g = o.on_write_issue(0, u64::from(slot));
-                    o.on_version_installed(g, slot, u64::from(slot), u64::from(slot));
+                    o.install_durable(g, slot, u64::from(slot), u64::from(slot));
                     if k == 0 {
                         o.on_patch_pending(g);
                     }
@@ -1710,7 +1794,7 @@ mod tests {
             }
         }
         let v = o.on_write_issue(0, 2000);
-        o.on_version_installed(v, 2000, 2000, 2000);
+        o.install_durable(v, 2000, 2000, 2000);
         o.on_write_data_done(0, s);
         let mut want: Vec<u32> = round.iter().map(|&g| g as u32).collect();
         want.push(r as u32);

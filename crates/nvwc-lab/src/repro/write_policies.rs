@@ -515,6 +515,10 @@ pub fn write_policies(a: &Args) -> Result<String> {
         "disk",
         super::write_policies_disk::section(a, &base, &traces[..2], BS)?,
     );
+    v.set(
+        "parallel",
+        super::write_policies_parallel::section(a, &base, &traces, &POLICIES, FIG12_PCT, BS)?,
+    );
     let json = serde_json::to_string_pretty(&(r12, r13, r14))?;
     std::fs::write(img(a, "write-policies-runs.json"), json)?;
     Ok(template!("write-policies.md").fill(&v)?)
