@@ -157,9 +157,9 @@ fn summary(md: &mut String, cells: &[(String, usize, u64)], gains: &[f64]) -> Re
             format!(": {}", better.join(", "))
         },
         if not.is_empty() {
-            format!("; not on {}", not.join(", "))
-        } else {
             String::new()
+        } else {
+            format!("; not on {}", not.join(", "))
         }
     )?;
     Ok(())
