@@ -197,11 +197,6 @@ fn a_record_that_kept_failing_is_erased_before_the_next_checkpoint() {
     let mut h = MemHarness::new(cfg(16));
     // Block 0, durable through a log record.
     write_and_flush(&mut h, 1, 0, 1);
-    let cache_flush = |h: &mut MemHarness| {
-        h.inflight()
-            .iter()
-            .position(|c| c.dev == Dev::Cache && matches!(c.op, IoOp::Flush))
-    };
     // Block 1, whose log commit's device flush fails: the next commit is a
     // checkpoint.
     h.submit(3, write(BS, 2));
@@ -247,4 +242,122 @@ fn a_record_that_kept_failing_is_erased_before_the_next_checkpoint() {
         let b = read(&mut h, 10 + lbn, lbn);
         assert!(whole(&b, v) || whole(&b, 0), "block {lbn}: {}", b[0]);
     }
+}
+
+/// The first cache-device flush in flight, if any.
+fn cache_flush(h: &mut MemHarness) -> Option<usize> {
+    h.inflight()
+        .iter()
+        .position(|c| c.dev == Dev::Cache && matches!(c.op, IoOp::Flush))
+}
+
+/// Commits, log commits and failed commits are counted (a record write
+/// that fails and is written again counts as a failure too). After a failed
+/// log commit the next commit is due at the autocommit age, not at
+/// `retry_ns` (the retry timer is for a clean stop's final commit and for a
+/// record written again); a failed record write is written again
+/// `retry_ns` after its failure.
+#[test]
+fn commits_and_failed_commits_are_counted_and_retried_on_time() {
+    let mut h = MemHarness::new(cfg(64));
+    let (retry, autocommit) = (h.engine.config().retry_ns, h.engine.config().autocommit_ns);
+    for i in 0..3u64 {
+        assert_eq!(write_and_flush(&mut h, 10 + 2 * i, i, 1 + i as u8), 1);
+    }
+    let st = h.engine.stats();
+    assert_eq!((st.commits, st.log_commits, st.commit_failures), (3, 3, 0));
+    // A log commit whose device flush fails.
+    h.submit(20, write(3 * BS, 4));
+    h.wait(20, &mut |_| 0).result.unwrap();
+    h.submit(21, ReqOp::Flush);
+    loop {
+        if let Some(i) = cache_flush(&mut h) {
+            h.complete_failed(i);
+            break;
+        }
+        assert!(h.step(&mut |_| 0), "no cache flush");
+    }
+    let t = h.now;
+    assert!(h.wait(21, &mut |_| 0).result.is_err());
+    let st = h.engine.stats();
+    assert_eq!((st.commits, st.log_commits, st.commit_failures), (3, 3, 1));
+    assert_eq!(h.engine.poll_timeout(), Some(t + autocommit));
+    // The next commit is a checkpoint; its record write fails once.
+    h.submit(22, ReqOp::Flush);
+    loop {
+        if let Some(i) = record_write(&mut h) {
+            h.complete_torn(i, 512);
+            break;
+        }
+        assert!(h.step(&mut |_| 0), "no record write");
+    }
+    let t = h.now;
+    assert_eq!(h.engine.poll_timeout(), Some(t + retry), "the record retry");
+    let st = h.engine.stats();
+    assert_eq!((st.commits, st.commit_failures), (3, 2));
+    h.engine.handle_timeout(t + retry - 1);
+    assert_eq!(record_write(&mut h), None, "written again too early");
+    h.now = t + retry;
+    h.engine.handle_timeout(h.now);
+    assert!(record_write(&mut h).is_some(), "not written again");
+    h.wait(22, &mut |_| 0).result.unwrap();
+    let st = h.engine.stats();
+    assert_eq!((st.commits, st.log_commits, st.commit_failures), (4, 3, 2));
+}
+
+/// A clean stop whose final commit fails tries it again `retry_ns` after
+/// the failure.
+#[test]
+fn a_clean_stop_retries_its_failed_final_commit_after_retry_ns() {
+    let mut h = MemHarness::new(cfg(64));
+    let retry = h.engine.config().retry_ns;
+    write_and_flush(&mut h, 1, 0, 1);
+    h.settle(&mut |_| 0);
+    h.engine.start_shutdown(h.now);
+    let i = cache_flush(&mut h).expect("the final commit's first flush");
+    h.complete_failed(i);
+    let t = h.now;
+    assert!(h.inflight().is_empty());
+    assert_eq!(h.engine.poll_timeout(), Some(t + retry));
+    assert!(!h.engine.is_idle(), "the retry is due");
+    h.engine.handle_timeout(t + retry - 1);
+    assert!(h.inflight().is_empty(), "retried too early");
+    h.now = t + retry;
+    h.engine.handle_timeout(h.now);
+    assert!(cache_flush(&mut h).is_some(), "not retried");
+    h.settle(&mut |_| 0);
+    assert!(h.engine.is_idle());
+    assert!(!h.engine.stop_gave_up());
+    assert_eq!(h.engine.stats().commit_failures, 1);
+    let rep = h.reopen().unwrap();
+    assert!(rep.clean_shutdown, "{rep:?}");
+}
+
+/// Write-back with `rewrite_in_place` does not rewrite a version in place
+/// while the record that named it is unsealed (no later durable record
+/// says it was durable): a crash then would find that record's data
+/// changed, and recovery would drop the record with the flushed write.
+#[test]
+fn a_version_is_not_rewritten_in_place_before_its_record_is_sealed() {
+    let mut c = cfg(64);
+    c.rewrite_in_place = true;
+    let mut h = MemHarness::new(c);
+    write_and_flush(&mut h, 1, 5, 5);
+    // Block 0 through a log record (unsealed until a later record says so).
+    let logged = h.engine.stats().log_commits;
+    write_and_flush(&mut h, 3, 0, 1);
+    assert_eq!(h.engine.stats().log_commits, logged + 1);
+    let free = h.engine.stats().free_slots;
+    h.submit(5, write(0, 2));
+    h.wait(5, &mut |_| 0).result.unwrap();
+    assert_eq!(
+        free - h.engine.stats().free_slots,
+        1,
+        "the rewrite takes a fresh slot"
+    );
+    // Crash before a FLUSH: the flushed version comes back.
+    let rep = h.reopen().unwrap();
+    assert_eq!(rep.log_dropped, 0, "{rep:?}");
+    let b = read(&mut h, 6, 0);
+    assert!(b.iter().all(|&x| x == 1), "block 0: {}", b[0]);
 }
