@@ -197,11 +197,6 @@ fn a_record_that_kept_failing_is_erased_before_the_next_checkpoint() {
     let mut h = MemHarness::new(cfg(16));
     // Block 0, durable through a log record.
     write_and_flush(&mut h, 1, 0, 1);
-    let cache_flush = |h: &mut MemHarness| {
-        h.inflight()
-            .iter()
-            .position(|c| c.dev == Dev::Cache && matches!(c.op, IoOp::Flush))
-    };
     // Block 1, whose log commit's device flush fails: the next commit is a
     // checkpoint.
     h.submit(3, write(BS, 2));
@@ -246,5 +241,333 @@ fn a_record_that_kept_failing_is_erased_before_the_next_checkpoint() {
     for (lbn, v) in [(1u64, 2u8), (2, 3), (3, 4)] {
         let b = read(&mut h, 10 + lbn, lbn);
         assert!(whole(&b, v) || whole(&b, 0), "block {lbn}: {}", b[0]);
+    }
+}
+
+/// The first cache-device flush in flight, if any.
+fn cache_flush(h: &mut MemHarness) -> Option<usize> {
+    h.inflight()
+        .iter()
+        .position(|c| c.dev == Dev::Cache && matches!(c.op, IoOp::Flush))
+}
+
+/// Commits, log commits and failed commits are counted (a record write
+/// that fails and is written again counts as a failure too). After a failed
+/// log commit the next commit is due at the autocommit age, not at
+/// `retry_ns` (the retry timer is for a clean stop's final commit and for a
+/// record written again); a failed record write is written again
+/// `retry_ns` after its failure.
+#[test]
+fn commits_and_failed_commits_are_counted_and_retried_on_time() {
+    let mut h = MemHarness::new(cfg(64));
+    let (retry, autocommit) = (h.engine.config().retry_ns, h.engine.config().autocommit_ns);
+    for i in 0..3u64 {
+        assert_eq!(write_and_flush(&mut h, 10 + 2 * i, i, 1 + i as u8), 1);
+    }
+    let st = h.engine.stats();
+    assert_eq!((st.commits, st.log_commits, st.commit_failures), (3, 3, 0));
+    // A log commit whose device flush fails.
+    h.submit(20, write(3 * BS, 4));
+    h.wait(20, &mut |_| 0).result.unwrap();
+    h.submit(21, ReqOp::Flush);
+    loop {
+        if let Some(i) = cache_flush(&mut h) {
+            h.complete_failed(i);
+            break;
+        }
+        assert!(h.step(&mut |_| 0), "no cache flush");
+    }
+    let t = h.now;
+    assert!(h.wait(21, &mut |_| 0).result.is_err());
+    let st = h.engine.stats();
+    assert_eq!((st.commits, st.log_commits, st.commit_failures), (3, 3, 1));
+    assert_eq!(h.engine.poll_timeout(), Some(t + autocommit));
+    // The next commit is a checkpoint; its record write fails once.
+    h.submit(22, ReqOp::Flush);
+    loop {
+        if let Some(i) = record_write(&mut h) {
+            h.complete_torn(i, 512);
+            break;
+        }
+        assert!(h.step(&mut |_| 0), "no record write");
+    }
+    let t = h.now;
+    assert_eq!(h.engine.poll_timeout(), Some(t + retry), "the record retry");
+    let st = h.engine.stats();
+    assert_eq!((st.commits, st.commit_failures), (3, 2));
+    h.engine.handle_timeout(t + retry - 1);
+    assert_eq!(record_write(&mut h), None, "written again too early");
+    h.now = t + retry;
+    h.engine.handle_timeout(h.now);
+    assert!(record_write(&mut h).is_some(), "not written again");
+    h.wait(22, &mut |_| 0).result.unwrap();
+    let st = h.engine.stats();
+    assert_eq!((st.commits, st.log_commits, st.commit_failures), (4, 3, 2));
+}
+
+/// A clean stop whose final commit fails tries it again `retry_ns` after
+/// the failure.
+#[test]
+fn a_clean_stop_retries_its_failed_final_commit_after_retry_ns() {
+    let mut h = MemHarness::new(cfg(64));
+    let retry = h.engine.config().retry_ns;
+    write_and_flush(&mut h, 1, 0, 1);
+    h.settle(&mut |_| 0);
+    h.engine.start_shutdown(h.now);
+    let i = cache_flush(&mut h).expect("the final commit's first flush");
+    h.complete_failed(i);
+    let t = h.now;
+    assert!(h.inflight().is_empty());
+    assert_eq!(h.engine.poll_timeout(), Some(t + retry));
+    assert!(!h.engine.is_idle(), "the retry is due");
+    h.engine.handle_timeout(t + retry - 1);
+    assert!(h.inflight().is_empty(), "retried too early");
+    h.now = t + retry;
+    h.engine.handle_timeout(h.now);
+    assert!(cache_flush(&mut h).is_some(), "not retried");
+    h.settle(&mut |_| 0);
+    assert!(h.engine.is_idle());
+    assert!(!h.engine.stop_gave_up());
+    assert_eq!(h.engine.stats().commit_failures, 1);
+    let rep = h.reopen().unwrap();
+    assert!(rep.clean_shutdown, "{rep:?}");
+}
+
+/// Write-back with `rewrite_in_place` does not rewrite a version in place
+/// while the record that named it is unsealed (no later durable record
+/// says it was durable): a crash then would find that record's data
+/// changed, and recovery would drop the record with the flushed write.
+#[test]
+fn a_version_is_not_rewritten_in_place_before_its_record_is_sealed() {
+    let mut c = cfg(64);
+    c.rewrite_in_place = true;
+    let mut h = MemHarness::new(c);
+    write_and_flush(&mut h, 1, 5, 5);
+    // Block 0 through a log record (unsealed until a later record says so).
+    let logged = h.engine.stats().log_commits;
+    write_and_flush(&mut h, 3, 0, 1);
+    assert_eq!(h.engine.stats().log_commits, logged + 1);
+    let free = h.engine.stats().free_slots;
+    h.submit(5, write(0, 2));
+    h.wait(5, &mut |_| 0).result.unwrap();
+    assert_eq!(
+        free - h.engine.stats().free_slots,
+        1,
+        "the rewrite takes a fresh slot"
+    );
+    // Crash before a FLUSH: the flushed version comes back.
+    let rep = h.reopen().unwrap();
+    assert_eq!(rep.log_dropped, 0, "{rep:?}");
+    let b = read(&mut h, 6, 0);
+    assert!(b.iter().all(|&x| x == 1), "block 0: {}", b[0]);
+}
+
+/// The commit record in force after recovery may be copy B; the first
+/// checkpoint after recovery writes its record over the other copy (A),
+/// so a crash that tears that write finds copy B's checkpoint intact.
+#[test]
+fn the_first_checkpoint_after_recovery_writes_the_copy_not_in_force() {
+    // No log: every commit is a checkpoint. The first one goes to copy B
+    // (a fresh format holds commit 0 in copy A).
+    let mut h = MemHarness::new(cfg(0));
+    write_and_flush(&mut h, 1, 0, 1);
+    h.reopen().unwrap();
+    h.submit(3, write(BS, 2));
+    h.wait(3, &mut |_| 0).result.unwrap();
+    h.submit(4, ReqOp::Flush);
+    let copy_a = h.engine.layout().commit_offset(0);
+    loop {
+        if let Some(i) = record_write(&mut h) {
+            let IoOp::Write { offset, .. } = h.inflight()[i].op else {
+                unreachable!()
+            };
+            assert_eq!(offset, copy_a, "the record goes to copy A");
+            // Torn: a crash in the middle of the record write.
+            h.complete_torn(i, 100);
+            break;
+        }
+        assert!(h.step(&mut |_| 0), "no record write");
+    }
+    let rep = h.reopen().unwrap();
+    assert_eq!(rep.commit, 1, "{rep:?}");
+    let b0 = read(&mut h, 10, 0);
+    assert!(b0.iter().all(|&x| x == 1), "block 0 (flushed): {}", b0[0]);
+}
+
+/// After a clean stop and a restart, sequence numbers go on from where
+/// they stopped, even when the newest versions left the cache (here a
+/// trimmed block): the commit record carries the next sequence number.
+#[test]
+fn sequence_numbers_go_on_after_a_restart() {
+    let mut h = MemHarness::new(cfg(16));
+    let mut seqs = Vec::new();
+    for (id, lbn) in [(1, 0u64), (2, 1)] {
+        h.submit(id, write(lbn * BS, 1));
+        seqs.push(h.wait(id, &mut |_| 0).seq);
+    }
+    h.submit(3, ReqOp::Flush);
+    h.wait(3, &mut |_| 0).result.unwrap();
+    h.engine.start_drain(h.now);
+    h.settle(&mut |_| 0);
+    h.engine.end_drain();
+    // Block 1, the newest write, is clean now; a trim drops it.
+    h.submit(
+        4,
+        ReqOp::Trim {
+            offset: BS,
+            len: BS as u32,
+        },
+    );
+    h.wait(4, &mut |_| 0).result.unwrap();
+    assert_eq!(h.engine.stats().cached_blocks, 1);
+    h.engine.start_shutdown(h.now);
+    h.settle(&mut |_| 0);
+    let rep = h.reopen().unwrap();
+    assert!(rep.clean_shutdown, "{rep:?}");
+    h.submit(5, write(2 * BS, 2));
+    let seq = h.wait(5, &mut |_| 0).seq;
+    assert!(
+        seqs.iter().all(|&s| s > 0 && s < seq),
+        "{seq} after {seqs:?}"
+    );
+}
+
+/// A checkpoint writes every entry of a page it writes with its commit
+/// number (`Entry::commit`), the entries of free slots too. The field is
+/// informational (`docs/ON-DISK-FORMAT.md`: validity comes from the page
+/// tag; recovery does not read it), so only this test pins it.
+#[test]
+fn a_checkpoint_tags_every_entry_of_its_pages_with_its_commit() {
+    use nvwc_core::layout::{self, Entry};
+    let mut h = MemHarness::new(cfg(0));
+    write_and_flush(&mut h, 1, 0, 1);
+    let n = h.engine.durable_commit();
+    assert!(n > 0);
+    let page = layout::PAGE_BYTES as usize;
+    let table = layout::TABLE_OFFSET as usize;
+    let base = (0..2)
+        .map(|c| table + c * page)
+        .find(|&b| layout::page_tag(0, &h.cache[b..b + page]) == Some(n))
+        .expect("page 0 written by the checkpoint");
+    let slots = h.engine.layout().capacity.min(layout::ENTRIES_PER_PAGE) as usize;
+    let mut free = 0;
+    for i in 0..slots {
+        let at = base + 64 + i * 64;
+        let e = Entry::decode(i as u32, &h.cache[at..at + 64]).expect("an entry");
+        assert_eq!(e.commit, n, "slot {i}: {e:?}");
+        free += usize::from(e.flags == 0);
+    }
+    assert_eq!(free, slots - 1, "one valid entry, the rest free");
+}
+
+/// A log commit whose record write fails leaves unknown what reached the
+/// device, so the slot of the version it would have freed stays in use
+/// (its entry may still be in force): a new block does not take it, and a
+/// crash recovers the flushed version, not another block's bytes.
+#[test]
+fn a_failed_commit_does_not_free_the_slots_it_would_have_freed() {
+    let mut h = MemHarness::new(cfg(64));
+    let log = h.engine.layout().log_offset;
+    // Block 0's first version, durable (in its home slot, 0).
+    write_and_flush(&mut h, 1, 0, 1);
+    // A second version in another slot; its log commit's record write fails.
+    h.submit(3, write(0, 2));
+    h.wait(3, &mut |_| 0).result.unwrap();
+    let free = h.engine.stats().free_slots;
+    h.submit(4, ReqOp::Flush);
+    loop {
+        let rec = h.inflight().iter().position(|c| {
+            c.dev == Dev::Cache && matches!(c.op, IoOp::Write { offset, .. } if offset >= log)
+        });
+        if let Some(i) = rec {
+            h.complete_failed(i);
+            break;
+        }
+        assert!(h.step(&mut |_| 0), "no log record write");
+    }
+    assert!(h.wait(4, &mut |_| 0).result.is_err());
+    assert_eq!(h.engine.stats().free_slots, free, "a slot was freed");
+    // Block 64 (home slot 0, as block 0), then a crash.
+    h.submit(5, write(64 * BS, 3));
+    h.wait(5, &mut |_| 0).result.unwrap();
+    h.reopen().unwrap();
+    let b = read(&mut h, 6, 0);
+    assert!(b.iter().all(|&x| x == 1), "block 0: {}", b[0]);
+}
+
+/// A version superseded while a read of it is in flight stays retired
+/// until the read is done; if the read completes while a commit that
+/// writes the version's entry free is in flight, that commit frees the
+/// slot when it completes (nothing else will).
+#[test]
+fn a_retired_slot_a_read_held_during_a_commit_is_freed_by_the_commit() {
+    let mut h = MemHarness::new(cfg(64));
+    let cap = h.engine.config().capacity_blocks;
+    h.submit(1, write(0, 1));
+    h.wait(1, &mut |_| 0).result.unwrap();
+    let is_read = |c: &IoCmd<Bytes>| c.dev == Dev::Cache && matches!(c.op, IoOp::Read { .. });
+    // A read of block 0, held in flight.
+    h.submit(
+        2,
+        ReqOp::Read {
+            offset: 0,
+            len: BS as u32,
+        },
+    );
+    assert!(h.inflight().iter().any(is_read), "a cache read");
+    // Run everything but the read.
+    let others = |h: &mut MemHarness, until: &dyn Fn(&MemHarness) -> bool| {
+        while !until(h) {
+            let i = h.inflight().iter().position(|c| !is_read(c));
+            let i = i.expect("nothing but the read in flight");
+            assert!(h.step(&mut |_| i));
+        }
+    };
+    // The rewrite takes a fresh slot (the old one is being read) and
+    // retires the first version.
+    h.submit(3, write(0, 2));
+    others(&mut h, &|h| h.replies.iter().any(|r| r.id == 3));
+    assert_eq!(h.engine.stats().free_slots, cap - 2);
+    // A FLUSH: its commit writes the retired slot's entry free. The read
+    // completes while the commit is in flight.
+    h.submit(4, ReqOp::Flush);
+    assert!(
+        h.inflight().iter().any(|c| !is_read(c)),
+        "the commit is in flight"
+    );
+    let r = h.inflight().iter().position(is_read).unwrap();
+    assert!(h.step(&mut |_| r));
+    assert!(h.replies.iter().any(|r| r.id == 2), "the read answered");
+    h.wait(4, &mut |_| 0).result.unwrap();
+    h.settle(&mut |_| 0);
+    assert_eq!(
+        h.engine.stats().free_slots,
+        cap - 1,
+        "the first version's slot is free again"
+    );
+}
+
+/// A checkpoint writes every slot-table page that changed, not only the
+/// first: blocks whose slots are on many pages (a cache of 1024 slots, 17
+/// pages) survive a restart.
+#[test]
+fn a_checkpoint_writes_every_changed_page() {
+    let mut c = Config::new(BS as u32, 1024, 4096 * BS, WritePolicyKind::WriteBack);
+    c.log_pages = 0;
+    let mut h = MemHarness::new(c);
+    // Blocks 0, 7, 14, ...: their home slots spread over every page.
+    let blocks: Vec<u64> = (0..146).map(|i| i * 7).collect();
+    for (i, &lbn) in blocks.iter().enumerate() {
+        h.submit(1 + i as u64, write(lbn * BS, 1 + (i % 200) as u8));
+        h.wait(1 + i as u64, &mut |_| 0).result.unwrap();
+    }
+    h.submit(1000, ReqOp::Flush);
+    h.wait(1000, &mut |_| 0).result.unwrap();
+    let rep = h.reopen().unwrap();
+    assert_eq!(rep.dirty_versions, blocks.len() as u64, "{rep:?}");
+    for (i, &lbn) in blocks.iter().enumerate() {
+        let b = read(&mut h, 2000 + i as u64, lbn);
+        let want = 1 + (i % 200) as u8;
+        assert!(b.iter().all(|&x| x == want), "block {lbn}: {}", b[0]);
     }
 }
