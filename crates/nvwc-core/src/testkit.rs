@@ -259,3 +259,12 @@ impl MemHarness {
         panic!("engine never settled: {}", self.engine.debug_state());
     }
 }
+
+/// A plain (non-FUA) write of `len` bytes of `byte` at `offset`.
+pub fn write_filled(offset: u64, byte: u8, len: u64) -> ReqOp<Bytes> {
+    ReqOp::Write {
+        offset,
+        data: Bytes::from(vec![byte; len as usize]),
+        fua: false,
+    }
+}

@@ -2,7 +2,7 @@
 //! to the backing store, and I/O criticality inheritance (reissue).
 
 use bytes::Bytes;
-use nvwc_core::testkit::MemHarness;
+use nvwc_core::testkit::{write_filled as write, MemHarness};
 use nvwc_core::*;
 
 const BS: u64 = 4096;
@@ -21,14 +21,6 @@ fn eager(policy: WritePolicyKind, admission: AdmissionKind) -> MemHarness {
         low: 0.0,
     };
     MemHarness::new(c)
-}
-
-fn write(offset: u64, byte: u8, len: u64) -> ReqOp<Bytes> {
-    ReqOp::Write {
-        offset,
-        data: Bytes::from(vec![byte; len as usize]),
-        fua: false,
-    }
 }
 
 fn tag(critical: bool) -> Tag {

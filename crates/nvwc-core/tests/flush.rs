@@ -7,7 +7,7 @@
 //! backing store only under write-through and write-back.
 
 use bytes::Bytes;
-use nvwc_core::testkit::MemHarness;
+use nvwc_core::testkit::{write_filled as write, MemHarness};
 use nvwc_core::*;
 
 const BS: u64 = 4096;
@@ -22,14 +22,6 @@ fn bypassing() -> MemHarness {
     let mut c = cfg(WritePolicyKind::WriteBack);
     c.admission = AdmissionKind::Critical;
     MemHarness::new(c)
-}
-
-fn write(offset: u64, byte: u8, len: u64) -> ReqOp<Bytes> {
-    ReqOp::Write {
-        offset,
-        data: Bytes::from(vec![byte; len as usize]),
-        fua: false,
-    }
 }
 
 fn run(h: &mut MemHarness, id: ReqId, op: ReqOp<Bytes>) -> Option<Bytes> {
