@@ -3,7 +3,7 @@
 //! client side, `nvwc flush`, `nvwc detach`, `nvwc hint` ([`ask`]).
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
@@ -64,18 +64,39 @@ pub(crate) fn status_json(exports: &[Arc<NvwcExport>], conns: &Conns) -> String 
     )
 }
 
-/// Serve the control socket: one command per line (`status`, `flush`,
-/// `detach`), one JSON line back. `flush` and `detach` cover every export.
+/// Bind the control socket at `path`, creating its directory if missing
+/// (a server whose cache and backing store live elsewhere need not have a
+/// `nvwc-data/`). A socket that cannot be bound MUST stop the server at
+/// start with this error: served without one, `nvwc status`, `flush` and
+/// `detach` would only say that no server is running.
+pub(crate) fn bind_control(path: &Path) -> Result<tokio::net::UnixListener> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| {
+            format!(
+                "control socket {}: creating its directory (choose another with --control PATH)",
+                path.display()
+            )
+        })?;
+    }
+    let _ = std::fs::remove_file(path);
+    tokio::net::UnixListener::bind(path).with_context(|| {
+        format!(
+            "control socket {} (choose another with --control PATH)",
+            path.display()
+        )
+    })
+}
+
+/// Serve the control socket `l` ([`bind_control`]): one command per line
+/// (`status`, `flush`, `detach`), one JSON line back. `flush` and `detach`
+/// cover every export.
 pub(crate) async fn control_loop(
-    path: PathBuf,
+    l: tokio::net::UnixListener,
     exports: Arc<ExportList>,
     stop: Arc<tokio::sync::Notify>,
     conns: Conns,
 ) -> Result<()> {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-    let _ = std::fs::remove_file(&path);
-    let l = tokio::net::UnixListener::bind(&path)
-        .with_context(|| format!("control socket {}", path.display()))?;
     loop {
         let (conn, _) = l.accept().await?;
         let (exports, stop, conns) = (exports.all(), stop.clone(), conns.clone());

@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 
 use crate::args::Args;
 use crate::connections::{log_server_event, track_connection, Conns};
-use crate::control::control_loop;
+use crate::control::{bind_control, control_loop};
 use crate::export::NvwcExport;
 use crate::log::log;
 use crate::metrics::metrics_loop;
@@ -206,8 +206,9 @@ impl State {
         let conns: Conns = Arc::default();
         let nbd = nbd_server(&a, &exports, conns.clone(), tls)?;
         let detached = Arc::new(tokio::sync::Notify::new());
+        let control = bind_control(&a.control)?;
         let mut tasks = vec![tokio::spawn(control_loop(
-            a.control.clone(),
+            control,
             exports.clone(),
             detached.clone(),
             conns,

@@ -675,3 +675,53 @@ fn error_causes_print_once() {
         );
     }
 }
+
+/// The control socket's directory is created when missing, so `nvwc status`
+/// reaches a server whose cache, backing store and NBD socket all live
+/// elsewhere; a control socket that cannot be made stops the server at start
+/// with an error naming it and `--control`, instead of serving without one
+/// (when `nvwc status`, `flush` and `detach` could only say that no server
+/// is running).
+#[test]
+fn the_control_socket_gets_its_directory_or_the_server_refuses_to_start() {
+    let dir = tempdir("control-dir");
+    std::fs::create_dir_all(&dir).unwrap();
+    let sock = dir.join("n.sock");
+    let args = [
+        "--listen",
+        "none",
+        "--unix",
+        "n.sock",
+        "--backing",
+        "b.img",
+        "--cache",
+        "c.img",
+        "--size",
+        "16M",
+        "--cache-size",
+        "8M",
+    ];
+    let mut with_ctl: Vec<&str> = args.to_vec();
+    with_ctl.extend(["--control", "run/nvwc/ctl"]);
+    let s = Server::start(&dir, &with_ctl, &sock, &[]);
+    let (ok, out, err) =
+        run(nvwc()
+            .current_dir(&dir)
+            .args(["status", "--json", "--control", "run/nvwc/ctl"]));
+    assert!(ok, "nvwc status: {out}{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("status JSON");
+    assert_eq!(v["exports"].as_array().map(Vec::len), Some(1), "{out}");
+    s.stop();
+
+    // A directory that cannot exist: its parent is a file.
+    std::fs::write(dir.join("a-file"), b"x").unwrap();
+    let mut bad: Vec<&str> = args.to_vec();
+    bad.extend(["--control", "a-file/ctl"]);
+    let _ = std::fs::remove_file(&sock);
+    let err = common::serve_refused(&dir, &bad);
+    assert!(
+        err.contains("control socket a-file/ctl") && err.contains("--control"),
+        "{err}"
+    );
+    assert!(!sock.exists(), "it listened before failing");
+}
