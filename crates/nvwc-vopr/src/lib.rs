@@ -57,17 +57,19 @@
 //! Also from streams of their own: half the write-back seeds send writes
 //! around a full cache (`bypass_when_full`, some with paced cleaning),
 //! half the journaled seeds bound the journal (`JournalConfig::size_blocks`),
-//! and half the ordered seeds hold replies (`World::delay_replies`: released
+//! half the ordered seeds hold replies (`World::delay_replies`: released
 //! replies reach the client in batches, up to 0.3 ms late, and the engine is
 //! told before each batch, as the server's reply writer does; requests issued
 //! meanwhile are independent of the held writes, for the oracle and for
-//! ordered's graph).
+//! ordered's graph), and a third of all seeds have a cache device whose
+//! FLUSHes and FUA writes take 0.1-8 ms (`World::slow_cache_syncs`), so that
+//! commits stay in flight while destage plans and client writes go on.
 //!
 //! Triage aids (environment): `NVWC_VOPR_DUMP=1` prints the recovered
 //! metadata at each recovery, `NVWC_VOPR_TRACE_DRAIN=1` every command of
 //! the drain after recovery, `NVWC_VOPR_SECTOR=S` what each crash left at
 //! sector `S` (recovered, backing powered off, backing alive), and
-//! `NVWC_VOPR_ONLY=large,quiesce,timed,rounds,warm,journal,replies` keeps only the named
+//! `NVWC_VOPR_ONLY=large,quiesce,timed,rounds,warm,journal,replies,syncs` keeps only the named
 //! dimensions above and the journal bound below (to find which one a
 //! failure needs, or to compare runs).
 //!
@@ -145,6 +147,8 @@ pub struct SeedOutcome {
     pub warm_restarts: u64,
     /// Batches of held replies sent (`World::delay_replies`).
     pub reply_batches: u64,
+    /// The cache device's syncs were slow (`World::slow_cache_syncs`).
+    pub slow_syncs: bool,
     /// Clean stops that ran out of retries (`Engine::stop_gave_up`) and
     /// restarted cold.
     pub stops_given_up: u64,
@@ -269,6 +273,16 @@ impl Extras {
 fn dimension_on(k: &str) -> bool {
     std::env::var("NVWC_VOPR_ONLY").map_or(true, |v| v.split(',').any(|x| x == k))
 }
+
+/// Latency ranges (ns) of the cache device's syncs on seeds that draw slow
+/// syncs: from a fast NVMe's under load to a busy SATA device's (see
+/// `World::slow_cache_syncs` for the measurement), against 1-40 µs for
+/// the device's other commands and 20 µs-2 ms for the backing store's.
+const SLOW_SYNCS: [(u64, u64); 3] = [
+    (100_000, 1_000_000),
+    (500_000, 3_000_000),
+    (1_000_000, 8_000_000),
+];
 
 /// Device latencies and error rates drawn for a round after the first.
 fn draw_latency(rng2: &mut ChaCha8Rng) -> Latency {
@@ -416,6 +430,18 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
     if let Some(s) = replies {
         world.delay_replies(s);
     }
+    // A third of the seeds, every policy: the cache device's syncs are slow
+    // (`World::slow_cache_syncs`), from a stream of their own.
+    let slow_syncs = dimension_on("syncs").then(|| {
+        let mut r = ChaCha8Rng::seed_from_u64(seed ^ 0x5105_C0DE_5EED_0001);
+        r.gen_bool(1.0 / 3.0)
+            .then(|| SLOW_SYNCS[r.gen_range(0..SLOW_SYNCS.len())])
+    });
+    let slow_syncs = slow_syncs.flatten();
+    if let Some(r) = slow_syncs {
+        world.slow_cache_syncs(r);
+        out.slow_syncs = true;
+    }
     let mut client = Workload {
         n_ops,
         qd,
@@ -490,6 +516,9 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
         world.verbose = opts.verbose;
         if let Some(s) = replies {
             world.delay_replies(s ^ round);
+        }
+        if let Some(r) = slow_syncs {
+            world.slow_cache_syncs(r);
         }
         let mut warm = ChaCha8Rng::seed_from_u64(seed ^ 0x3A2B_C0FF_EE5E_ED00 ^ round);
         if warm.gen_bool(0.35) && dimension_on("warm") {
@@ -633,6 +662,9 @@ fn warm_restart(
     if let Some(s) = world.reply_seed() {
         w.delay_replies(s ^ 0x3A2B);
     }
+    if let Some(r) = world.slow_syncs() {
+        w.slow_cache_syncs(r);
+    }
     Ok(w)
 }
 
@@ -758,6 +790,8 @@ pub struct PolicySummary {
     pub warm_restarts: u64,
     /// Seeds with held replies, and the sum of [`SeedOutcome::reply_batches`].
     pub reply_batches: (u64, u64),
+    /// Seeds whose cache device had slow syncs ([`SeedOutcome::slow_syncs`]).
+    pub slow_sync_seeds: u64,
     /// Sum of [`SeedOutcome::stops_given_up`].
     pub stops_given_up: u64,
     /// The longest wait of any request (simulated ns), and its seed.
@@ -785,6 +819,7 @@ pub fn run_many(
     let done = AtomicU64::new(0);
     let warm = AtomicU64::new(0);
     let held_seeds = AtomicU64::new(0);
+    let slow_seeds = AtomicU64::new(0);
     let batches = AtomicU64::new(0);
     let gave_up = AtomicU64::new(0);
     // The lowest failing seed: one that fails its verdict if any does (a
@@ -852,6 +887,7 @@ pub fn run_many(
                     }
                 }
                 warm.fetch_add(r.warm_restarts, Ordering::Relaxed);
+                slow_seeds.fetch_add(u64::from(r.slow_syncs), Ordering::Relaxed);
                 if r.reply_batches > 0 {
                     held_seeds.fetch_add(1, Ordering::Relaxed);
                     batches.fetch_add(r.reply_batches, Ordering::Relaxed);
@@ -903,6 +939,7 @@ pub fn run_many(
         direct_writes: a.6,
         warm_restarts: warm.into_inner(),
         reply_batches: (held_seeds.into_inner(), batches.into_inner()),
+        slow_sync_seeds: slow_seeds.into_inner(),
         stops_given_up: gave_up.into_inner(),
         max_latency,
         max_commit_pages,

@@ -144,6 +144,12 @@ pub fn run(a: Args) -> Result<ExitCode> {
             "  direct writes (payload placed by the driver): {}; warm restarts before a crash: {} (stops that ran out of retries and restarted cold: {})",
             s.direct_writes, s.warm_restarts, s.stops_given_up
         );
+        if s.slow_sync_seeds > 0 {
+            println!(
+                "  seeds whose cache device had slow syncs (FLUSH and FUA 0.1-8 ms): {}",
+                s.slow_sync_seeds
+            );
+        }
         if s.reply_batches.0 > 0 {
             println!(
                 "  replies held and sent in batches (the engine told before each): {} seeds, {} batches",
