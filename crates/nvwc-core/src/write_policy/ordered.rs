@@ -99,6 +99,8 @@ struct Node {
     /// Completed, but no reply sent since (`Ordered::unseen`): no later
     /// write depends on it yet.
     unseen: bool,
+    /// The last ancestor walk that reached this node (`Ordered::walk`).
+    walk: u32,
 }
 
 impl Node {
@@ -154,7 +156,9 @@ pub struct Ordered {
     freshing: std::collections::HashSet<u32>,
     scratch: Vec<(u32, Group)>,
     stack: Vec<u32>,
-    seen: Vec<u32>,
+    /// The current ancestor walk's number: a node whose `walk` equals it
+    /// is on the walk's stack or was visited already.
+    walk: u32,
     /// Statistics.
     pub edges_live: u64,
     pub edges_max: u64,
@@ -194,7 +198,7 @@ impl Ordered {
             freshing: Default::default(),
             scratch: Vec::new(),
             stack: Vec::new(),
-            seen: Vec::new(),
+            walk: 0,
             edges_live: 0,
             edges_max: 0,
             edges_total: 0,
@@ -408,11 +412,53 @@ impl Ordered {
         self.needs_marks(&self.nodes[n as usize].slots)
     }
 
-    /// Ready ancestors of `target` (itself included), at most `limit` slots' worth.
+    /// A new walk number (`Node::walk`): no node is marked with it yet.
+    fn next_walk(&mut self) -> u32 {
+        self.walk = self.walk.wrapping_add(1);
+        if self.walk == 0 {
+            // Wrapped: forget every mark, so no node looks visited.
+            for n in &mut self.nodes {
+                n.walk = 0;
+            }
+            self.walk = 1;
+        }
+        self.walk
+    }
+
+    /// Do the ready nodes outside a wave hold more than `limit` slots? Only
+    /// then does a wave have to choose among them; otherwise it takes them
+    /// all, and walking the victims' ancestors to choose (which, with the
+    /// ready nodes far behind the victims, visits `ANCESTOR_VISITS` nodes
+    /// per victim and finds none) would not change which nodes it takes.
+    fn ready_over(&mut self, limit: usize) -> bool {
+        let walk = self.next_walk();
+        let mut slots = 0usize;
+        for i in 0..self.ready.len() {
+            let n = &mut self.nodes[self.ready[i] as usize];
+            if n.walk == walk || !n.ready() || n.in_wave {
+                continue;
+            }
+            n.walk = walk;
+            slots += n.slots.len();
+            if slots > limit {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Ready ancestors of `target` (itself included), at most `limit` slots'
+    /// worth, in depth-first order. Each node is visited at most once per
+    /// walk (`Node::walk`): the graph is a lattice of dummies and frontiers
+    /// with many paths to a node, and a walk that revisited nodes spent its
+    /// `ANCESTOR_VISITS` on revisits, each pushing up to `dummy_every`
+    /// predecessors again (with the cache full of 64 KiB writes over a 1 ms
+    /// backing store, about 3 ms of CPU per wave, on the wave's critical path).
     fn ready_ancestors(&mut self, target: u32, limit: usize, out: &mut Vec<u32>) {
+        let walk = self.next_walk();
         self.stack.clear();
-        self.seen.clear();
         self.stack.push(target);
+        self.nodes[target as usize].walk = walk;
         let mut slots = 0usize;
         let mut visits = 0usize;
         while let Some(x) = self.stack.pop() {
@@ -420,17 +466,9 @@ impl Ordered {
             if n.destaged || n.in_wave || !n.live {
                 continue;
             }
-            // Deduplicate while the list is short (a linear search); past
-            // that, a revisit only costs visits, which are bounded.
-            if self.seen.len() < 64 && self.seen.contains(&x) {
-                continue;
-            }
             visits += 1;
             if visits > ANCESTOR_VISITS {
                 break;
-            }
-            if self.seen.len() < 64 {
-                self.seen.push(x);
             }
             if n.preds_left == 0 {
                 if n.completed && n.pending == 0 && !n.dummy && !out.contains(&x) {
@@ -441,8 +479,12 @@ impl Ordered {
                     }
                 }
             } else {
-                for &p in &n.preds {
-                    self.stack.push(p);
+                for i in 0..self.nodes[x as usize].preds.len() {
+                    let p = self.nodes[x as usize].preds[i];
+                    if self.nodes[p as usize].walk != walk {
+                        self.nodes[p as usize].walk = walk;
+                        self.stack.push(p);
+                    }
                 }
             }
         }
@@ -588,13 +630,15 @@ impl WritePolicy for Ordered {
             });
         }
         let mut wave = Vec::new();
-        for &(_, g) in &victims {
-            if (g as usize) >= self.nodes.len() {
-                continue;
-            }
-            self.ready_ancestors(g as u32, limit, &mut wave);
-            if !wave.is_empty() {
-                break;
+        if self.ready_over(limit) {
+            for &(_, g) in &victims {
+                if (g as usize) >= self.nodes.len() {
+                    continue;
+                }
+                self.ready_ancestors(g as u32, limit, &mut wave);
+                if !wave.is_empty() {
+                    break;
+                }
             }
         }
         let mut held = 0usize;
@@ -698,6 +742,10 @@ impl WritePolicy for Ordered {
         }
         for n in std::mem::take(&mut self.wave) {
             self.nodes[n as usize].in_wave = false;
+            // Ready again: back on the list (a wave takes its nodes off it).
+            if self.nodes[n as usize].ready() {
+                self.ready.push(n);
+            }
         }
         self.wave_in_flight = false;
     }
@@ -1559,8 +1607,9 @@ mod tests {
     fn with_no_victim_ready_the_oldest_ready_node_is_destaged() {
         // b is issued first (the lowest node id) but completes last; a is
         // older. w, issued with them, completes first but holds a patch: not
-        // ready. A failed wave leaves a and b ready, out of the ready list;
-        // with no victim, the next wave takes the oldest ready node alone.
+        // ready. A failed wave puts a and b back on the ready list. Were a
+        // ready node ever missing from the list (the list emptied here by
+        // hand), a wave with no victim would take the oldest ready node.
         let mut o = pol(0);
         let b = o.on_write_issue(0, 1);
         let a = o.on_write_issue(0, 2);
@@ -1578,8 +1627,10 @@ mod tests {
         assert_eq!(o.entry_aux(b).0, 2);
         let p = o.next_plan(&mut ctx(&[])).expect("a and b ready");
         assert_eq!(sorted(p.write.clone()), vec![0, 1]);
+        assert!(o.ready.is_empty(), "the wave took a and b off the list");
         o.on_plan_failed(&p);
-        assert!(o.ready.is_empty());
+        assert_eq!(sorted(o.ready.clone()), sorted(vec![a as u32, b as u32]));
+        o.ready.clear();
         let mut one = ctx(&[]);
         one.limit = 1;
         let p = o.next_plan(&mut one).expect("the oldest");
@@ -1708,13 +1759,14 @@ mod tests {
         assert!(o.next_plan(&mut ctx(&[])).is_none());
         assert!(o.wants_commit(), "c waits for block 10's mark");
         assert_eq!(o.ready, vec![c as u32], "and stays in the ready list");
-        // c as the victim, out of the ready list (its wave failed): the
-        // victim's walk finds c, held for block 11's mark.
+        // c back on the ready list after its wave failed, and the victim:
+        // found again, held for block 11's mark.
         let mut o = pol(0);
         let c = write(&mut o, 1, 1, 11);
         let p = o.next_plan(&mut ctx(&[(1, c)])).expect("c's wave");
+        assert!(o.ready.is_empty(), "the wave took c off the ready list");
         o.on_plan_failed(&p);
-        assert!(o.ready.is_empty());
+        assert_eq!(o.ready, vec![c as u32], "c is back on it");
         // A plan done on block 11 since (a sync of another of its versions).
         o.set_slot_lbn(5, 11);
         o.on_plan_done(
@@ -1809,10 +1861,13 @@ mod tests {
     fn the_ancestor_walk_visits_each_node_once() {
         // v's walk goes through the rounds first and reaches r, its ready
         // ancestor, within its visit budget only if it visits each node of
-        // the rounds once (24 and 60 nodes: under the 64 it remembers).
-        // Otherwise the walk gives up and the ready list gives s.
+        // the rounds once (24, 60 and 400 nodes; 20 rounds of 20 have 20^20
+        // paths down, and a walk that remembered only its first 64 nodes
+        // gave up on them). Otherwise the walk gives up and the ready list
+        // gives s.
         assert_eq!(rounds_wave(2, 12), vec![1000]);
         assert_eq!(rounds_wave(3, 20), vec![1000]);
+        assert_eq!(rounds_wave(20, 20), vec![1000]);
     }
 
     #[test]
