@@ -36,7 +36,7 @@ use tokio::sync::oneshot;
 use crate::device::{Device, UpFuture};
 use crate::log::log;
 
-/// Largest run of adjacent cache writes merged into one call.
+/// Largest run of adjacent cache writes (or reads) merged into one call.
 const MAX_MERGE: u64 = 1 << 20;
 
 /// Mutable state behind the host's lock.
@@ -59,6 +59,8 @@ struct Core {
     /// the lock, instead of going to a pool.
     caller_runs: CallerRuns,
     caller_cmd: Option<Queued>,
+    /// Cache reads made, each a run of adjacent reads (`Host::read_batch`).
+    cache_read_calls: u64,
 }
 
 /// What a request's own pump may keep back for its thread to run
@@ -119,6 +121,7 @@ impl Host {
                 stopped: false,
                 caller_runs: CallerRuns::No,
                 caller_cmd: None,
+                cache_read_calls: 0,
             }),
             timer: Condvar::new(),
             cache_dev: cache_dev.clone(),
@@ -356,6 +359,9 @@ impl Host {
         let (copied, received) = self.cache_dev.map.as_ref().map_or((0, 0), |m| m.counts());
         pc.push(("cache_mapped_writes", copied));
         pc.push(("cache_direct_recvs", received));
+        // Cache reads made (`Host::read_batch`): one per run of adjacent
+        // slots read together, against the engine's `cache_reads` commands.
+        pc.push(("cache_read_calls", c.cache_read_calls));
         (c.eng.stats(), pc)
     }
 
@@ -418,6 +424,7 @@ impl Host {
             mine,
             own: None,
             writes: Vec::new(),
+            reads: Vec::new(),
             timer_checked: false,
         };
         pump(&mut p);
@@ -474,6 +481,55 @@ impl Host {
             }
         }
         writes.clear();
+    }
+
+    /// Read a batch of cache reads, all outstanding at once (so in any
+    /// order): sorted by offset, each run of adjacent ones as one `pread`
+    /// into one buffer, each read completed with its slice of it (or with
+    /// the run's error). A destage plan reads its copies from neighbouring
+    /// slots (blocks live in their home slots: `Engine::alloc_slot`), one
+    /// system call and one buffer per run instead of one per block.
+    fn read_batch(&self, c: &mut Core, reads: &mut Vec<IoCmd<Bytes>>) {
+        if reads.is_empty() {
+            return;
+        }
+        let span = |cmd: &IoCmd<Bytes>| match &cmd.op {
+            IoOp::Read { offset, len } => (*offset, u64::from(*len)),
+            _ => unreachable!("only reads are batched"),
+        };
+        reads.sort_by_key(|r| span(r).0);
+        for run in adjacent_runs(reads, span) {
+            c.cache_read_calls += 1;
+            let now;
+            if run.len() == 1 {
+                let res = self.cache_dev.execute(&reads[run.start].op, None);
+                now = self.now();
+                c.eng.handle_completion(now, reads[run.start].id, res);
+                continue;
+            }
+            let (start, _) = span(&reads[run.start]);
+            let (last, last_len) = span(&reads[run.end - 1]);
+            let total = last + last_len - start;
+            let op = IoOp::Read {
+                offset: start,
+                len: u32::try_from(total).expect("a run is under MAX_MERGE"),
+            };
+            let res = self.cache_dev.execute(&op, None);
+            now = self.now();
+            for r in &reads[run] {
+                let (at, len) = span(r);
+                let part = match &res {
+                    Ok(Some(buf)) if buf.len() as u64 == total => {
+                        let lo = (at - start) as usize;
+                        Ok(Some(buf.slice(lo..lo + len as usize)))
+                    }
+                    Ok(_) => Err(IoError::Eio),
+                    Err(e) => Err(e.clone()),
+                };
+                c.eng.handle_completion(now, r.id, part);
+            }
+        }
+        reads.clear();
     }
 
     fn timer_loop(&self) {
@@ -591,6 +647,11 @@ struct Pumped<'a> {
     own: Option<Reply<Bytes>>,
     /// Plain cache writes held back, to write adjacent slots with one call.
     writes: Vec<IoCmd<Bytes>>,
+    /// Cache reads held back, to read adjacent slots with one call. At most
+    /// one of `writes` and `reads` holds commands: a command of the other
+    /// kind (or any other command) runs the held ones first, so reads and
+    /// writes run in the order the engine issued them.
+    reads: Vec<IoCmd<Bytes>>,
     /// Whether the one timeout check of this pump was made.
     timer_checked: bool,
 }
@@ -613,12 +674,20 @@ impl Driver<Bytes> for Pumped<'_> {
             );
         if inline && matches!(cmd.op, IoOp::Write { .. }) {
             // Collected, to write adjacent slots with one call.
+            h.read_batch(self.c, &mut self.reads);
             self.writes.push(cmd);
             return;
         }
         // Anything else is started only after the writes the engine
         // emitted before it completed (the order the engine chose).
         h.write_batch(self.c, &mut self.writes);
+        if inline && matches!(cmd.op, IoOp::Read { .. }) {
+            // Collected, to read adjacent slots (a destage plan's copies)
+            // with one call.
+            self.reads.push(cmd);
+            return;
+        }
+        h.read_batch(self.c, &mut self.reads);
         if inline {
             let res = h.cache_dev.execute(&cmd.op, None);
             let now = h.now();
@@ -647,11 +716,12 @@ impl Driver<Bytes> for Pumped<'_> {
     }
 
     fn commands_taken(&mut self) -> bool {
-        if self.writes.is_empty() {
+        if self.writes.is_empty() && self.reads.is_empty() {
             return false;
         }
         // Their completions may make the engine emit more commands.
         self.host.write_batch(self.c, &mut self.writes);
+        self.host.read_batch(self.c, &mut self.reads);
         true
     }
 

@@ -242,3 +242,55 @@ fn a_bad_request_gets_a_clear_error_and_others_are_served() {
     s.stop().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// One line to the control socket in `dir`, its one-line JSON answer.
+fn control(dir: &Path, cmd: &str) -> serde_json::Value {
+    use std::io::{BufRead, BufReader, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(dir.join("nvwc.ctl")).unwrap();
+    writeln!(s, "{cmd}").unwrap();
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{cmd}: {e}: {line}"))
+}
+
+/// Write-back destages a sequential MiB (neighbouring blocks in
+/// neighbouring slots) with a read per run of adjacent slots, not one per
+/// block (`Host::read_batch`), and every byte lands on the backing file.
+#[test]
+fn destage_reads_adjacent_slots_with_one_call_per_run() {
+    let (dir, rt, s) = setup("readruns", "write-back");
+    let data = pattern(9, 8 << 20, 1 << 20);
+    rt.block_on(async {
+        let c = Client::connect(&s.uri("")).await.unwrap();
+        for (i, chunk) in data.chunks(64 << 10).enumerate() {
+            let off = (8 << 20) + (i as u64) * (64 << 10);
+            c.write(off, chunk.to_vec(), false).await.unwrap();
+        }
+        c.flush().await.unwrap();
+        c.disconnect().await.unwrap();
+    });
+    let before = control(&dir, "status");
+    let flushed = control(&dir, "flush");
+    assert!(flushed.to_string().contains("destaged"), "{flushed}");
+    let after = control(&dir, "status");
+    let n = |v: &serde_json::Value, group: &str, k: &str| {
+        v["exports"][0][group][k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no {group}.{k} in {v}"))
+    };
+    let destaged = n(&after, "stats", "destaged_blocks") - n(&before, "stats", "destaged_blocks");
+    let reads = n(&after, "stats", "cache_reads") - n(&before, "stats", "cache_reads");
+    let calls = n(&after, "policy", "cache_read_calls") - n(&before, "policy", "cache_read_calls");
+    assert_eq!(destaged, 256, "the MiB is destaged");
+    assert_eq!(reads, 256, "one engine read per block");
+    assert!(
+        calls > 0 && calls * 8 <= reads,
+        "{calls} read calls for {reads} adjacent blocks"
+    );
+    let backing = std::fs::File::open(dir.join("backing.img")).unwrap();
+    let mut got = vec![0u8; data.len()];
+    backing.read_exact_at(&mut got, 8 << 20).unwrap();
+    assert!(got == data, "the backing file holds the MiB");
+    s.stop().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
