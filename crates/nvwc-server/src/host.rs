@@ -524,7 +524,7 @@ impl Host {
                         Ok(Some(buf.slice(lo..lo + len as usize)))
                     }
                     Ok(_) => Err(IoError::Eio),
-                    Err(e) => Err(e.clone()),
+                    Err(e) => Err(*e),
                 };
                 c.eng.handle_completion(now, r.id, part);
             }
