@@ -695,7 +695,10 @@ impl<P: Payload> Engine<P> {
             }
             let slot = &self.table.slots[s as usize];
             if slot.state == SlotState::Retired && !slot.disk_valid() && (was || ok) {
-                self.table.retired_pending = self.table.retired_pending.saturating_sub(1);
+                if self.table.slots[s as usize].take_reclaim() {
+                    self.table.retired_pending = (self.table.retired_pending.checked_sub(1))
+                        .expect("retired_pending counts every slot marked reclaim");
+                }
                 self.try_release(s);
             }
         }

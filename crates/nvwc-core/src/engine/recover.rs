@@ -141,6 +141,7 @@ impl<P: Payload> Engine<P> {
             let slot = &mut e.table.slots[s as usize];
             slot.state = SlotState::Retired;
             slot.set_disk_valid(true);
+            slot.set_reclaim(true);
             e.table.retired_pending += 1;
             e.mark_meta(s);
         }
@@ -287,6 +288,7 @@ impl<P: Payload> Engine<P> {
             slot.set_disk_valid(true);
             if !keep {
                 slot.state = SlotState::Retired;
+                slot.set_reclaim(true);
                 self.table.retired_pending += 1;
                 report.discarded += 1;
                 self.mark_meta(s);

@@ -256,6 +256,7 @@ impl<P: Payload> Engine<P> {
         }
         if disk_valid || in_snapshot {
             self.table.retired_pending += 1;
+            self.table.slots[s as usize].set_reclaim(true);
             self.mark_meta(s);
         } else {
             self.try_release(s);

@@ -39,6 +39,11 @@ const S_DESTAGING: u8 = 32;
 /// Its version was introduced by a log record that is not sealed yet: its
 /// bytes MUST NOT change ([`commit`] module docs).
 const S_UNSEALED: u8 = 64;
+/// Retired and counted in `SlotTable::retired_pending`: its entry was on
+/// the device (or in the commit in flight), so a commit that writes it as
+/// free frees it. A slot retired off the device is freed without a commit
+/// (once its last reader lets go) and MUST NOT be counted.
+const S_RECLAIM: u8 = 128;
 
 macro_rules! slot_flag {
     ($get:ident, $set:ident, $bit:expr) => {
@@ -65,6 +70,14 @@ impl Slot {
     slot_flag!(in_snapshot, set_in_snapshot, S_IN_SNAPSHOT);
     slot_flag!(destaging, set_destaging, S_DESTAGING);
     slot_flag!(unsealed, set_unsealed, S_UNSEALED);
+    slot_flag!(reclaim, set_reclaim, S_RECLAIM);
+
+    /// Clear [`Slot::reclaim`]; whether it was set.
+    pub(super) fn take_reclaim(&mut self) -> bool {
+        let r = self.reclaim();
+        self.set_reclaim(false);
+        r
+    }
 }
 
 impl Slot {
@@ -382,7 +395,8 @@ pub(super) struct SlotTable {
     /// exact (ordered), empty otherwise (whole blocks).
     pub(super) ranges: Vec<(u32, u32)>,
     pub(super) free: FreeSet,
-    /// Slots retired but not yet free (a commit may still name them).
+    /// Slots retired but not yet free that a commit will free: those marked
+    /// [`Slot::reclaim`] (their entries were on the device).
     pub(super) retired_pending: u64,
     /// Free slots promised to admitted write pieces that have not allocated yet.
     pub(super) reserved: u64,
