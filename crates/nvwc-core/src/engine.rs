@@ -491,6 +491,8 @@ impl<P: Payload> Engine<P> {
             }
             IoCtx::ThroughWrite { pieces } => {
                 for piece in pieces {
+                    let lbn = self.pieces.get(piece).lbn;
+                    self.settle(lbn, res.is_ok());
                     self.on_piece_io_done(piece, res.is_ok());
                 }
             }
@@ -506,6 +508,8 @@ impl<P: Payload> Engine<P> {
                         !crate::mutation::active(crate::mutation::Mutation::FlushSkipsBypassCover);
                 }
                 for (piece, block) in pieces {
+                    let lbn = self.map.blocks[block as usize].lbn();
+                    self.settle(lbn, res.is_ok());
                     self.bypass.io.remove(&block);
                     // A reissue waiting for a slot is moot now.
                     self.bypass.pending_reissues.retain(|r| r.0 != block);

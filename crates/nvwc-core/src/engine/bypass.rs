@@ -396,6 +396,12 @@ pub(super) struct BypassState {
     /// the order they were asked for ([`Engine::reissue`]). Each counts as a
     /// slot wanted (`free_wanted`), so clean blocks are evicted for it.
     pub(super) pending_reissues: VecDeque<(u32, u32, IoId)>,
+    /// Blocks a failed backing write (bypassed or written through) may
+    /// have reached in part, volatile: a read of them MUST NOT fill the
+    /// cache with what it returns, since a clean copy promises the backing
+    /// store's durable bytes and a power loss may take those back (VOPR
+    /// journaled-hints seed 12401). A later write of the block settles it.
+    pub(super) unsettled: std::collections::HashSet<u64>,
 }
 
 impl BypassState {
@@ -412,6 +418,7 @@ impl BypassState {
             through_batch: Vec::new(),
             holders: IdMap::default(),
             pending_reissues: VecDeque::new(),
+            unsettled: Default::default(),
         }
     }
 }

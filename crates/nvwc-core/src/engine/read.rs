@@ -73,6 +73,7 @@ impl<P: Payload> Engine<P> {
                 && !blk.busy
                 && !stale
                 && !self.patch.sets.contains_key(&b)
+                && !self.bypass.unsettled.contains(&lbn)
             {
                 self.fill(b, d.clone());
             }

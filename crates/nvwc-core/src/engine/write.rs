@@ -379,6 +379,17 @@ impl<P: Payload> Engine<P> {
     }
 
     /// Make slot `s` the latest version of block `b`.
+    /// A backing write of block `lbn` ended: a failed one leaves its bytes
+    /// there unknown and maybe volatile (`BypassState::unsettled`), a
+    /// successful one settles them.
+    pub(super) fn settle(&mut self, lbn: u64, ok: bool) {
+        if ok {
+            self.bypass.unsettled.remove(&lbn);
+        } else {
+            self.bypass.unsettled.insert(lbn);
+        }
+    }
+
     pub(super) fn install(&mut self, b: u32, s: u32, lbn: u64, seq: u64, version: NewVersion) {
         let (dirty, group, range) = match version {
             NewVersion::Clean => (false, NO_GROUP, (0, 0)),
