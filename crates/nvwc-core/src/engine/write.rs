@@ -384,7 +384,9 @@ impl<P: Payload> Engine<P> {
     /// successful one settles them.
     pub(super) fn settle(&mut self, lbn: u64, ok: bool) {
         if ok {
-            self.bypass.unsettled.remove(&lbn);
+            if !self.bypass.unsettled.is_empty() {
+                self.bypass.unsettled.remove(&lbn);
+            }
         } else {
             self.bypass.unsettled.insert(lbn);
         }
