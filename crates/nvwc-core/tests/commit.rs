@@ -571,3 +571,137 @@ fn a_checkpoint_writes_every_changed_page() {
         assert!(b.iter().all(|&x| x == want), "block {lbn}: {}", b[0]);
     }
 }
+
+/// `retired_pending` from `Engine::debug_state`: the retired slots that
+/// the next commit frees (`maybe_commit` starts a reclaim commit off it
+/// when free slots run short; the cleaner counts them as coming).
+fn retired_pending(h: &MemHarness) -> u64 {
+    let s = h.engine.debug_state();
+    let v = s
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("retired_pending="))
+        .expect("retired_pending in debug_state");
+    v.parse().unwrap()
+}
+
+/// The free slots a FLUSH's commit adds (nothing else allocating).
+fn flush_frees(h: &mut MemHarness, id: ReqId) -> u64 {
+    let before = h.engine.stats().free_slots;
+    h.submit(id, ReqOp::Flush);
+    h.wait(id, &mut |_| 0).result.unwrap();
+    h.settle(&mut |_| 0);
+    h.engine.stats().free_slots - before
+}
+
+/// A commit lowers `retired_pending` only for retired slots it frees, not
+/// for every entry of its snapshot: a durable version retired while the
+/// commit is in flight (block 5's) is still counted when it ends, and the
+/// next commit frees exactly the slots counted.
+#[test]
+fn a_commit_leaves_the_retired_slots_it_does_not_free_counted() {
+    let mut h = MemHarness::new(cfg(64));
+    // Block 5: durable. Block 0: written, not committed.
+    h.submit(1, write(5 * BS, 1));
+    h.wait(1, &mut |_| 0).result.unwrap();
+    h.submit(2, ReqOp::Flush);
+    h.wait(2, &mut |_| 0).result.unwrap();
+    h.submit(3, write(0, 1));
+    h.wait(3, &mut |_| 0).result.unwrap();
+    // A FLUSH: its commit takes block 0's entry (valid). While it is in
+    // flight, a rewrite of block 5 retires its durable version.
+    h.submit(4, ReqOp::Flush);
+    assert!(!h.inflight().is_empty(), "the commit is in flight");
+    h.submit(5, write(5 * BS, 2));
+    while !h.replies.iter().any(|r| r.id == 5) {
+        assert!(h.step(&mut |_| 0));
+    }
+    assert!(
+        !h.replies.iter().any(|r| r.id == 4),
+        "the rewrite finished before the commit"
+    );
+    assert_eq!(retired_pending(&h), 1, "{}", h.engine.debug_state());
+    h.wait(4, &mut |_| 0).result.unwrap();
+    assert_eq!(
+        retired_pending(&h),
+        1,
+        "block 5's first version still waits for a commit: {}",
+        h.engine.debug_state()
+    );
+    assert_eq!(flush_frees(&mut h, 6), 1, "the next commit frees it");
+    assert_eq!(retired_pending(&h), 0);
+}
+
+/// `retired_pending` counts the retired slots a commit will free. A slot
+/// retired while it is off the disk (its version never committed) and
+/// held by a read is not counted (`Engine::retire` counts only slots on the
+/// disk or in a commit's snapshot); but its entry is still meta-dirty, so
+/// if the read is still in flight when the next commit starts, that commit
+/// snapshots it and `finish_commit` subtracts one for it. Here that commit
+/// ends with another slot retired meanwhile (a durable version, counted)
+/// still waiting for a commit, and the count at 0 instead of 1: the next
+/// commit frees a slot the count did not stand for.
+///
+/// Ignored: it shows the slip (reports/mutants-data/NEXT.md, s15) and fails
+/// until the engine counts such a slot (or does not subtract for it).
+#[test]
+#[ignore = "retired_pending accounting slip (engine/commit.rs finish_commit): fails until fixed"]
+fn a_retired_slot_never_counted_is_not_subtracted() {
+    let mut h = MemHarness::new(cfg(64));
+    let is_read = |c: &IoCmd<Bytes>| c.dev == Dev::Cache && matches!(c.op, IoOp::Read { .. });
+    let others = |h: &mut MemHarness, until: &dyn Fn(&MemHarness) -> bool| {
+        while !until(h) {
+            let i = h.inflight().iter().position(|c| !is_read(c));
+            let i = i.expect("nothing but the read in flight");
+            assert!(h.step(&mut |_| i));
+        }
+    };
+    // Block 5: durable. Block 0: written, not committed.
+    h.submit(1, write(5 * BS, 1));
+    h.wait(1, &mut |_| 0).result.unwrap();
+    h.submit(2, ReqOp::Flush);
+    h.wait(2, &mut |_| 0).result.unwrap();
+    h.submit(3, write(0, 1));
+    h.wait(3, &mut |_| 0).result.unwrap();
+    // A read of block 0, held in flight; a rewrite retires the first
+    // version, off the disk: nothing for a commit to free, not counted.
+    h.submit(
+        4,
+        ReqOp::Read {
+            offset: 0,
+            len: BS as u32,
+        },
+    );
+    assert!(h.inflight().iter().any(is_read), "a cache read");
+    h.submit(5, write(0, 2));
+    others(&mut h, &|h| h.replies.iter().any(|r| r.id == 5));
+    assert_eq!(retired_pending(&h), 0, "{}", h.engine.debug_state());
+    // A FLUSH: its commit snapshots block 0's retired slot (the read still
+    // holds it). While it is in flight, a rewrite of block 5 retires its
+    // durable version: counted, freed by the next commit.
+    h.submit(6, ReqOp::Flush);
+    assert!(
+        h.inflight().iter().any(|c| !is_read(c)),
+        "the commit is in flight"
+    );
+    h.submit(7, write(5 * BS, 2));
+    others(&mut h, &|h| h.replies.iter().any(|r| r.id == 7));
+    assert!(
+        !h.replies.iter().any(|r| r.id == 6),
+        "the rewrite finished before the commit"
+    );
+    assert_eq!(retired_pending(&h), 1, "{}", h.engine.debug_state());
+    others(&mut h, &|h| h.replies.iter().any(|r| r.id == 6));
+    // The read ends: block 0's first slot is free.
+    let r = h.inflight().iter().position(is_read).unwrap();
+    assert!(h.step(&mut |_| r));
+    h.wait(4, &mut |_| 0).result.unwrap();
+    assert!(h.inflight().is_empty(), "{}", h.engine.debug_state());
+    // Block 5's first version still waits for a commit to free it.
+    let counted = retired_pending(&h);
+    let freed = flush_frees(&mut h, 8);
+    assert_eq!(freed, 1, "the next commit frees block 5's first slot");
+    assert_eq!(
+        counted, freed,
+        "retired_pending stands for the slots the next commit frees"
+    );
+}
