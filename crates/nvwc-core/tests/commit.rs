@@ -705,3 +705,86 @@ fn a_retired_slot_never_counted_is_not_subtracted() {
         "retired_pending stands for the slots the next commit frees"
     );
 }
+
+/// Run the commands in flight (and those they start) to completion,
+/// without letting timers fire (no autocommit).
+fn run_io(h: &mut MemHarness) {
+    while !h.inflight().is_empty() {
+        assert!(h.step(&mut |_| 0));
+    }
+}
+
+/// Submit request `id` and run until its reply, without timers.
+fn run_req(h: &mut MemHarness, id: ReqId, op: ReqOp<Bytes>) {
+    h.submit(id, op);
+    while !h.replies.iter().any(|r| r.id == id) {
+        assert!(!h.inflight().is_empty(), "request {id} waits for a timer");
+        assert!(h.step(&mut |_| 0));
+    }
+    let i = h.replies.iter().position(|r| r.id == id).unwrap();
+    h.replies.remove(i).result.unwrap();
+}
+
+/// A reclaim commit starts without a FLUSH once free slots are below an
+/// eighth of the cache and a thirty-second of it waits, retired, for a
+/// commit to free it (`maybe_commit`); not before. A cache of 1024 slots
+/// (free_reserve 8): 900 blocks written and flushed leave 124 free, then
+/// each rewrite of a flushed block retires its durable version.
+#[test]
+fn a_reclaim_commit_starts_when_a_thirty_second_of_the_cache_is_retired() {
+    let mut c = Config::new(BS as u32, 1024, 4096 * BS, WritePolicyKind::WriteBack);
+    c.log_pages = 64;
+    let cap = c.capacity_blocks;
+    assert_eq!((cap, c.free_reserve), (1024, 8));
+    let mut h = MemHarness::new(c);
+    for lbn in 0..900 {
+        run_req(&mut h, 1 + lbn, write(lbn * BS, 1));
+    }
+    run_req(&mut h, 1000, ReqOp::Flush);
+    run_io(&mut h);
+    let commits = h.engine.stats().commits;
+    assert_eq!(h.engine.stats().free_slots, cap - 900);
+    assert_eq!(retired_pending(&h), 0);
+    // 31 rewrites: 31 retired (below 1024 / 32), no commit.
+    for lbn in 0..31 {
+        run_req(&mut h, 2000 + lbn, write(lbn * BS, 2));
+        run_io(&mut h);
+    }
+    assert_eq!(retired_pending(&h), 31, "{}", h.engine.debug_state());
+    assert_eq!(h.engine.stats().free_slots, cap - 931);
+    assert_eq!(h.engine.stats().commits, commits, "no commit yet");
+    // The 32nd: a commit starts at once and frees the 32 slots.
+    run_req(&mut h, 2031, write(31 * BS, 2));
+    run_io(&mut h);
+    assert_eq!(h.engine.stats().commits, commits + 1, "a reclaim commit");
+    assert_eq!(retired_pending(&h), 0, "{}", h.engine.debug_state());
+    assert_eq!(h.engine.stats().free_slots, cap - 900);
+}
+
+/// A commit takes the log while the new data its record checksums is at
+/// most 1 MiB (`LOG_MAX_CHECKED_BYTES`: 256 new 4 KiB versions), and a
+/// checkpoint above that; rewrites of sealed versions in place cost no
+/// checksum.
+#[test]
+fn a_commit_checksumming_more_than_a_mib_is_a_checkpoint() {
+    let mut c = Config::new(BS as u32, 1024, 4096 * BS, WritePolicyKind::WriteBack);
+    c.log_pages = 64;
+    let mut h = MemHarness::new(c);
+    let mut id = 1;
+    let mut flush_writes = |h: &mut MemHarness, lbns: std::ops::Range<u64>| {
+        let before = h.engine.stats();
+        for lbn in lbns {
+            run_req(h, id, write(lbn * BS, 1));
+            id += 1;
+        }
+        run_req(h, id, ReqOp::Flush);
+        id += 1;
+        run_io(h);
+        let after = h.engine.stats();
+        assert_eq!(after.commits, before.commits + 1, "one commit");
+        after.log_commits - before.log_commits
+    };
+    assert_eq!(flush_writes(&mut h, 0..256), 1, "256 new blocks: the log");
+    assert_eq!(flush_writes(&mut h, 256..513), 0, "257: a checkpoint");
+    assert_eq!(flush_writes(&mut h, 513..514), 1, "then the log again");
+}
