@@ -709,15 +709,22 @@ fn a_retired_slot_never_counted_is_not_subtracted() {
 /// Run the commands in flight (and those they start) to completion,
 /// without letting timers fire (no autocommit).
 fn run_io(h: &mut MemHarness) {
-    while !h.inflight().is_empty() {
+    for _ in 0..1_000_000 {
+        if h.inflight().is_empty() {
+            return;
+        }
         assert!(h.step(&mut |_| 0));
     }
+    panic!("commands never stop: {}", h.engine.debug_state());
 }
 
 /// Submit request `id` and run until its reply, without timers.
 fn run_req(h: &mut MemHarness, id: ReqId, op: ReqOp<Bytes>) {
     h.submit(id, op);
-    while !h.replies.iter().any(|r| r.id == id) {
+    for _ in 0..1_000_000 {
+        if h.replies.iter().any(|r| r.id == id) {
+            break;
+        }
         assert!(!h.inflight().is_empty(), "request {id} waits for a timer");
         assert!(h.step(&mut |_| 0));
     }
@@ -787,4 +794,231 @@ fn a_commit_checksumming_more_than_a_mib_is_a_checkpoint() {
     assert_eq!(flush_writes(&mut h, 0..256), 1, "256 new blocks: the log");
     assert_eq!(flush_writes(&mut h, 256..513), 0, "257: a checkpoint");
     assert_eq!(flush_writes(&mut h, 513..514), 1, "then the log again");
+}
+
+/// A checkpoint writes the slot-table pages changed since the last one,
+/// and only those: after a checkpoint of pages 0 and 11, a change on page
+/// 0 alone costs one page write (a cache of 1024 slots, 17 pages; block
+/// `lbn`'s home slot is `lbn % 1024`, 63 entries a page).
+#[test]
+fn a_checkpoint_writes_only_the_pages_changed_since_the_last() {
+    let mut c = Config::new(BS as u32, 1024, 4096 * BS, WritePolicyKind::WriteBack);
+    c.log_pages = 0;
+    let mut h = MemHarness::new(c);
+    let l = h.engine.layout();
+    let table = layout::TABLE_OFFSET..layout::TABLE_OFFSET + l.table_bytes;
+    // Table pages written while running `id` to its reply.
+    let pages_written = |h: &mut MemHarness, id: ReqId, op: ReqOp<Bytes>| {
+        h.submit(id, op);
+        let mut pages = std::collections::HashSet::new();
+        while !h.replies.iter().any(|r| r.id == id) {
+            for c in h.inflight().iter() {
+                if let (Dev::Cache, IoOp::Write { offset, .. }) = (c.dev, &c.op) {
+                    if table.contains(offset) {
+                        pages.insert(c.id);
+                    }
+                }
+            }
+            assert!(h.step(&mut |_| 0));
+        }
+        pages.len()
+    };
+    assert_eq!(pages_written(&mut h, 1, write(5 * BS, 1)), 0);
+    assert_eq!(pages_written(&mut h, 2, write(700 * BS, 1)), 0);
+    assert_eq!(pages_written(&mut h, 3, ReqOp::Flush), 2, "pages 0 and 11");
+    assert_eq!(pages_written(&mut h, 4, write(6 * BS, 1)), 0);
+    assert_eq!(pages_written(&mut h, 5, ReqOp::Flush), 1, "page 0 only");
+}
+
+/// Slot-table pages past the 64th (one `PageSet` word) are written too: a
+/// block whose home slot is on page 65 survives a restart after a FLUSH.
+#[test]
+fn a_checkpoint_writes_pages_past_the_sixty_fourth() {
+    let mut c = Config::new(BS as u32, 4200, 8192 * BS, WritePolicyKind::WriteBack);
+    c.log_pages = 0;
+    let mut h = MemHarness::new(c);
+    // Slot 4100 is on page 4100 / 63 = 65; slot 1 on page 0.
+    run_req(&mut h, 1, write(4100 * BS, 7));
+    run_req(&mut h, 2, write(BS, 8));
+    run_req(&mut h, 3, ReqOp::Flush);
+    let rep = h.reopen().unwrap();
+    assert_eq!(rep.dirty_versions, 2, "{rep:?}");
+    assert!(read(&mut h, 10, 4100).iter().all(|&x| x == 7));
+    assert!(read(&mut h, 11, 1).iter().all(|&x| x == 8));
+}
+
+/// Without a FLUSH, a commit starts once `autocommit_changes` slot entries
+/// changed, or `autocommit_ns` after the oldest change; not before.
+#[test]
+fn an_autocommit_starts_after_enough_changes_or_time() {
+    let mut c = cfg(64);
+    c.autocommit_changes = 10;
+    let autocommit = c.autocommit_ns;
+    let mut h = MemHarness::new(c);
+    // Nine new blocks: nine changed entries, no commit.
+    for lbn in 0..9 {
+        run_req(&mut h, 1 + lbn, write(lbn * BS, 1));
+        run_io(&mut h);
+    }
+    assert_eq!(h.engine.stats().commits, 0, "no commit at 9 changes");
+    // The tenth: a commit.
+    run_req(&mut h, 10, write(9 * BS, 1));
+    run_io(&mut h);
+    assert_eq!(h.engine.stats().commits, 1, "a commit at 10 changes");
+    // One change: a commit autocommit_ns after it.
+    run_req(&mut h, 11, write(20 * BS, 1));
+    let t = h.now;
+    run_io(&mut h);
+    assert_eq!(h.engine.poll_timeout(), Some(t + autocommit));
+    h.engine.handle_timeout(t + autocommit - 1);
+    run_io(&mut h);
+    assert_eq!(h.engine.stats().commits, 1, "no commit before the age");
+    h.now = t + autocommit;
+    h.engine.handle_timeout(h.now);
+    run_io(&mut h);
+    assert_eq!(h.engine.stats().commits, 2, "a commit at the age");
+}
+
+/// Below the free reserve (`free_reserve`, 8), a commit starts as soon as
+/// one retired slot waits for it, and not while none does. A cache of 1024
+/// slots: 1015 blocks written and flushed leave 9 free; each rewrite of a
+/// flushed block takes a slot and retires the durable version.
+#[test]
+fn a_reclaim_commit_starts_below_the_free_reserve() {
+    let mut c = Config::new(BS as u32, 1024, 4096 * BS, WritePolicyKind::WriteBack);
+    c.log_pages = 64;
+    let cap = c.capacity_blocks;
+    let mut h = MemHarness::new(c);
+    for lbn in 0..1015 {
+        run_req(&mut h, 1 + lbn, write(lbn * BS, 1));
+    }
+    run_req(&mut h, 2000, ReqOp::Flush);
+    run_io(&mut h);
+    let commits = h.engine.stats().commits;
+    assert_eq!(h.engine.stats().free_slots, cap - 1015);
+    // At the reserve (8 free), one retired: no commit.
+    run_req(&mut h, 3000, write(0, 2));
+    run_io(&mut h);
+    assert_eq!(h.engine.stats().free_slots, 8);
+    assert_eq!(retired_pending(&h), 1, "{}", h.engine.debug_state());
+    assert_eq!(
+        h.engine.stats().commits,
+        commits,
+        "no commit at the reserve"
+    );
+    // Below it: a reclaim commit.
+    run_req(&mut h, 3001, write(BS, 2));
+    run_io(&mut h);
+    assert_eq!(h.engine.stats().commits, commits + 1, "a reclaim commit");
+    // It started when the new slot was taken (7 free) and freed the first
+    // retired slot; the second version retired after it started.
+    assert_eq!(h.engine.stats().free_slots, 8);
+}
+
+/// Below the free reserve with nothing retired, no commit starts: it
+/// would free nothing (the cleaner makes room: it evicts clean blocks back
+/// up to the reserve). A cache of 64 slots takes 62 new blocks without a
+/// FLUSH and without a commit.
+#[test]
+fn no_commit_starts_below_the_reserve_with_nothing_to_reclaim() {
+    let mut h = MemHarness::new(cfg(64));
+    for lbn in 0..62 {
+        run_req(&mut h, 1 + lbn, write(lbn * BS, 1));
+        run_io(&mut h);
+    }
+    let st = h.engine.stats();
+    assert!(st.evictions > 0, "{}", h.engine.debug_state());
+    assert_eq!(st.commits, 0, "{}", h.engine.debug_state());
+}
+
+/// The thirty-second of the cache retired starts a commit only once free
+/// slots are below an eighth of the cache: a cache of 1024 slots with 864
+/// blocks written and flushed (160 free) takes 32 rewrites of flushed
+/// blocks down to 128 free (32 retired) without a commit, and the 33rd
+/// starts one.
+#[test]
+fn a_reclaim_commit_waits_for_free_slots_below_an_eighth_of_the_cache() {
+    let mut c = Config::new(BS as u32, 1024, 4096 * BS, WritePolicyKind::WriteBack);
+    c.log_pages = 64;
+    let cap = c.capacity_blocks;
+    let mut h = MemHarness::new(c);
+    for lbn in 0..864 {
+        run_req(&mut h, 1 + lbn, write(lbn * BS, 1));
+    }
+    run_req(&mut h, 1000, ReqOp::Flush);
+    run_io(&mut h);
+    let commits = h.engine.stats().commits;
+    for lbn in 0..32 {
+        run_req(&mut h, 2000 + lbn, write(lbn * BS, 2));
+        run_io(&mut h);
+    }
+    assert_eq!(h.engine.stats().free_slots, cap / 8);
+    assert_eq!(retired_pending(&h), 32, "{}", h.engine.debug_state());
+    assert_eq!(h.engine.stats().commits, commits, "no commit at 128 free");
+    run_req(&mut h, 2032, write(32 * BS, 2));
+    run_io(&mut h);
+    assert_eq!(h.engine.stats().commits, commits + 1, "a reclaim commit");
+}
+
+/// Recovery that replayed log records starts its first commit (a
+/// checkpoint) at once, without waiting for a request or a timer.
+#[test]
+fn recovery_after_a_log_commit_checkpoints_at_once() {
+    let mut h = MemHarness::new(cfg(64));
+    assert_eq!(write_and_flush(&mut h, 1, 0, 1), 1);
+    assert_eq!(h.engine.stats().log_commits, 1);
+    let rep = h.reopen().unwrap();
+    assert_eq!(rep.log_records, 1, "{rep:?}");
+    run_io(&mut h);
+    let st = h.engine.stats();
+    assert_eq!((st.commits, st.log_commits), (1, 0), "a checkpoint");
+}
+
+/// A commit waits for in-place rewrites in flight (their slots' bytes are
+/// undefined until they complete): a FLUSH during an in-place rewrite of
+/// a sealed version, after a write of another block, starts its commit (a
+/// cache flush first) only after the rewrite completes.
+#[test]
+fn a_commit_waits_for_an_in_place_rewrite_in_flight() {
+    let mut c = cfg(64);
+    c.rewrite_in_place = true;
+    let mut h = MemHarness::new(c);
+    write_and_flush(&mut h, 1, 0, 1);
+    // A later record seals block 0's version.
+    write_and_flush(&mut h, 3, 5, 1);
+    write_and_flush(&mut h, 5, 6, 1);
+    h.settle(&mut |_| 0);
+    let free = h.engine.stats().free_slots;
+    let is_rewrite = |c: &IoCmd<Bytes>| {
+        c.dev == Dev::Cache
+            && matches!(&c.op, IoOp::Write { data, .. } if data.len() == BS as usize && data[0] == 3)
+    };
+    h.submit(10, write(0, 3));
+    assert!(h.inflight().iter().any(is_rewrite), "the rewrite in flight");
+    assert_eq!(h.engine.stats().free_slots, free, "in place: no new slot");
+    // A new block, acknowledged: the FLUSH needs a commit for it.
+    h.submit(12, write(7 * BS, 4));
+    while !h.replies.iter().any(|r| r.id == 12) {
+        let i = h.inflight().iter().position(|c| !is_rewrite(c)).unwrap();
+        assert!(h.step(&mut |_| i));
+    }
+    h.submit(11, ReqOp::Flush);
+    for _ in 0..100 {
+        let Some(i) = h.inflight().iter().position(|c| !is_rewrite(c)) else {
+            break;
+        };
+        assert!(
+            !matches!(h.inflight()[i].op, IoOp::Flush),
+            "a cache flush while the rewrite is in flight"
+        );
+        assert!(h.step(&mut |_| i));
+    }
+    assert!(!h.replies.iter().any(|r| r.id == 11));
+    let i = h.inflight().iter().position(is_rewrite).unwrap();
+    assert!(h.step(&mut |_| i));
+    h.wait(10, &mut |_| 0).result.unwrap();
+    h.wait(11, &mut |_| 0).result.unwrap();
+    let rep = h.reopen().unwrap();
+    assert_eq!(rep.log_dropped, 0, "{rep:?}");
+    assert!(read(&mut h, 20, 0).iter().all(|&x| x == 3));
 }
