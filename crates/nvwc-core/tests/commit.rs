@@ -571,3 +571,454 @@ fn a_checkpoint_writes_every_changed_page() {
         assert!(b.iter().all(|&x| x == want), "block {lbn}: {}", b[0]);
     }
 }
+
+/// `retired_pending` from `Engine::debug_state`: the retired slots that
+/// the next commit frees (`maybe_commit` starts a reclaim commit off it
+/// when free slots run short; the cleaner counts them as coming).
+fn retired_pending(h: &MemHarness) -> u64 {
+    let s = h.engine.debug_state();
+    let v = s
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("retired_pending="))
+        .expect("retired_pending in debug_state");
+    v.parse().unwrap()
+}
+
+/// The free slots a FLUSH's commit adds (nothing else allocating).
+fn flush_frees(h: &mut MemHarness, id: ReqId) -> u64 {
+    let before = h.engine.stats().free_slots;
+    h.submit(id, ReqOp::Flush);
+    h.wait(id, &mut |_| 0).result.unwrap();
+    h.settle(&mut |_| 0);
+    h.engine.stats().free_slots - before
+}
+
+/// A commit lowers `retired_pending` only for retired slots it frees, not
+/// for every entry of its snapshot: a durable version retired while the
+/// commit is in flight (block 5's) is still counted when it ends, and the
+/// next commit frees exactly the slots counted.
+#[test]
+fn a_commit_leaves_the_retired_slots_it_does_not_free_counted() {
+    let mut h = MemHarness::new(cfg(64));
+    // Block 5: durable. Block 0: written, not committed.
+    h.submit(1, write(5 * BS, 1));
+    h.wait(1, &mut |_| 0).result.unwrap();
+    h.submit(2, ReqOp::Flush);
+    h.wait(2, &mut |_| 0).result.unwrap();
+    h.submit(3, write(0, 1));
+    h.wait(3, &mut |_| 0).result.unwrap();
+    // A FLUSH: its commit takes block 0's entry (valid). While it is in
+    // flight, a rewrite of block 5 retires its durable version.
+    h.submit(4, ReqOp::Flush);
+    assert!(!h.inflight().is_empty(), "the commit is in flight");
+    h.submit(5, write(5 * BS, 2));
+    while !h.replies.iter().any(|r| r.id == 5) {
+        assert!(h.step(&mut |_| 0));
+    }
+    assert!(
+        !h.replies.iter().any(|r| r.id == 4),
+        "the rewrite finished before the commit"
+    );
+    assert_eq!(retired_pending(&h), 1, "{}", h.engine.debug_state());
+    h.wait(4, &mut |_| 0).result.unwrap();
+    assert_eq!(
+        retired_pending(&h),
+        1,
+        "block 5's first version still waits for a commit: {}",
+        h.engine.debug_state()
+    );
+    assert_eq!(flush_frees(&mut h, 6), 1, "the next commit frees it");
+    assert_eq!(retired_pending(&h), 0);
+}
+
+/// `retired_pending` counts the retired slots a commit will free. A slot
+/// retired while it is off the disk (its version never committed) and
+/// held by a read is not counted (`Engine::retire` counts only slots on the
+/// disk or in a commit's snapshot); but its entry is still meta-dirty, so
+/// if the read is still in flight when the next commit starts, that commit
+/// snapshots it and `finish_commit` subtracts one for it. Here that commit
+/// ends with another slot retired meanwhile (a durable version, counted)
+/// still waiting for a commit, and the count at 0 instead of 1: the next
+/// commit frees a slot the count did not stand for.
+///
+/// Ignored: it shows the slip (reports/mutants-data/NEXT.md, s15) and fails
+/// until the engine counts such a slot (or does not subtract for it).
+#[test]
+#[ignore = "retired_pending accounting slip (engine/commit.rs finish_commit): fails until fixed"]
+fn a_retired_slot_never_counted_is_not_subtracted() {
+    let mut h = MemHarness::new(cfg(64));
+    let is_read = |c: &IoCmd<Bytes>| c.dev == Dev::Cache && matches!(c.op, IoOp::Read { .. });
+    let others = |h: &mut MemHarness, until: &dyn Fn(&MemHarness) -> bool| {
+        while !until(h) {
+            let i = h.inflight().iter().position(|c| !is_read(c));
+            let i = i.expect("nothing but the read in flight");
+            assert!(h.step(&mut |_| i));
+        }
+    };
+    // Block 5: durable. Block 0: written, not committed.
+    h.submit(1, write(5 * BS, 1));
+    h.wait(1, &mut |_| 0).result.unwrap();
+    h.submit(2, ReqOp::Flush);
+    h.wait(2, &mut |_| 0).result.unwrap();
+    h.submit(3, write(0, 1));
+    h.wait(3, &mut |_| 0).result.unwrap();
+    // A read of block 0, held in flight; a rewrite retires the first
+    // version, off the disk: nothing for a commit to free, not counted.
+    h.submit(
+        4,
+        ReqOp::Read {
+            offset: 0,
+            len: BS as u32,
+        },
+    );
+    assert!(h.inflight().iter().any(is_read), "a cache read");
+    h.submit(5, write(0, 2));
+    others(&mut h, &|h| h.replies.iter().any(|r| r.id == 5));
+    assert_eq!(retired_pending(&h), 0, "{}", h.engine.debug_state());
+    // A FLUSH: its commit snapshots block 0's retired slot (the read still
+    // holds it). While it is in flight, a rewrite of block 5 retires its
+    // durable version: counted, freed by the next commit.
+    h.submit(6, ReqOp::Flush);
+    assert!(
+        h.inflight().iter().any(|c| !is_read(c)),
+        "the commit is in flight"
+    );
+    h.submit(7, write(5 * BS, 2));
+    others(&mut h, &|h| h.replies.iter().any(|r| r.id == 7));
+    assert!(
+        !h.replies.iter().any(|r| r.id == 6),
+        "the rewrite finished before the commit"
+    );
+    assert_eq!(retired_pending(&h), 1, "{}", h.engine.debug_state());
+    others(&mut h, &|h| h.replies.iter().any(|r| r.id == 6));
+    // The read ends: block 0's first slot is free.
+    let r = h.inflight().iter().position(is_read).unwrap();
+    assert!(h.step(&mut |_| r));
+    h.wait(4, &mut |_| 0).result.unwrap();
+    assert!(h.inflight().is_empty(), "{}", h.engine.debug_state());
+    // Block 5's first version still waits for a commit to free it.
+    let counted = retired_pending(&h);
+    let freed = flush_frees(&mut h, 8);
+    assert_eq!(freed, 1, "the next commit frees block 5's first slot");
+    assert_eq!(
+        counted, freed,
+        "retired_pending stands for the slots the next commit frees"
+    );
+}
+
+/// Run the commands in flight (and those they start) to completion,
+/// without letting timers fire (no autocommit).
+fn run_io(h: &mut MemHarness) {
+    for _ in 0..1_000_000 {
+        if h.inflight().is_empty() {
+            return;
+        }
+        assert!(h.step(&mut |_| 0));
+    }
+    panic!("commands never stop: {}", h.engine.debug_state());
+}
+
+/// Submit request `id` and run until its reply, without timers.
+fn run_req(h: &mut MemHarness, id: ReqId, op: ReqOp<Bytes>) {
+    h.submit(id, op);
+    for _ in 0..1_000_000 {
+        if h.replies.iter().any(|r| r.id == id) {
+            break;
+        }
+        assert!(!h.inflight().is_empty(), "request {id} waits for a timer");
+        assert!(h.step(&mut |_| 0));
+    }
+    let i = h.replies.iter().position(|r| r.id == id).unwrap();
+    h.replies.remove(i).result.unwrap();
+}
+
+/// A reclaim commit starts without a FLUSH once free slots are below an
+/// eighth of the cache and a thirty-second of it waits, retired, for a
+/// commit to free it (`maybe_commit`); not before. A cache of 1024 slots
+/// (free_reserve 8): 900 blocks written and flushed leave 124 free, then
+/// each rewrite of a flushed block retires its durable version.
+#[test]
+fn a_reclaim_commit_starts_when_a_thirty_second_of_the_cache_is_retired() {
+    let mut c = Config::new(BS as u32, 1024, 4096 * BS, WritePolicyKind::WriteBack);
+    c.log_pages = 64;
+    let cap = c.capacity_blocks;
+    assert_eq!((cap, c.free_reserve), (1024, 8));
+    let mut h = MemHarness::new(c);
+    for lbn in 0..900 {
+        run_req(&mut h, 1 + lbn, write(lbn * BS, 1));
+    }
+    run_req(&mut h, 1000, ReqOp::Flush);
+    run_io(&mut h);
+    let commits = h.engine.stats().commits;
+    assert_eq!(h.engine.stats().free_slots, cap - 900);
+    assert_eq!(retired_pending(&h), 0);
+    // 31 rewrites: 31 retired (below 1024 / 32), no commit.
+    for lbn in 0..31 {
+        run_req(&mut h, 2000 + lbn, write(lbn * BS, 2));
+        run_io(&mut h);
+    }
+    assert_eq!(retired_pending(&h), 31, "{}", h.engine.debug_state());
+    assert_eq!(h.engine.stats().free_slots, cap - 931);
+    assert_eq!(h.engine.stats().commits, commits, "no commit yet");
+    // The 32nd: a commit starts at once and frees the 32 slots.
+    run_req(&mut h, 2031, write(31 * BS, 2));
+    run_io(&mut h);
+    assert_eq!(h.engine.stats().commits, commits + 1, "a reclaim commit");
+    assert_eq!(retired_pending(&h), 0, "{}", h.engine.debug_state());
+    assert_eq!(h.engine.stats().free_slots, cap - 900);
+}
+
+/// A commit takes the log while the new data its record checksums is at
+/// most 1 MiB (`LOG_MAX_CHECKED_BYTES`: 256 new 4 KiB versions), and a
+/// checkpoint above that; rewrites of sealed versions in place cost no
+/// checksum.
+#[test]
+fn a_commit_checksumming_more_than_a_mib_is_a_checkpoint() {
+    let mut c = Config::new(BS as u32, 1024, 4096 * BS, WritePolicyKind::WriteBack);
+    c.log_pages = 64;
+    let mut h = MemHarness::new(c);
+    let mut id = 1;
+    let mut flush_writes = |h: &mut MemHarness, lbns: std::ops::Range<u64>| {
+        let before = h.engine.stats();
+        for lbn in lbns {
+            run_req(h, id, write(lbn * BS, 1));
+            id += 1;
+        }
+        run_req(h, id, ReqOp::Flush);
+        id += 1;
+        run_io(h);
+        let after = h.engine.stats();
+        assert_eq!(after.commits, before.commits + 1, "one commit");
+        after.log_commits - before.log_commits
+    };
+    assert_eq!(flush_writes(&mut h, 0..256), 1, "256 new blocks: the log");
+    assert_eq!(flush_writes(&mut h, 256..513), 0, "257: a checkpoint");
+    assert_eq!(flush_writes(&mut h, 513..514), 1, "then the log again");
+}
+
+/// A checkpoint writes the slot-table pages changed since the last one,
+/// and only those: after a checkpoint of pages 0 and 11, a change on page
+/// 0 alone costs one page write (a cache of 1024 slots, 17 pages; block
+/// `lbn`'s home slot is `lbn % 1024`, 63 entries a page).
+#[test]
+fn a_checkpoint_writes_only_the_pages_changed_since_the_last() {
+    let mut c = Config::new(BS as u32, 1024, 4096 * BS, WritePolicyKind::WriteBack);
+    c.log_pages = 0;
+    let mut h = MemHarness::new(c);
+    let l = h.engine.layout();
+    let table = layout::TABLE_OFFSET..layout::TABLE_OFFSET + l.table_bytes;
+    // Table pages written while running `id` to its reply.
+    let pages_written = |h: &mut MemHarness, id: ReqId, op: ReqOp<Bytes>| {
+        h.submit(id, op);
+        let mut pages = std::collections::HashSet::new();
+        while !h.replies.iter().any(|r| r.id == id) {
+            for c in h.inflight().iter() {
+                if let (Dev::Cache, IoOp::Write { offset, .. }) = (c.dev, &c.op) {
+                    if table.contains(offset) {
+                        pages.insert(c.id);
+                    }
+                }
+            }
+            assert!(h.step(&mut |_| 0));
+        }
+        pages.len()
+    };
+    assert_eq!(pages_written(&mut h, 1, write(5 * BS, 1)), 0);
+    assert_eq!(pages_written(&mut h, 2, write(700 * BS, 1)), 0);
+    assert_eq!(pages_written(&mut h, 3, ReqOp::Flush), 2, "pages 0 and 11");
+    assert_eq!(pages_written(&mut h, 4, write(6 * BS, 1)), 0);
+    assert_eq!(pages_written(&mut h, 5, ReqOp::Flush), 1, "page 0 only");
+}
+
+/// Slot-table pages past the 64th (one `PageSet` word) are written too: a
+/// block whose home slot is on page 65 survives a restart after a FLUSH.
+#[test]
+fn a_checkpoint_writes_pages_past_the_sixty_fourth() {
+    let mut c = Config::new(BS as u32, 4200, 8192 * BS, WritePolicyKind::WriteBack);
+    c.log_pages = 0;
+    let mut h = MemHarness::new(c);
+    // Slot 4100 is on page 4100 / 63 = 65; slot 1 on page 0.
+    run_req(&mut h, 1, write(4100 * BS, 7));
+    run_req(&mut h, 2, write(BS, 8));
+    run_req(&mut h, 3, ReqOp::Flush);
+    let rep = h.reopen().unwrap();
+    assert_eq!(rep.dirty_versions, 2, "{rep:?}");
+    assert!(read(&mut h, 10, 4100).iter().all(|&x| x == 7));
+    assert!(read(&mut h, 11, 1).iter().all(|&x| x == 8));
+}
+
+/// Without a FLUSH, a commit starts once `autocommit_changes` slot entries
+/// changed, or `autocommit_ns` after the oldest change; not before.
+#[test]
+fn an_autocommit_starts_after_enough_changes_or_time() {
+    let mut c = cfg(64);
+    c.autocommit_changes = 10;
+    let autocommit = c.autocommit_ns;
+    let mut h = MemHarness::new(c);
+    // Nine new blocks: nine changed entries, no commit.
+    for lbn in 0..9 {
+        run_req(&mut h, 1 + lbn, write(lbn * BS, 1));
+        run_io(&mut h);
+    }
+    assert_eq!(h.engine.stats().commits, 0, "no commit at 9 changes");
+    // The tenth: a commit.
+    run_req(&mut h, 10, write(9 * BS, 1));
+    run_io(&mut h);
+    assert_eq!(h.engine.stats().commits, 1, "a commit at 10 changes");
+    // One change: a commit autocommit_ns after it.
+    run_req(&mut h, 11, write(20 * BS, 1));
+    let t = h.now;
+    run_io(&mut h);
+    assert_eq!(h.engine.poll_timeout(), Some(t + autocommit));
+    h.engine.handle_timeout(t + autocommit - 1);
+    run_io(&mut h);
+    assert_eq!(h.engine.stats().commits, 1, "no commit before the age");
+    h.now = t + autocommit;
+    h.engine.handle_timeout(h.now);
+    run_io(&mut h);
+    assert_eq!(h.engine.stats().commits, 2, "a commit at the age");
+}
+
+/// Below the free reserve (`free_reserve`, 8), a commit starts as soon as
+/// one retired slot waits for it, and not while none does. A cache of 1024
+/// slots: 1015 blocks written and flushed leave 9 free; each rewrite of a
+/// flushed block takes a slot and retires the durable version.
+#[test]
+fn a_reclaim_commit_starts_below_the_free_reserve() {
+    let mut c = Config::new(BS as u32, 1024, 4096 * BS, WritePolicyKind::WriteBack);
+    c.log_pages = 64;
+    let cap = c.capacity_blocks;
+    let mut h = MemHarness::new(c);
+    for lbn in 0..1015 {
+        run_req(&mut h, 1 + lbn, write(lbn * BS, 1));
+    }
+    run_req(&mut h, 2000, ReqOp::Flush);
+    run_io(&mut h);
+    let commits = h.engine.stats().commits;
+    assert_eq!(h.engine.stats().free_slots, cap - 1015);
+    // At the reserve (8 free), one retired: no commit.
+    run_req(&mut h, 3000, write(0, 2));
+    run_io(&mut h);
+    assert_eq!(h.engine.stats().free_slots, 8);
+    assert_eq!(retired_pending(&h), 1, "{}", h.engine.debug_state());
+    assert_eq!(
+        h.engine.stats().commits,
+        commits,
+        "no commit at the reserve"
+    );
+    // Below it: a reclaim commit.
+    run_req(&mut h, 3001, write(BS, 2));
+    run_io(&mut h);
+    assert_eq!(h.engine.stats().commits, commits + 1, "a reclaim commit");
+    // It started when the new slot was taken (7 free) and freed the first
+    // retired slot; the second version retired after it started.
+    assert_eq!(h.engine.stats().free_slots, 8);
+}
+
+/// Below the free reserve with nothing retired, no commit starts: it
+/// would free nothing (the cleaner makes room: it evicts clean blocks back
+/// up to the reserve). A cache of 64 slots takes 62 new blocks without a
+/// FLUSH and without a commit.
+#[test]
+fn no_commit_starts_below_the_reserve_with_nothing_to_reclaim() {
+    let mut h = MemHarness::new(cfg(64));
+    for lbn in 0..62 {
+        run_req(&mut h, 1 + lbn, write(lbn * BS, 1));
+        run_io(&mut h);
+    }
+    let st = h.engine.stats();
+    assert!(st.evictions > 0, "{}", h.engine.debug_state());
+    assert_eq!(st.commits, 0, "{}", h.engine.debug_state());
+}
+
+/// The thirty-second of the cache retired starts a commit only once free
+/// slots are below an eighth of the cache: a cache of 1024 slots with 864
+/// blocks written and flushed (160 free) takes 32 rewrites of flushed
+/// blocks down to 128 free (32 retired) without a commit, and the 33rd
+/// starts one.
+#[test]
+fn a_reclaim_commit_waits_for_free_slots_below_an_eighth_of_the_cache() {
+    let mut c = Config::new(BS as u32, 1024, 4096 * BS, WritePolicyKind::WriteBack);
+    c.log_pages = 64;
+    let cap = c.capacity_blocks;
+    let mut h = MemHarness::new(c);
+    for lbn in 0..864 {
+        run_req(&mut h, 1 + lbn, write(lbn * BS, 1));
+    }
+    run_req(&mut h, 1000, ReqOp::Flush);
+    run_io(&mut h);
+    let commits = h.engine.stats().commits;
+    for lbn in 0..32 {
+        run_req(&mut h, 2000 + lbn, write(lbn * BS, 2));
+        run_io(&mut h);
+    }
+    assert_eq!(h.engine.stats().free_slots, cap / 8);
+    assert_eq!(retired_pending(&h), 32, "{}", h.engine.debug_state());
+    assert_eq!(h.engine.stats().commits, commits, "no commit at 128 free");
+    run_req(&mut h, 2032, write(32 * BS, 2));
+    run_io(&mut h);
+    assert_eq!(h.engine.stats().commits, commits + 1, "a reclaim commit");
+}
+
+/// Recovery that replayed log records starts its first commit (a
+/// checkpoint) at once, without waiting for a request or a timer.
+#[test]
+fn recovery_after_a_log_commit_checkpoints_at_once() {
+    let mut h = MemHarness::new(cfg(64));
+    assert_eq!(write_and_flush(&mut h, 1, 0, 1), 1);
+    assert_eq!(h.engine.stats().log_commits, 1);
+    let rep = h.reopen().unwrap();
+    assert_eq!(rep.log_records, 1, "{rep:?}");
+    run_io(&mut h);
+    let st = h.engine.stats();
+    assert_eq!((st.commits, st.log_commits), (1, 0), "a checkpoint");
+}
+
+/// A commit waits for in-place rewrites in flight (their slots' bytes are
+/// undefined until they complete): a FLUSH during an in-place rewrite of
+/// a sealed version, after a write of another block, starts its commit (a
+/// cache flush first) only after the rewrite completes.
+#[test]
+fn a_commit_waits_for_an_in_place_rewrite_in_flight() {
+    let mut c = cfg(64);
+    c.rewrite_in_place = true;
+    let mut h = MemHarness::new(c);
+    write_and_flush(&mut h, 1, 0, 1);
+    // A later record seals block 0's version.
+    write_and_flush(&mut h, 3, 5, 1);
+    write_and_flush(&mut h, 5, 6, 1);
+    h.settle(&mut |_| 0);
+    let free = h.engine.stats().free_slots;
+    let is_rewrite = |c: &IoCmd<Bytes>| {
+        c.dev == Dev::Cache
+            && matches!(&c.op, IoOp::Write { data, .. } if data.len() == BS as usize && data[0] == 3)
+    };
+    h.submit(10, write(0, 3));
+    assert!(h.inflight().iter().any(is_rewrite), "the rewrite in flight");
+    assert_eq!(h.engine.stats().free_slots, free, "in place: no new slot");
+    // A new block, acknowledged: the FLUSH needs a commit for it.
+    h.submit(12, write(7 * BS, 4));
+    while !h.replies.iter().any(|r| r.id == 12) {
+        let i = h.inflight().iter().position(|c| !is_rewrite(c)).unwrap();
+        assert!(h.step(&mut |_| i));
+    }
+    h.submit(11, ReqOp::Flush);
+    for _ in 0..100 {
+        let Some(i) = h.inflight().iter().position(|c| !is_rewrite(c)) else {
+            break;
+        };
+        assert!(
+            !matches!(h.inflight()[i].op, IoOp::Flush),
+            "a cache flush while the rewrite is in flight"
+        );
+        assert!(h.step(&mut |_| i));
+    }
+    assert!(!h.replies.iter().any(|r| r.id == 11));
+    let i = h.inflight().iter().position(is_rewrite).unwrap();
+    assert!(h.step(&mut |_| i));
+    h.wait(10, &mut |_| 0).result.unwrap();
+    h.wait(11, &mut |_| 0).result.unwrap();
+    let rep = h.reopen().unwrap();
+    assert_eq!(rep.log_dropped, 0, "{rep:?}");
+    assert!(read(&mut h, 20, 0).iter().all(|&x| x == 3));
+}
