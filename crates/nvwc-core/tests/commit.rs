@@ -639,12 +639,9 @@ fn a_commit_leaves_the_retired_slots_it_does_not_free_counted() {
 /// snapshots it and `finish_commit` subtracts one for it. Here that commit
 /// ends with another slot retired meanwhile (a durable version, counted)
 /// still waiting for a commit, and the count at 0 instead of 1: the next
-/// commit frees a slot the count did not stand for.
-///
-/// Ignored: it shows the slip (reports/mutants-data/NEXT.md, s15) and fails
-/// until the engine counts such a slot (or does not subtract for it).
+/// commit frees a slot the count did not stand for. Fixed in 51aeb8e: only
+/// slots marked `reclaim` when counted are subtracted.
 #[test]
-#[ignore = "retired_pending accounting slip (engine/commit.rs finish_commit): fails until fixed"]
 fn a_retired_slot_never_counted_is_not_subtracted() {
     let mut h = MemHarness::new(cfg(64));
     let is_read = |c: &IoCmd<Bytes>| c.dev == Dev::Cache && matches!(c.op, IoOp::Read { .. });
