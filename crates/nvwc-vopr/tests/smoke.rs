@@ -6,6 +6,17 @@
 use nvwc_core::WritePolicyKind;
 use nvwc_vopr::{run_many, Options};
 
+/// `policy` with every other dimension drawn per seed.
+fn options(policy: WritePolicyKind) -> Options {
+    Options {
+        policy,
+        replacement: None,
+        verbose: false,
+        fetch: None,
+        admission: None,
+    }
+}
+
 #[test]
 fn every_policy_passes_its_verdict_on_a_few_hundred_seeds() {
     let seeds: u64 = std::env::var("NVWC_VOPR_SMOKE_SEEDS")
@@ -14,14 +25,7 @@ fn every_policy_passes_its_verdict_on_a_few_hundred_seeds() {
         .unwrap_or(300);
     let mut failed = Vec::new();
     for policy in WritePolicyKind::ALL {
-        let opts = Options {
-            policy,
-            replacement: None,
-            verbose: false,
-            fetch: None,
-            admission: None,
-        };
-        let s = run_many(&opts, 0, seeds, 2, &|_| {});
+        let s = run_many(&options(policy), 0, seeds, 2, &|_| {});
         if let Err(why) = s.verdict() {
             let first = s
                 .first_failure
@@ -50,14 +54,7 @@ fn seeds_that_once_failed_pass() {
     // and after recovery reads of the block changed with no write.
     let cases = [(WritePolicyKind::JournaledHints, 12401u64)];
     for (policy, seed) in cases {
-        let opts = Options {
-            policy,
-            replacement: None,
-            verbose: false,
-            fetch: None,
-            admission: None,
-        };
-        let s = run_many(&opts, seed, 1, 1, &|_| {});
+        let s = run_many(&options(policy), seed, 1, 1, &|_| {});
         assert_eq!(
             s.violations,
             0,
