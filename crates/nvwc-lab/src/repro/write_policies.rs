@@ -448,6 +448,7 @@ pub fn write_policies(a: &Args) -> Result<String> {
         ("msr.cut.per_10k.rw_40_60.1370.trace", "MSR cut", q(10_000)),
         ("cloud_storage-sample.bz2", "Tencent", q(50_000)),
         ("systor17-traces-sample.csv.gz", "SYSTOR'17", None),
+        ("msr-cambridge1-sample.csv", "MSR hm_0", None),
     ];
     let plans = plan_traces(a, &base, &traces)?;
     let (fig12, r12) = figure12(a, &base, &plans)?;
