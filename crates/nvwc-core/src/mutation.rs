@@ -57,6 +57,16 @@ pub enum Mutation {
     /// client saw another's reply does not wait for it on its way to the
     /// backing store (check (c), on the VOPR's seeds that hold replies).
     RepliesSeenWithoutEdges = 9,
+    /// Ordered write-back plans a wave that rewrites a block whose clean
+    /// mark the commit in flight is still recording (`Ordered::marking`),
+    /// as if that commit were already durable, whenever no mark waits for
+    /// a later commit (cargo-mutants' `!self.marking.is_empty()` ->
+    /// `self.marking.is_empty()` in `needs_marks` does the same). A crash
+    /// inside the commit then loses the mark, recovery destages the older
+    /// version again over the newer one the wave wrote, and the backing
+    /// store leaves its prefix (check (c); of the VOPR's ordered seeds
+    /// 0..20,000, seed 1628 alone finds it).
+    WaveIgnoresMarking = 10,
 }
 
 #[cfg(feature = "mutations")]
@@ -80,4 +90,10 @@ pub(crate) fn active(m: Mutation) -> bool {
         let _ = m;
         false
     }
+}
+
+/// Is `Mutation::WaveIgnoresMarking` planted? (`Ordered::needs_marks`.)
+#[inline]
+pub(crate) fn ignore_marking() -> bool {
+    active(Mutation::WaveIgnoresMarking)
 }

@@ -14,11 +14,21 @@ static TURN: Mutex<()> = Mutex::new(());
 
 /// Run `seeds` seeds without the bug, then with it.
 fn with_and_without(m: Mutation, opts: &Options, seeds: u64) -> (PolicySummary, PolicySummary) {
+    with_and_without_from(m, opts, 0, seeds)
+}
+
+/// Run the seeds `first..first + seeds` without the bug, then with it.
+fn with_and_without_from(
+    m: Mutation,
+    opts: &Options,
+    first: u64,
+    seeds: u64,
+) -> (PolicySummary, PolicySummary) {
     let _turn = TURN.lock().unwrap_or_else(|e| e.into_inner());
     mutation::set(Mutation::None);
-    let clean = run_many(opts, 0, seeds, 2, &|_| {});
+    let clean = run_many(opts, first, seeds, 2, &|_| {});
     mutation::set(m);
-    let planted = run_many(opts, 0, seeds, 2, &|_| {});
+    let planted = run_many(opts, first, seeds, 2, &|_| {});
     mutation::set(Mutation::None);
     eprintln!(
         "{m:?} on {}: failing seeds by check (a, b, c, other): without the bug {:?}, with it {:?}",
@@ -163,6 +173,20 @@ fn ordered_counting_a_seen_reply_without_its_edges_fails_the_run() {
     let (clean, planted) = with_and_without(Mutation::RepliesSeenWithoutEdges, &o, 1500);
     assert_eq!(clean.by_check, [0; 4], "ordered passes without the bug");
     assert!(clean.reply_batches.0 > 0, "some seeds hold replies");
+    assert!(planted.by_check[2] > 0, "the planted bug fails (c)");
+    planted.verdict().expect_err("the run fails");
+}
+
+#[test]
+fn an_ordered_wave_ignoring_the_marks_a_commit_records_fails_the_run() {
+    // Rare: the next wave must rewrite a block while the commit recording
+    // its clean mark is in flight (cleaning stopped and restarted, or a
+    // node became ready, during that commit), and the crash must fall
+    // inside the commit. Seed 1628 is the one of 0..20,000 that does it
+    // (`nvwc vopr --write-policy ordered --seeds 20000` with the bug).
+    let o = opts(WritePolicyKind::Ordered, None);
+    let (clean, planted) = with_and_without_from(Mutation::WaveIgnoresMarking, &o, 1600, 64);
+    assert_eq!(clean.by_check, [0; 4], "ordered passes without the bug");
     assert!(planted.by_check[2] > 0, "the planted bug fails (c)");
     planted.verdict().expect_err("the run fails");
 }

@@ -401,7 +401,7 @@ impl Ordered {
                 .iter()
                 .any(|s| self.fresh.contains(s) || self.freshing.contains(s));
         fresh
-            || (!self.unmarked.is_empty() || !self.marking.is_empty())
+            || (!self.unmarked.is_empty() || !self.marking.is_empty() && !super::ignore_marking())
                 && slots.iter().any(|&s| {
                     let l = self.lbn(s);
                     self.unmarked.contains(&l) || self.marking.contains(&l)
