@@ -39,7 +39,7 @@
 #   BACKING_PAGES=cold (default: the backing file's pages are dropped after
 #   preallocation, see `prealloc`) or kept.
 #   NVWC_BASE=PATH also runs the default nvwc server of each selected group
-#   (fast, fsync1, full) with the nvwc binary at PATH, named NAME@base, in
+#   (fast, fsync1, full; slow: ordered and journaled) with the nvwc binary at PATH, named NAME@base, in
 #   the same interleaved rounds, and prints each NAME / NAME@base ratio: an
 #   A/B of two builds (before and after a change) under the same conditions,
 #   with a 90 % bootstrap band of each ratio and the median of the same-round
@@ -129,6 +129,13 @@ if sel slow; then
     flags="--write-policy ${pol%%+*}"; [ "$pol" = "${pol%%+*}" ] || flags="$flags --rewrite-in-place=false"
     add "nvwc-$pol/slow" "$NV --backing 'nbd+unix:///?socket=$W/d.sock' $flags" n.sock "" "$SLOWUP"
   done
+  # The policies that destage while the client writes (ordered's waves,
+  # journaled's checkpoints), with the NVWC_BASE build.
+  if [ -n "$BASE" ]; then
+    for pol in ordered journaled; do
+      add "nvwc-$pol/slow@base" "${NV/$NVWC/$BASE} --backing 'nbd+unix:///?socket=$W/d.sock' --write-policy $pol" n.sock "" "$SLOWUP"
+    done
+  fi
   add nbdkit-cache-filter/slow "exec nbdkit -U c.sock -f --exit-with-parent --filter=cache --filter=delay file backing.img delay-write=1ms" c.sock
 fi
 if sel fsync1; then  # QD1 --fsync=1, fast local backing file
