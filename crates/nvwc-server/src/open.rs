@@ -161,6 +161,18 @@ fn engine_config(
         .unwrap_or(capacity.clamp(4096, u64::from(u32::MAX)) as u32)
         .max(1);
     cfg.validate()?;
+    if wp == WritePolicyKind::JournaledHints && cfg.admission != nvwc_core::AdmissionKind::All {
+        // Each write admission sends around the cache reaches the backing
+        // store as it completes, between FLUSHes (ARCHITECTURE.md,
+        // "Admission and bypass").
+        log!(
+            warn,
+            "admission",
+            policy = "journaled-hints",
+            admission = a.admission.as_str(),
+            note = "writes sent around the cache reach the backing store between FLUSHes: without the cache it is point-in-time consistent, not always at a FLUSH"
+        );
+    }
     Ok(cfg)
 }
 

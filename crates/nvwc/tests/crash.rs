@@ -89,6 +89,29 @@ fn assert_promises(summary: &[Value], trials: &[Value]) {
     }
 }
 
+/// Writes sent around the cache by admission (`--admission sync`: only FUA
+/// writes are cached), kill -9 and host crashes, every policy: the bypass
+/// path (FUA writes to the backing store, journaled's redo log settled
+/// before each) loses no flushed write, and the backing alone keeps each
+/// consistent policy's promise (journaled-hints held to point-in-time: a
+/// bypassed write reaches it between FLUSHes).
+#[test]
+fn writes_sent_around_the_cache_keep_the_promises() {
+    let (ok, trials, summary) =
+        crashtest("--trials 4 --modes server-crash,host-crash --server-arg=--admission=sync");
+    assert_eq!(trials.len(), 40, "5 policies x 2 modes x 4");
+    assert_promises(&summary, &trials);
+    assert!(ok, "crashtest failed:\n{}", fail_lines(&trials));
+    for p in ["ordered", "journaled", "journaled-hints"] {
+        assert!(
+            trials
+                .iter()
+                .any(|t| t["policy"] == p && t["bypassed_pieces"].as_u64().unwrap_or(0) > 0),
+            "no write of {p} went around the cache"
+        );
+    }
+}
+
 /// kill -9, host crash (subsets and tears of unsynced writes) and failpoints, every policy:
 /// no flushed write lost; the backing alone keeps each policy's promise.
 #[test]

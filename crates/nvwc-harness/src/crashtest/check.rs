@@ -315,13 +315,15 @@ pub fn check_point_in_time(
 /// The cache-lost promise of a policy (`write-back` has none; it is held to
 /// point-in-time to show that). After a host crash, write-through promises
 /// only what a FLUSH or FUA covered: the backing store lost its page cache too.
-/// `journaled-hints` is flush-aligned unless it reported forced closes
-/// (transactions closed for space, not at a FLUSH; see `journaled.rs`), and
-/// point-in-time always. An unknown count (no status) is held to flush-aligned.
+/// `journaled-hints` is flush-aligned unless `off_flush_points`: it reported
+/// forced closes (transactions closed for space, not at a FLUSH; see
+/// `journaled.rs`; an unknown count, no status, counts as none), or its
+/// admission policy may send writes around the cache (each reaches the
+/// backing store as it completes, between FLUSHes); point-in-time always.
 pub fn check_cache_lost(
     policy: &str,
     host_crash: bool,
-    forced_closes: Option<u64>,
+    off_flush_points: bool,
     h: &History,
     seen: &[Seen],
     crash_us: u64,
@@ -329,9 +331,7 @@ pub fn check_cache_lost(
     match policy {
         "write-through" if host_crash => check_flush_contract(h, seen, crash_us, false),
         "write-through" => check_all_acked(h, seen, crash_us),
-        "journaled-hints" if forced_closes.unwrap_or(0) == 0 => {
-            check_point_in_time(h, seen, crash_us, true)
-        }
+        "journaled-hints" if !off_flush_points => check_point_in_time(h, seen, crash_us, true),
         _ => check_point_in_time(h, seen, crash_us, false),
     }
 }
@@ -459,5 +459,25 @@ mod tests {
         // Write-through: everything acknowledged.
         assert!(check_all_acked(&h, &s(Seq(3), Seq(4), Seq(4)), 0).ok);
         assert!(!check_all_acked(&h, &s(Seq(3), Seq(1), Seq(4)), 0).ok);
+    }
+
+    #[test]
+    fn journaled_hints_off_flush_points_is_held_to_point_in_time() {
+        // 1: block 0, flush, 2: block 1 (sent around the cache by admission:
+        // on the backing store before any FLUSH covers it), 3: block 2.
+        let ops = vec![w(1, 0, 1, true), f(1), w(2, 1, 1, true), w(3, 2, 1, true)];
+        let h = History::new(&ops, 3);
+        use Seen::*;
+        let after_2 = [Seq(1), Seq(2), Zero];
+        let hole = [Zero, Seq(2), Zero];
+        let lost =
+            |off, seen: &[Seen]| check_cache_lost("journaled-hints", false, off, &h, seen, 0);
+        // Flush-aligned when nothing left a FLUSH point: write 2 is too new.
+        assert!(!lost(false, &after_2).ok);
+        assert!(lost(false, &[Seq(1), Zero, Zero]).ok);
+        // Off FLUSH points (forced closes, or writes around the cache): any
+        // prefix, but never a hole.
+        assert!(lost(true, &after_2).ok);
+        assert!(!lost(true, &hole).ok);
     }
 }

@@ -43,6 +43,9 @@ pub struct TrialResult {
     /// Cache writes copied into the mapped cache file (slot and metadata
     /// writes of buffered requests), same status.
     pub mapped_writes: Option<u64>,
+    /// Pieces of writes admission sent around the cache (`bypassed_pieces`),
+    /// same status.
+    pub bypassed_pieces: Option<u64>,
     /// Host crash: what became of each device's writes that were not durable.
     pub host_crash: Option<HostCrash>,
 }
@@ -99,15 +102,31 @@ impl Trial {
     /// server's default): a failed write may damage its blocks' last flushed
     /// version, as on a disk, so the flush contract does not judge them.
     pub fn failed_writes_undefined(&self) -> bool {
-        let fresh_slots = self
-            .server_args
-            .windows(2)
-            .any(|w| w[0] == "--rewrite-in-place" && w[1] == "false")
-            || self
-                .server_args
-                .iter()
-                .any(|a| a == "--rewrite-in-place=false");
+        let fresh_slots = self.server_arg("--rewrite-in-place") == Some("false");
         self.faults.fault_cache.is_some() && self.policy == "write-back" && !fresh_slots
+    }
+
+    /// May admission send writes around the cache (`--admission` other
+    /// than `all`)? Under journaled-hints such a write reaches the backing
+    /// store between FLUSHes (`docs/ARCHITECTURE.md`, "Admission and
+    /// bypass"), so its backing store alone is held to point-in-time only.
+    pub fn admission_may_bypass(&self) -> bool {
+        self.server_arg("--admission").is_some_and(|a| a != "all")
+    }
+
+    /// The value of `nvwc serve` flag `name` among `--server-arg`s, given
+    /// as `name=value` or as `name value` (the last one wins, as for clap).
+    fn server_arg(&self, name: &str) -> Option<&str> {
+        let a = &self.server_args;
+        let mut found = None;
+        for (i, x) in a.iter().enumerate() {
+            if let Some(v) = x.strip_prefix(name).and_then(|r| r.strip_prefix('=')) {
+                found = Some(v);
+            } else if x == name {
+                found = a.get(i + 1).map(String::as_str);
+            }
+        }
+        found
     }
 }
 
@@ -212,6 +231,10 @@ pub fn run_trial(t: &Trial, root: &Path, keep: bool) -> Result<TrialResult> {
             .filter(|o| matches!(o, Op::Write { n, .. } if n * BS >= DIRECT_MIN))
             .count() as u64,
         direct_writes: run.status.as_deref().and_then(|s| stat(s, "direct_writes")),
+        bypassed_pieces: run
+            .status
+            .as_deref()
+            .and_then(|s| stat(s, "bypassed_pieces")),
         mapped_writes: run
             .status
             .as_deref()
@@ -392,7 +415,7 @@ impl Judge<'_> {
         check_cache_lost(
             &self.t.policy,
             self.host_crash,
-            self.forced_closes,
+            self.forced_closes.unwrap_or(0) > 0 || self.t.admission_may_bypass(),
             self.h,
             &seen,
             self.crash_us,
