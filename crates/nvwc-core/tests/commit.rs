@@ -1019,3 +1019,67 @@ fn a_commit_waits_for_an_in_place_rewrite_in_flight() {
     assert_eq!(rep.log_dropped, 0, "{rep:?}");
     assert!(read(&mut h, 20, 0).iter().all(|&x| x == 3));
 }
+
+/// A clean stop takes one commit, its final one, once no request is in
+/// flight (`shutdown_quiet`): a stop begun while a write is in flight
+/// starts no commit before the write completes, and then one (a clean
+/// shutdown record).
+#[test]
+fn a_clean_stop_commits_once_after_the_requests_in_flight() {
+    let mut h = MemHarness::new(cfg(64));
+    write_and_flush(&mut h, 1, 0, 1);
+    h.settle(&mut |_| 0);
+    let commits = h.engine.stats().commits;
+    h.submit(10, write(5 * BS, 2));
+    assert_eq!(h.inflight().len(), 1, "the write's data in flight");
+    h.engine.start_shutdown(h.now);
+    assert_eq!(h.inflight().len(), 1, "{}", h.engine.debug_state());
+    assert_eq!(h.engine.stats().commits, commits, "no commit yet");
+    h.wait(10, &mut |_| 0).result.unwrap();
+    h.settle(&mut |_| 0);
+    assert!(h.engine.is_idle());
+    assert_eq!(h.engine.stats().commits, commits + 1, "one commit");
+    let rep = h.reopen().unwrap();
+    assert!(rep.clean_shutdown, "{rep:?}");
+    assert!(read(&mut h, 20, 5).iter().all(|&x| x == 2));
+}
+
+/// A partial version's record checksums its range only (`hi - lo` bytes,
+/// not the block): 256 partial versions of 512 bytes at byte 2048 (128
+/// KiB) go to the log, 293 of 3584 bytes at byte 512 (just over 1 MiB)
+/// take a checkpoint. Lazy fetch: a partial write to a cold block is a
+/// patch, and a FLUSH persists it as a partial version.
+#[test]
+fn a_partial_version_counts_its_range_toward_the_log_limit() {
+    let mut c = Config::new(BS as u32, 1024, 4096 * BS, WritePolicyKind::WriteBack);
+    c.log_pages = 64;
+    c.fetch = FetchMode::Lazy;
+    let mut h = MemHarness::new(c);
+    let mut id = 1;
+    let mut flush_partials = |h: &mut MemHarness, lbns: std::ops::Range<u64>, at: u64, len: u64| {
+        let before = h.engine.stats();
+        let n = lbns.end - lbns.start;
+        for lbn in lbns {
+            let op = ReqOp::Write {
+                offset: lbn * BS + at,
+                data: Bytes::from(vec![3; len as usize]),
+                fua: false,
+            };
+            run_req(h, id, op);
+            id += 1;
+        }
+        run_req(h, id, ReqOp::Flush);
+        id += 1;
+        run_io(h);
+        let after = h.engine.stats();
+        assert_eq!(after.patch_persists - before.patch_persists, n);
+        assert_eq!(after.commits, before.commits + 1, "one commit");
+        after.log_commits - before.log_commits
+    };
+    assert_eq!(flush_partials(&mut h, 0..256, 2048, 512), 1, "the log");
+    assert_eq!(
+        flush_partials(&mut h, 256..549, 512, 3584),
+        0,
+        "a checkpoint"
+    );
+}
