@@ -1019,3 +1019,219 @@ fn a_commit_waits_for_an_in_place_rewrite_in_flight() {
     assert_eq!(rep.log_dropped, 0, "{rep:?}");
     assert!(read(&mut h, 20, 0).iter().all(|&x| x == 3));
 }
+
+/// A clean stop takes one commit, its final one, once no request is in
+/// flight (`shutdown_quiet`): a stop begun while a write is in flight
+/// starts no commit before the write completes, and then one (a clean
+/// shutdown record).
+#[test]
+fn a_clean_stop_commits_once_after_the_requests_in_flight() {
+    let mut h = MemHarness::new(cfg(64));
+    write_and_flush(&mut h, 1, 0, 1);
+    h.settle(&mut |_| 0);
+    let commits = h.engine.stats().commits;
+    h.submit(10, write(5 * BS, 2));
+    assert_eq!(h.inflight().len(), 1, "the write's data in flight");
+    h.engine.start_shutdown(h.now);
+    assert_eq!(h.inflight().len(), 1, "{}", h.engine.debug_state());
+    assert_eq!(h.engine.stats().commits, commits, "no commit yet");
+    h.wait(10, &mut |_| 0).result.unwrap();
+    h.settle(&mut |_| 0);
+    assert!(h.engine.is_idle());
+    assert_eq!(h.engine.stats().commits, commits + 1, "one commit");
+    let rep = h.reopen().unwrap();
+    assert!(rep.clean_shutdown, "{rep:?}");
+    assert!(read(&mut h, 20, 5).iter().all(|&x| x == 2));
+}
+
+/// A partial version's record checksums its range only (`hi - lo` bytes,
+/// not the block): 256 partial versions of 512 bytes at byte 2048 (128
+/// KiB) go to the log, 293 of 3584 bytes at byte 512 (just over 1 MiB)
+/// take a checkpoint. Lazy fetch: a partial write to a cold block is a
+/// patch, and a FLUSH persists it as a partial version.
+#[test]
+fn a_partial_version_counts_its_range_toward_the_log_limit() {
+    let mut c = Config::new(BS as u32, 1024, 4096 * BS, WritePolicyKind::WriteBack);
+    c.log_pages = 64;
+    c.fetch = FetchMode::Lazy;
+    let mut h = MemHarness::new(c);
+    let mut id = 1;
+    let mut flush_partials = |h: &mut MemHarness, lbns: std::ops::Range<u64>, at: u64, len: u64| {
+        let before = h.engine.stats();
+        let n = lbns.end - lbns.start;
+        for lbn in lbns {
+            let op = ReqOp::Write {
+                offset: lbn * BS + at,
+                data: Bytes::from(vec![3; len as usize]),
+                fua: false,
+            };
+            run_req(h, id, op);
+            id += 1;
+        }
+        run_req(h, id, ReqOp::Flush);
+        id += 1;
+        run_io(h);
+        let after = h.engine.stats();
+        assert_eq!(after.patch_persists - before.patch_persists, n);
+        assert_eq!(after.commits, before.commits + 1, "one commit");
+        after.log_commits - before.log_commits
+    };
+    assert_eq!(flush_partials(&mut h, 0..256, 2048, 512), 1, "the log");
+    assert_eq!(
+        flush_partials(&mut h, 256..549, 512, 3584),
+        0,
+        "a checkpoint"
+    );
+}
+
+/// The checkpoint after a given-up one erases the record copy that one
+/// may have landed in, beside its first device flush, and writes no
+/// slot-table page before both completed (`start_commit` counts the erase
+/// in the commands the first step waits for).
+#[test]
+fn a_checkpoint_writes_no_page_before_its_record_erase_completes() {
+    let mut h = MemHarness::new(cfg(16));
+    let l = h.engine.layout();
+    let table = layout::TABLE_OFFSET..layout::TABLE_OFFSET + l.table_bytes;
+    write_and_flush(&mut h, 1, 0, 1);
+    // Block 1, whose log commit's device flush fails: the next commit is a
+    // checkpoint.
+    h.submit(3, write(BS, 2));
+    h.wait(3, &mut |_| 0).result.unwrap();
+    h.submit(4, ReqOp::Flush);
+    loop {
+        if let Some(i) = cache_flush(&mut h) {
+            h.complete_failed(i);
+            break;
+        }
+        assert!(h.step(&mut |_| 0), "no cache flush");
+    }
+    assert!(h.wait(4, &mut |_| 0).result.is_err());
+    // Block 2 and a FLUSH: the checkpoint's record write fails every time.
+    h.submit(5, write(2 * BS, 3));
+    h.wait(5, &mut |_| 0).result.unwrap();
+    h.submit(6, ReqOp::Flush);
+    while !h.replies.iter().any(|r| r.id == 6) {
+        if let Some(i) = record_write(&mut h) {
+            h.complete_torn(i, 512);
+            continue;
+        }
+        assert!(h.step(&mut |_| 0), "FLUSH never answered");
+    }
+    assert!(h.wait(6, &mut |_| 0).result.is_err(), "the commit gave up");
+    // Block 3 and a FLUSH: its checkpoint erases the unsure record copy.
+    h.submit(7, write(3 * BS, 4));
+    h.wait(7, &mut |_| 0).result.unwrap();
+    h.submit(8, ReqOp::Flush);
+    let is_erase = |c: &IoCmd<Bytes>| {
+        c.dev == Dev::Cache
+            && matches!(&c.op, IoOp::Write { fua: true, data, .. }
+                if data.len() == 512 && data.iter().all(|&b| b == 0))
+    };
+    while !h.inflight().iter().any(is_erase) {
+        assert!(h.step(&mut |_| 0), "no record erase");
+    }
+    // Everything but the erase runs: no page is written meanwhile.
+    for _ in 0..100 {
+        let Some(i) = h.inflight().iter().position(|c| !is_erase(c)) else {
+            break;
+        };
+        let c = &h.inflight()[i];
+        assert!(
+            !matches!((c.dev, &c.op), (Dev::Cache, IoOp::Write { offset, .. }) if table.contains(offset)),
+            "a slot-table page written before the record erase completed"
+        );
+        assert!(h.step(&mut |_| i));
+    }
+    assert!(!h.replies.iter().any(|r| r.id == 8));
+    let i = h.inflight().iter().position(is_erase).unwrap();
+    assert!(h.step(&mut |_| i));
+    h.wait(8, &mut |_| 0).result.unwrap();
+    h.reopen().expect("recovery");
+    for (lbn, v) in [(0u64, 1u8), (3, 4)] {
+        assert!(
+            read(&mut h, 10 + lbn, lbn).iter().all(|&x| x == v),
+            "block {lbn}"
+        );
+    }
+}
+
+/// Only valid entries count toward a log record's checked bytes: slots
+/// written free (versions dropped before any commit named them) cost no
+/// checksum. 200 blocks read (cached clean) and trimmed (dropped), then
+/// 200 others written, before a FLUSH: 200 new versions (800 KiB) and 200
+/// free entries in the commit, which takes the log.
+#[test]
+fn free_entries_cost_no_checksum() {
+    let mut c = Config::new(BS as u32, 1024, 4096 * BS, WritePolicyKind::WriteBack);
+    c.log_pages = 64;
+    let mut h = MemHarness::new(c);
+    let read = ReqOp::Read {
+        offset: 0,
+        len: 200 * BS as u32,
+    };
+    run_req(&mut h, 1, read);
+    run_io(&mut h);
+    assert_eq!(h.engine.stats().cached_blocks, 200);
+    let trim = ReqOp::Trim {
+        offset: 0,
+        len: 200 * BS as u32,
+    };
+    run_req(&mut h, 2, trim);
+    let write = ReqOp::Write {
+        offset: 200 * BS,
+        data: Bytes::from(vec![2; 200 * BS as usize]),
+        fua: false,
+    };
+    run_req(&mut h, 3, write);
+    run_io(&mut h);
+    let st = h.engine.stats();
+    assert_eq!(
+        (st.commits, st.cached_blocks),
+        (0, 200),
+        "{}",
+        h.engine.debug_state()
+    );
+    run_req(&mut h, 4, ReqOp::Flush);
+    run_io(&mut h);
+    let st = h.engine.stats();
+    assert_eq!((st.commits, st.log_commits), (1, 1), "a log commit");
+}
+
+/// A log record checks the data of the versions it introduces and of
+/// those whose record is not sealed yet, not of sealed ones it names again:
+/// blocks 0, 5 and 6 flushed one by one (records 1 to 3; record 3 seals 1
+/// and 2), then destaged (clean: their entries change, their data does
+/// not), cost the drain's commit one checksum, block 6's; its record
+/// names all three versions valid.
+#[test]
+fn a_sealed_version_named_again_costs_no_checksum() {
+    let mut h = MemHarness::new(cfg(64));
+    for (id, lbn) in [(1, 0), (3, 5), (5, 6)] {
+        assert_eq!(write_and_flush(&mut h, id, lbn, 1), 1);
+    }
+    h.settle(&mut |_| 0);
+    let commits = h.engine.stats().log_commits;
+    h.engine.start_drain(h.now);
+    let mut sums = std::collections::HashSet::new();
+    for _ in 0..10_000 {
+        sums.extend(
+            h.inflight()
+                .iter()
+                .filter(|c| matches!(c.op, IoOp::Checksum { .. }))
+                .map(|c| c.id),
+        );
+        if !h.step(&mut |_| 0) && h.engine.is_idle() {
+            break;
+        }
+    }
+    h.engine.end_drain();
+    assert_eq!(h.engine.dirty_versions(), 0);
+    assert!(h.engine.stats().log_commits > commits, "a log commit");
+    assert_eq!(sums.len(), 1, "{}", h.engine.debug_state());
+    // The record names the three clean versions (write-back recovery after
+    // a crash discards them; their data is on the backing store).
+    let rep = h.reopen().unwrap();
+    assert_eq!((rep.log_records, rep.discarded), (4, 3), "{rep:?}");
+    assert!(read(&mut h, 10, 5).iter().all(|&x| x == 1));
+}
