@@ -243,3 +243,23 @@ fn read_hits_misses_and_fills_are_counted() {
         assert_eq!(s.populates, if allocate { 3 } else { 0 }, "{s:?}");
     }
 }
+
+/// A partial write to a block not cached is a read-modify-write with one
+/// fetch of the block from the backing store (`FetchMode::Blocking`),
+/// counted in `fetches`; over a whole cached version (ordered: not in
+/// place) it reads the cached copy instead, with no fetch.
+#[test]
+fn a_partial_write_fetches_only_a_block_not_cached() {
+    let mut h = MemHarness::new(cfg(WritePolicyKind::Ordered, 64));
+    h.submit(1, write(2 * BS + 512, 512));
+    h.wait(1, &mut |_| 0).result.unwrap();
+    let s = h.engine.stats();
+    assert_eq!((s.fetches, s.backing_reads), (1, 1), "{s:?}");
+    h.submit(2, write(5 * BS, BS));
+    h.wait(2, &mut |_| 0).result.unwrap();
+    h.submit(3, write(5 * BS + 512, 512));
+    h.wait(3, &mut |_| 0).result.unwrap();
+    let s = h.engine.stats();
+    assert_eq!((s.fetches, s.backing_reads), (1, 1), "{s:?}");
+    assert_eq!(s.partial_write_fetches, 0, "{s:?}");
+}
