@@ -191,3 +191,75 @@ fn the_memory_estimate_is_per_block_and_plausible() {
     let ratio = l as f64 / s as f64;
     assert!((12.0..20.0).contains(&ratio), "{l} / {s} = {ratio}");
 }
+
+/// A written block piece is a hit when the block has a cached version and a
+/// miss when it has none (`write_piece`): three new blocks, then two of
+/// them again and one more, in one write each.
+#[test]
+fn write_hits_and_misses_count_the_pieces() {
+    let mut h = MemHarness::new(cfg(WritePolicyKind::WriteBack, 64));
+    h.submit(1, write(0, 3 * BS));
+    h.wait(1, &mut |_| 0).result.unwrap();
+    let s = h.engine.stats();
+    assert_eq!((s.write_hits, s.write_misses), (0, 3), "{s:?}");
+    h.submit(2, write(BS, 3 * BS));
+    h.wait(2, &mut |_| 0).result.unwrap();
+    let s = h.engine.stats();
+    assert_eq!((s.write_hits, s.write_misses), (2, 4), "{s:?}");
+}
+
+/// A read piece is a hit when the block has a cached version and a miss
+/// otherwise (`read_piece`); a missed whole block read with
+/// `read_allocate` is filled into the cache once (`fill`: populates),
+/// without it never.
+#[test]
+fn read_hits_misses_and_fills_are_counted() {
+    for allocate in [true, false] {
+        let mut c = cfg(WritePolicyKind::WriteBack, 64);
+        c.read_allocate = allocate;
+        let mut h = MemHarness::new(c);
+        let read = |h: &mut MemHarness, id: ReqId, blocks: u64| {
+            h.submit(
+                id,
+                ReqOp::Read {
+                    offset: 0,
+                    len: (blocks * BS) as u32,
+                },
+            );
+            h.wait(id, &mut |_| 0).result.unwrap();
+            h.settle(&mut |_| 0);
+            h.engine.stats()
+        };
+        let s = read(&mut h, 1, 2);
+        assert_eq!((s.read_hits, s.read_misses), (0, 2), "{allocate}: {s:?}");
+        assert_eq!(s.populates, if allocate { 2 } else { 0 }, "{s:?}");
+        let s = read(&mut h, 2, 3);
+        let (hits, misses) = if allocate { (2, 3) } else { (0, 5) };
+        assert_eq!(
+            (s.read_hits, s.read_misses),
+            (hits, misses),
+            "{allocate}: {s:?}"
+        );
+        assert_eq!(s.populates, if allocate { 3 } else { 0 }, "{s:?}");
+    }
+}
+
+/// A partial write to a block not cached is a read-modify-write with one
+/// fetch of the block from the backing store (`FetchMode::Blocking`),
+/// counted in `fetches`; over a whole cached version (ordered: not in
+/// place) it reads the cached copy instead, with no fetch.
+#[test]
+fn a_partial_write_fetches_only_a_block_not_cached() {
+    let mut h = MemHarness::new(cfg(WritePolicyKind::Ordered, 64));
+    h.submit(1, write(2 * BS + 512, 512));
+    h.wait(1, &mut |_| 0).result.unwrap();
+    let s = h.engine.stats();
+    assert_eq!((s.fetches, s.backing_reads), (1, 1), "{s:?}");
+    h.submit(2, write(5 * BS, BS));
+    h.wait(2, &mut |_| 0).result.unwrap();
+    h.submit(3, write(5 * BS + 512, 512));
+    h.wait(3, &mut |_| 0).result.unwrap();
+    let s = h.engine.stats();
+    assert_eq!((s.fetches, s.backing_reads), (1, 1), "{s:?}");
+    assert_eq!(s.partial_write_fetches, 0, "{s:?}");
+}

@@ -653,3 +653,64 @@ fn a_reissue_in_a_cache_full_of_clean_blocks_waits_for_a_slot() {
     assert_eq!(h.engine.stats().discarded_completions, 1);
     assert_eq!(h.backing[100 * BS as usize], 5);
 }
+
+/// Write-back, a rejected write to a block the cache holds clean: with
+/// free slots it is cached (the clean copy stays the block's version);
+/// with no slot to spare the clean copy, durably clean, is dropped and the
+/// write goes around the cache (`drop_clean_for_bypass`). Either way the
+/// block reads back new, before and after a reopen.
+#[test]
+fn a_clean_copy_is_dropped_for_a_bypass_only_when_no_slot_is_spare() {
+    let mut c = Config::new(BS as u32, 16, 1024 * BS, WritePolicyKind::WriteBack);
+    c.admission = AdmissionKind::Critical;
+    c.free_reserve = 0;
+    c.watermarks = Watermarks {
+        high: 0.0,
+        low: 0.0,
+    };
+    let mut h = MemHarness::new(c);
+    let fill = |h: &mut MemHarness, blocks: std::ops::Range<u64>| {
+        let blocks_end = blocks.end;
+        for b in blocks {
+            h.submit_tagged(10 + b, write(b * BS, 7, BS), tag(true));
+            h.wait(10 + b, &mut |_| 0).result.unwrap();
+        }
+        let flush = 100 + blocks_end;
+        h.submit(flush, ReqOp::Flush);
+        h.wait(flush, &mut |_| 0).result.unwrap();
+        h.settle(&mut |_| 0);
+        assert_eq!(h.engine.stats().dirty_blocks, 0, "all clean");
+    };
+    // Half the cache clean, half free: the rejected write is cached.
+    fill(&mut h, 0..8);
+    h.submit_tagged(1, write(2 * BS, 8, BS), tag(false));
+    h.wait(1, &mut |_| 0).result.unwrap();
+    let st = h.engine.stats().clone();
+    assert_eq!(st.bypass_refused, 1, "{st:?}");
+    assert_eq!(
+        (st.bypassed_pieces, st.full_dropped_clean),
+        (0, 0),
+        "{st:?}"
+    );
+    assert_block(read(&mut h, 2, 2 * BS, BS as u32), 8, "cached");
+    // Every slot clean: the rejected write drops block 5's copy and goes
+    // to the backing store.
+    fill(&mut h, 8..16);
+    assert_eq!(h.engine.stats().free_slots, 0, "no free slot");
+    h.submit_tagged(3, write(5 * BS, 9, BS), tag(false));
+    h.wait(3, &mut |_| 0).result.unwrap();
+    let st = h.engine.stats().clone();
+    assert_eq!(
+        (st.bypassed_pieces, st.full_dropped_clean),
+        (1, 1),
+        "{st:?}"
+    );
+    assert_eq!(st.bypass_refused, 1, "{st:?}");
+    assert_eq!(h.backing[5 * BS as usize], 9, "around the cache");
+    assert_block(read(&mut h, 4, 5 * BS, BS as u32), 9, "bypassed");
+    h.submit(5, ReqOp::Flush);
+    h.wait(5, &mut |_| 0).result.unwrap();
+    h.reopen().unwrap();
+    assert_block(read(&mut h, 6, 5 * BS, BS as u32), 9, "after a reopen");
+    assert_block(read(&mut h, 7, 2 * BS, BS as u32), 8, "after a reopen");
+}

@@ -377,3 +377,58 @@ fn a_clean_stop_retries_its_final_commit_then_gives_up() {
         }
     }
 }
+
+/// Write-back (no `rewrite_in_place`): a rewrite of a version no commit
+/// names, not even a commit in flight, goes over it in place, to the same
+/// cache slot (`inplace_ok`); while an autocommit in flight names the
+/// version, the rewrite takes a fresh slot, so the slot the commit names
+/// keeps the bytes it names.
+#[test]
+fn a_rewrite_goes_in_place_only_over_a_version_no_commit_names() {
+    let mut h = harness(WritePolicyKind::WriteBack);
+    let submit = |h: &mut MemHarness, id: ReqId, byte: u8| {
+        let data = Bytes::from(vec![byte; BS as usize]);
+        h.submit(
+            id,
+            ReqOp::Write {
+                offset: 0,
+                data,
+                fua: false,
+            },
+        );
+    };
+    // The cache write of the version filled with `byte`: its offset.
+    let cache_write = |h: &mut MemHarness, byte: u8| -> u64 {
+        h.inflight()
+            .iter()
+            .find_map(|c| match &c.op {
+                IoOp::Write { offset, data, .. }
+                    if c.dev == Dev::Cache && data.len() == BS as usize && data[0] == byte =>
+                {
+                    Some(*offset)
+                }
+                _ => None,
+            })
+            .expect("the version's cache write in flight")
+    };
+    submit(&mut h, 1, 1);
+    let first = cache_write(&mut h, 1);
+    h.wait(1, &mut |_| 0).result.unwrap();
+    submit(&mut h, 2, 2);
+    assert_eq!(
+        cache_write(&mut h, 2),
+        first,
+        "no commit names it: in place"
+    );
+    h.wait(2, &mut |_| 0).result.unwrap();
+    // An autocommit (no FLUSH waits for it) names the version; a rewrite
+    // while it is in flight.
+    h.now += 10_000_000_000;
+    h.engine.handle_timeout(h.now);
+    assert!(!h.inflight().is_empty(), "the autocommit is in flight");
+    submit(&mut h, 3, 3);
+    assert_ne!(cache_write(&mut h, 3), first, "a commit in flight names it");
+    h.wait(3, &mut |_| 0).result.unwrap();
+    h.settle(&mut |_| 0);
+    assert!(read_hit(&mut h, 4, 0, 3));
+}
