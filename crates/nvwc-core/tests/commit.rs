@@ -196,20 +196,7 @@ fn a_failed_record_write_that_landed_is_written_again() {
 fn a_record_that_kept_failing_is_erased_before_the_next_checkpoint() {
     let mut h = MemHarness::new(cfg(16));
     // Block 0, durable through a log record.
-    write_and_flush(&mut h, 1, 0, 1);
-    // Block 1, whose log commit's device flush fails: the next commit is a
-    // checkpoint.
-    h.submit(3, write(BS, 2));
-    h.wait(3, &mut |_| 0).result.unwrap();
-    h.submit(4, ReqOp::Flush);
-    loop {
-        if let Some(i) = cache_flush(&mut h) {
-            h.complete_failed(i);
-            break;
-        }
-        assert!(h.step(&mut |_| 0), "no cache flush");
-    }
-    assert!(h.wait(4, &mut |_| 0).result.is_err());
+    fail_a_log_commit(&mut h);
     // Block 2 and a FLUSH: the checkpoint's record lands whole and fails,
     // every time it is written.
     h.submit(5, write(2 * BS, 3));
@@ -245,6 +232,24 @@ fn a_record_that_kept_failing_is_erased_before_the_next_checkpoint() {
 }
 
 /// The first cache-device flush in flight, if any.
+/// Block 0 made durable through a log record (requests 1-2); then block 1
+/// (request 3) and a FLUSH (request 4) whose log commit's device flush
+/// fails, so the FLUSH fails and the next commit is a checkpoint.
+fn fail_a_log_commit(h: &mut MemHarness) {
+    write_and_flush(h, 1, 0, 1);
+    h.submit(3, write(BS, 2));
+    h.wait(3, &mut |_| 0).result.unwrap();
+    h.submit(4, ReqOp::Flush);
+    loop {
+        if let Some(i) = cache_flush(h) {
+            h.complete_failed(i);
+            break;
+        }
+        assert!(h.step(&mut |_| 0), "no cache flush");
+    }
+    assert!(h.wait(4, &mut |_| 0).result.is_err());
+}
+
 fn cache_flush(h: &mut MemHarness) -> Option<usize> {
     h.inflight()
         .iter()
@@ -1093,20 +1098,7 @@ fn a_checkpoint_writes_no_page_before_its_record_erase_completes() {
     let mut h = MemHarness::new(cfg(16));
     let l = h.engine.layout();
     let table = layout::TABLE_OFFSET..layout::TABLE_OFFSET + l.table_bytes;
-    write_and_flush(&mut h, 1, 0, 1);
-    // Block 1, whose log commit's device flush fails: the next commit is a
-    // checkpoint.
-    h.submit(3, write(BS, 2));
-    h.wait(3, &mut |_| 0).result.unwrap();
-    h.submit(4, ReqOp::Flush);
-    loop {
-        if let Some(i) = cache_flush(&mut h) {
-            h.complete_failed(i);
-            break;
-        }
-        assert!(h.step(&mut |_| 0), "no cache flush");
-    }
-    assert!(h.wait(4, &mut |_| 0).result.is_err());
+    fail_a_log_commit(&mut h);
     // Block 2 and a FLUSH: the checkpoint's record write fails every time.
     h.submit(5, write(2 * BS, 3));
     h.wait(5, &mut |_| 0).result.unwrap();
