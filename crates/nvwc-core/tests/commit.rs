@@ -250,6 +250,15 @@ fn fail_a_log_commit(h: &mut MemHarness) {
     assert!(h.wait(4, &mut |_| 0).result.is_err());
 }
 
+/// A write-back cache of 1024 slots (17 slot-table pages) over 4096
+/// blocks, with a metadata log of `log_pages` pages (0: every commit a
+/// checkpoint).
+fn write_back_1024(log_pages: u32) -> Config {
+    let mut c = Config::new(BS as u32, 1024, 4096 * BS, WritePolicyKind::WriteBack);
+    c.log_pages = log_pages;
+    c
+}
+
 fn cache_flush(h: &mut MemHarness) -> Option<usize> {
     h.inflight()
         .iter()
@@ -557,8 +566,7 @@ fn a_retired_slot_a_read_held_during_a_commit_is_freed_by_the_commit() {
 /// pages) survive a restart.
 #[test]
 fn a_checkpoint_writes_every_changed_page() {
-    let mut c = Config::new(BS as u32, 1024, 4096 * BS, WritePolicyKind::WriteBack);
-    c.log_pages = 0;
+    let c = write_back_1024(0);
     let mut h = MemHarness::new(c);
     // Blocks 0, 7, 14, ...: their home slots spread over every page.
     let blocks: Vec<u64> = (0..146).map(|i| i * 7).collect();
@@ -741,8 +749,7 @@ fn run_req(h: &mut MemHarness, id: ReqId, op: ReqOp<Bytes>) {
 /// each rewrite of a flushed block retires its durable version.
 #[test]
 fn a_reclaim_commit_starts_when_a_thirty_second_of_the_cache_is_retired() {
-    let mut c = Config::new(BS as u32, 1024, 4096 * BS, WritePolicyKind::WriteBack);
-    c.log_pages = 64;
+    let c = write_back_1024(64);
     let cap = c.capacity_blocks;
     assert_eq!((cap, c.free_reserve), (1024, 8));
     let mut h = MemHarness::new(c);
@@ -776,8 +783,7 @@ fn a_reclaim_commit_starts_when_a_thirty_second_of_the_cache_is_retired() {
 /// checksum.
 #[test]
 fn a_commit_checksumming_more_than_a_mib_is_a_checkpoint() {
-    let mut c = Config::new(BS as u32, 1024, 4096 * BS, WritePolicyKind::WriteBack);
-    c.log_pages = 64;
+    let c = write_back_1024(64);
     let mut h = MemHarness::new(c);
     let mut id = 1;
     let mut flush_writes = |h: &mut MemHarness, lbns: std::ops::Range<u64>| {
@@ -804,8 +810,7 @@ fn a_commit_checksumming_more_than_a_mib_is_a_checkpoint() {
 /// `lbn`'s home slot is `lbn % 1024`, 63 entries a page).
 #[test]
 fn a_checkpoint_writes_only_the_pages_changed_since_the_last() {
-    let mut c = Config::new(BS as u32, 1024, 4096 * BS, WritePolicyKind::WriteBack);
-    c.log_pages = 0;
+    let c = write_back_1024(0);
     let mut h = MemHarness::new(c);
     let l = h.engine.layout();
     let table = layout::TABLE_OFFSET..layout::TABLE_OFFSET + l.table_bytes;
@@ -887,8 +892,7 @@ fn an_autocommit_starts_after_enough_changes_or_time() {
 /// flushed block takes a slot and retires the durable version.
 #[test]
 fn a_reclaim_commit_starts_below_the_free_reserve() {
-    let mut c = Config::new(BS as u32, 1024, 4096 * BS, WritePolicyKind::WriteBack);
-    c.log_pages = 64;
+    let c = write_back_1024(64);
     let cap = c.capacity_blocks;
     let mut h = MemHarness::new(c);
     for lbn in 0..1015 {
@@ -940,8 +944,7 @@ fn no_commit_starts_below_the_reserve_with_nothing_to_reclaim() {
 /// starts one.
 #[test]
 fn a_reclaim_commit_waits_for_free_slots_below_an_eighth_of_the_cache() {
-    let mut c = Config::new(BS as u32, 1024, 4096 * BS, WritePolicyKind::WriteBack);
-    c.log_pages = 64;
+    let c = write_back_1024(64);
     let cap = c.capacity_blocks;
     let mut h = MemHarness::new(c);
     for lbn in 0..864 {
@@ -1056,8 +1059,7 @@ fn a_clean_stop_commits_once_after_the_requests_in_flight() {
 /// patch, and a FLUSH persists it as a partial version.
 #[test]
 fn a_partial_version_counts_its_range_toward_the_log_limit() {
-    let mut c = Config::new(BS as u32, 1024, 4096 * BS, WritePolicyKind::WriteBack);
-    c.log_pages = 64;
+    let mut c = write_back_1024(64);
     c.fetch = FetchMode::Lazy;
     let mut h = MemHarness::new(c);
     let mut id = 1;
@@ -1155,8 +1157,7 @@ fn a_checkpoint_writes_no_page_before_its_record_erase_completes() {
 /// free entries in the commit, which takes the log.
 #[test]
 fn free_entries_cost_no_checksum() {
-    let mut c = Config::new(BS as u32, 1024, 4096 * BS, WritePolicyKind::WriteBack);
-    c.log_pages = 64;
+    let c = write_back_1024(64);
     let mut h = MemHarness::new(c);
     let read = ReqOp::Read {
         offset: 0,
