@@ -268,6 +268,9 @@ pub struct Config {
     pub dummy_every: u32,
     /// Ordered write-back: drop edges implied by transitivity from the completed frontier.
     pub ordered_reduction: bool,
+    /// Ordered write-back: while a wave's backing FLUSH is in flight, read the
+    /// next wave from the cache (its writes still wait for that FLUSH).
+    pub ordered_pipeline: bool,
     /// Allocate a cache block on a read miss.
     pub read_allocate: bool,
     /// Commit metadata when uncommitted changes are this old (ns), even without a FLUSH.
@@ -354,6 +357,7 @@ impl Config {
             journal: JournalConfig::default(),
             dummy_every: 100,
             ordered_reduction: true,
+            ordered_pipeline: true,
             read_allocate: true,
             autocommit_ns: 1_000_000_000,
             autocommit_changes: 4096,

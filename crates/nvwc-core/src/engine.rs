@@ -116,6 +116,9 @@ pub struct Engine<P: Payload> {
     destage: DestageState,
     /// Bytes read for each destage run not yet written, by (plan, run).
     destage_parts: HashMap<(u32, u32), Vec<Option<P>>>,
+    /// Runs of gated plans (`Plan::after`) read and waiting for their gate:
+    /// (plan, backing offset, data, copies).
+    destage_held: Vec<(u32, u64, P, u32)>,
     cfg: Config,
     layout: Layout,
     bs: u64,
@@ -184,6 +187,7 @@ impl<P: Payload> Engine<P> {
             bypass: BypassState::new(&cfg),
             destage: DestageState::default(),
             destage_parts: HashMap::new(),
+            destage_held: Vec::new(),
             layout,
             bs,
             policy,

@@ -67,6 +67,11 @@ pub enum Mutation {
     /// store leaves its prefix (check (c); of the VOPR's ordered seeds
     /// 0..20,000, seed 1628 alone finds it).
     WaveIgnoresMarking = 10,
+    /// A pipelined ordered wave (`Plan::after`) writes each run as soon as
+    /// it is read, without waiting for the backing FLUSH of the wave before
+    /// it: a write can reach the backing store before one it depends on is
+    /// durable there (check (c)).
+    GatedPlanWritesEarly = 11,
 }
 
 #[cfg(feature = "mutations")]

@@ -47,6 +47,13 @@ impl<T> Slab<T> {
             .as_mut()
             .expect("slab key not present")
     }
+    /// Present values with their keys, in key order.
+    pub fn iter(&self) -> impl Iterator<Item = (u32, &T)> {
+        self.items
+            .iter()
+            .enumerate()
+            .filter_map(|(k, v)| v.as_ref().map(|v| (k as u32, v)))
+    }
     pub fn len(&self) -> usize {
         self.len
     }

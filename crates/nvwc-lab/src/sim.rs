@@ -99,6 +99,10 @@ pub struct Args {
     /// Dirty watermarks HIGH,LOW (fractions of the cache).
     #[arg(long)]
     pub watermarks: Option<String>,
+    /// Ordered: read the next wave from the cache while the wave before it
+    /// flushes (default true; false destages one wave at a time).
+    #[arg(long, action = clap::ArgAction::Set)]
+    pub wave_pipeline: Option<bool>,
     /// Journaled: transaction size limit in blocks.
     #[arg(long)]
     pub txn_blocks: Option<u32>,
@@ -210,6 +214,7 @@ pub fn base_config(a: &Args) -> Result<SimConfig> {
         c.tuning.journal_size_blocks = Some(bytes.div_ceil(bs));
     }
     c.tuning.read_allocate = a.read_allocate;
+    c.tuning.ordered_pipeline = a.wave_pipeline;
     c.tuning.patch_mem_bytes = a
         .patch_mem
         .as_deref()

@@ -165,6 +165,8 @@ pub struct EngineTuning {
     pub journal_size_blocks: Option<u64>,
     /// Allocate cache blocks on read misses.
     pub read_allocate: Option<bool>,
+    /// Ordered: pipelined waves (`Config::ordered_pipeline`).
+    pub ordered_pipeline: Option<bool>,
     /// Destage writes in flight.
     pub max_destage_inflight: Option<u32>,
     /// Partial writes to uncached blocks: fetch-before-write or patches.
@@ -309,6 +311,9 @@ impl SimConfig {
         }
         if let Some(v) = t.read_allocate {
             c.read_allocate = v;
+        }
+        if let Some(v) = t.ordered_pipeline {
+            c.ordered_pipeline = v;
         }
         if let Some(v) = t.max_destage_inflight {
             c.max_destage_inflight = v;

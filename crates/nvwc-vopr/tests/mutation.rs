@@ -190,3 +190,12 @@ fn an_ordered_wave_ignoring_the_marks_a_commit_records_fails_the_run() {
     assert!(planted.by_check[2] > 0, "the planted bug fails (c)");
     planted.verdict().expect_err("the run fails");
 }
+
+#[test]
+fn a_pipelined_ordered_wave_writing_before_the_flush_it_waits_for_fails_the_run() {
+    let o = opts(WritePolicyKind::Ordered, None);
+    let (clean, planted) = with_and_without(Mutation::GatedPlanWritesEarly, &o, 400);
+    assert_eq!(clean.by_check, [0; 4], "ordered passes without the bug");
+    assert!(planted.by_check[2] > 0, "the planted bug fails (c)");
+    planted.verdict().expect_err("the run fails");
+}

@@ -16,6 +16,7 @@ pub(super) struct View<'a> {
     inflight: usize,
     limit: usize,
     ids: Vec<BlockId>,
+    plans: &'a Slab<PlanExec>,
 }
 
 impl PlanCtx for View<'_> {
@@ -66,6 +67,11 @@ impl PlanCtx for View<'_> {
     }
     fn destage_limit(&self) -> usize {
         self.limit
+    }
+    fn copies_pending(&self) -> bool {
+        self.plans
+            .iter()
+            .any(|(_, pe)| pe.gate.is_none() && !pe.cancelled && pe.left > 0)
     }
 }
 
@@ -241,6 +247,7 @@ impl<P: Payload> Engine<P> {
                 inflight: self.destage.inflight,
                 limit: self.cfg.max_destage_inflight as usize,
                 ids: std::mem::take(&mut self.destage.victim_ids),
+                plans: &self.destage.plans,
             };
             let next = self.policy.next_plan(&mut view);
             self.destage.victim_ids = view.ids;
@@ -331,7 +338,23 @@ impl<P: Payload> Engine<P> {
         for &b in &blocks {
             self.writeback_begin(b);
         }
-        self.destage.inflight += plan.write.len();
+        // A gated plan's writes count toward the destage limit once its
+        // gate has ended (`release_gated`).
+        let gate = plan.after.map(|tag| {
+            self.destage
+                .plans
+                .iter()
+                .find(|(_, pe)| pe.plan.tag == tag)
+                .map(|(pid, _)| pid)
+                .expect("a plan gated on a plan not in flight")
+        });
+        assert!(
+            gate.is_none() || plan.atomic_group.is_none(),
+            "a gated plan in an atomic group"
+        );
+        if gate.is_none() {
+            self.destage.inflight += plan.write.len();
+        }
         self.stats.destage_plans += 1;
         let group = plan.atomic_group;
         let n = plan.write.len() as u32;
@@ -342,7 +365,13 @@ impl<P: Payload> Engine<P> {
             failed: false,
             fua: fua && group.is_none(),
             runs: Vec::new(),
+            gate,
+            copied_early: false,
+            cancelled: false,
         });
+        if gate.is_some() {
+            self.destage.gated.push(pid);
+        }
         match group {
             Some(g) => {
                 self.emit(
@@ -465,6 +494,11 @@ impl<P: Payload> Engine<P> {
         if failed {
             return self.on_destage_write(pid, n, false);
         }
+        let (gated, cancelled) = (pe.gate.is_some(), pe.cancelled);
+        if cancelled {
+            // The gate failed: this plan's writes MUST NOT go out.
+            return self.drop_run(pid, n);
+        }
         let mut parts: Vec<P> = parts
             .into_iter()
             .map(|p| p.expect("every part read"))
@@ -474,6 +508,15 @@ impl<P: Payload> Engine<P> {
         } else {
             P::concat(&parts)
         };
+        if gated && !crate::mutation::active(crate::mutation::Mutation::GatedPlanWritesEarly) {
+            self.destage_held.push((pid, offset, data, n));
+            return;
+        }
+        self.write_run(pid, offset, data, n, group, fua);
+    }
+
+    /// Issue one run of plan `pid` to the backing store.
+    fn write_run(&mut self, pid: u32, offset: u64, data: P, n: u32, group: Option<u64>, fua: bool) {
         let fua =
             fua && !crate::mutation::active(crate::mutation::Mutation::PacedDestageWithoutFua);
         self.emit(
@@ -485,6 +528,58 @@ impl<P: Payload> Engine<P> {
                 copies: n,
             },
         );
+    }
+
+    /// A run of a cancelled plan is not written: its copies are done
+    /// without counting as failed writes.
+    fn drop_run(&mut self, pid: u32, n: u32) {
+        let pe = self.destage.plans.get_mut(pid);
+        pe.left -= n;
+        if pe.left == 0 {
+            self.plan_copied(pid);
+        }
+    }
+
+    /// Plan `done` ended (`ok`: its writes are durable): the plans gated on
+    /// it (`Plan::after`) issue the writes they hold, or are cancelled.
+    /// Called after the policy has heard of `done`'s end.
+    fn release_gated(&mut self, done: u32, ok: bool) {
+        if self.destage.gated.is_empty() {
+            return;
+        }
+        let plans = &self.destage.plans;
+        let (now, later): (Vec<u32>, Vec<u32>) = std::mem::take(&mut self.destage.gated)
+            .into_iter()
+            .partition(|&p| plans.get(p).gate == Some(done));
+        self.destage.gated = later;
+        for pid in now {
+            let pe = self.destage.plans.get_mut(pid);
+            pe.gate = None;
+            let (n, early, group, fua) = (
+                pe.plan.write.len(),
+                pe.copied_early,
+                pe.plan.atomic_group,
+                pe.fua,
+            );
+            if ok {
+                self.destage.inflight += n;
+            } else {
+                pe.cancelled = true;
+            }
+            let held = std::mem::take(&mut self.destage_held);
+            let (mine, rest): (Vec<_>, Vec<_>) = held.into_iter().partition(|h| h.0 == pid);
+            self.destage_held = rest;
+            for (_, offset, data, copies) in mine {
+                if ok {
+                    self.write_run(pid, offset, data, copies, group, fua);
+                } else {
+                    self.drop_run(pid, copies);
+                }
+            }
+            if early {
+                self.plan_copied(pid);
+            }
+        }
     }
 
     pub(super) fn on_destage_write(&mut self, pid: u32, copies: u32, ok: bool) {
@@ -500,8 +595,13 @@ impl<P: Payload> Engine<P> {
 
     /// Every block of the plan was written (or the plan failed).
     pub(super) fn plan_copied(&mut self, pid: u32) {
-        let pe = self.destage.plans.get(pid);
-        if pe.failed {
+        let pe = self.destage.plans.get_mut(pid);
+        if pe.gate.is_some() && !pe.failed {
+            // Nothing of it may end before its gate (`release_gated`).
+            pe.copied_early = true;
+            return;
+        }
+        if pe.failed || pe.cancelled {
             return self.plan_end(pid, false);
         }
         match pe.plan.atomic_group {
@@ -556,8 +656,20 @@ impl<P: Payload> Engine<P> {
     }
 
     pub(super) fn plan_end(&mut self, pid: u32, ok: bool) {
+        self.plan_end_inner(pid, ok);
+        self.release_gated(pid, ok);
+    }
+
+    fn plan_end_inner(&mut self, pid: u32, ok: bool) {
         let pe = self.destage.plans.remove(pid);
-        self.destage.inflight -= pe.plan.write.len();
+        if pe.gate.is_some() {
+            // Failed before its gate ended.
+            assert!(!ok, "a gated plan ended before its gate");
+            self.destage.gated.retain(|&p| p != pid);
+            self.destage_held.retain(|h| h.0 != pid);
+        } else if !pe.cancelled {
+            self.destage.inflight -= pe.plan.write.len();
+        }
         for &b in &pe.blocks {
             self.writeback_end(b);
         }
@@ -565,14 +677,16 @@ impl<P: Payload> Engine<P> {
             self.table.slots[s as usize].set_destaging(false);
         }
         if !ok {
-            self.stats.destage_failures += 1;
-            self.out_event
-                .push_back(Event::BackgroundError { what: "destage" });
+            if pe.failed || !pe.cancelled {
+                self.stats.destage_failures += 1;
+                self.out_event
+                    .push_back(Event::BackgroundError { what: "destage" });
+                self.retry_at = Some(self.now + self.cfg.retry_ns);
+            }
             for &s in &pe.plan.write {
                 self.unref(s);
             }
             self.policy.on_plan_failed(&pe.plan);
-            self.retry_at = Some(self.now + self.cfg.retry_ns);
             return;
         }
         self.stats.destaged_blocks += pe.plan.write.len() as u64;
@@ -645,6 +759,8 @@ pub(super) struct DestageState {
     /// flight, and those waiting for the next one.
     pub(super) flush_inflight: Option<Vec<u32>>,
     pub(super) flush_next: Option<Vec<u32>>,
+    /// Plans waiting for another plan's end before they write (`Plan::after`).
+    pub(super) gated: Vec<u32>,
     /// Scratch list of the replacement policy's destage candidates (kept
     /// between plans so that planning does not allocate).
     pub(super) victim_ids: Vec<BlockId>,

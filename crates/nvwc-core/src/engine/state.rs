@@ -346,6 +346,14 @@ pub(super) struct PlanExec {
     /// The plan's copies by backing address, in runs of contiguous bytes:
     /// each run is one backing write (`Engine::plan_copy`).
     pub(super) runs: Vec<RunExec>,
+    /// The plan whose end this plan's backing writes wait for
+    /// (`Plan::after`); `None` once it ended, or if there was none.
+    pub(super) gate: Option<u32>,
+    /// Gated, and every copy was read (or failed) before the gate ended:
+    /// the plan finishes when the gate does (`Engine::release_gated`).
+    pub(super) copied_early: bool,
+    /// The gate failed: nothing of this plan is written.
+    pub(super) cancelled: bool,
 }
 
 /// One backing write of a destage plan: copies whose backing bytes are

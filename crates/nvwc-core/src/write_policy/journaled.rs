@@ -356,6 +356,7 @@ impl WritePolicy for Journaled {
             commit_after: true,
             exact: false,
             tag: last,
+            after: None,
         })
     }
     fn on_plan_done(&mut self, _now: u64, plan: &Plan) {

@@ -34,6 +34,13 @@ pub struct Plan {
     pub exact: bool,
     /// Policy-private tag (ordered: wave number; journaled: last txn in the plan).
     pub tag: u64,
+    /// Pipelining (ordered waves): the plan in flight with this tag MUST
+    /// end before this plan's backing writes are issued. Its cache reads may
+    /// run meanwhile, and its writes do not count toward the destage limit
+    /// until then. If that plan fails, this one is cancelled: it ends failed
+    /// without writing anything (`WritePolicy::on_plan_failed`), after the
+    /// failed plan's own `on_plan_failed`, and is not counted as a failure.
+    pub after: Option<u64>,
 }
 
 /// What the engine offers a policy while it plans.
@@ -51,6 +58,12 @@ pub trait PlanCtx {
     fn destage_in_flight(&self) -> usize;
     /// Upper bound for `destage_in_flight`.
     fn destage_limit(&self) -> usize;
+    /// Does a plan in flight (not gated, `Plan::after`) still have copies
+    /// to write to the backing store? False once every such plan waits only
+    /// for its backing FLUSH (or its atomic group's end).
+    fn copies_pending(&self) -> bool {
+        false
+    }
 }
 
 /// A version found on the cache device at recovery.

@@ -138,6 +138,21 @@ pub struct Ordered {
     /// stale ids, checked when taken. Ready nodes never depend on each other.
     ready: Vec<u32>,
     wave_in_flight: bool,
+    /// The tag (`Plan::tag`) of the wave in flight (`wave`).
+    wave_tag: u64,
+    /// Read the next wave while the wave in flight flushes
+    /// (`Config::ordered_pipeline`).
+    pipeline: bool,
+    /// The pipelined wave: started while `wave` was in flight, its backing
+    /// writes held until `wave` has ended (`Plan::after`); `next_tag` is 0
+    /// when there is none.
+    next_wave: Vec<u32>,
+    next_tag: u64,
+    /// Nodes completed or freed of patches so far, and its value at the
+    /// last pipelining attempt for `wave_tag` that found nothing: the
+    /// candidates change only with it.
+    graph_changes: u64,
+    pipe_tried: (u64, u64),
     sync_in_flight: bool,
     awaiting_commit: bool,
     commit_started: bool,
@@ -165,6 +180,8 @@ pub struct Ordered {
     pub edges_total: u64,
     pub dummies_total: u64,
     pub waves: u64,
+    /// Waves started while the previous wave was still in flight.
+    pub waves_pipelined: u64,
     /// Edges the paper's rule without dummy nodes would have created: at each
     /// issue, one per completed write node not yet destaged (counted, not stored).
     pub raw_edges: u64,
@@ -188,6 +205,12 @@ impl Ordered {
             wave: Vec::new(),
             ready: Vec::new(),
             wave_in_flight: false,
+            wave_tag: 0,
+            pipeline: cfg.ordered_pipeline,
+            next_wave: Vec::new(),
+            next_tag: 0,
+            graph_changes: 0,
+            pipe_tried: (0, u64::MAX),
             sync_in_flight: false,
             awaiting_commit: false,
             commit_started: false,
@@ -204,6 +227,7 @@ impl Ordered {
             edges_total: 0,
             dummies_total: 0,
             waves: 0,
+            waves_pipelined: 0,
             raw_edges: 0,
             completed_live: 0,
             versions_live: 0,
@@ -272,6 +296,7 @@ impl Ordered {
         n.completed = true;
         n.cidx = cidx;
         self.completed_live += 1;
+        self.graph_changes += 1;
         self.next_cidx = self.next_cidx.max(cidx + 1);
         if self.nodes[id as usize].preds_left == 0 && self.nodes[id as usize].pending == 0 {
             self.ready.push(id);
@@ -489,6 +514,150 @@ impl Ordered {
             }
         }
     }
+
+    /// Mark `wave`'s nodes as in a wave; their versions, in order.
+    fn take_wave(&mut self, wave: &[u32]) -> Vec<u32> {
+        let mut write = Vec::new();
+        for &n in wave {
+            self.nodes[n as usize].in_wave = true;
+            write.extend_from_slice(&self.nodes[n as usize].slots);
+        }
+        self.waves += 1;
+        write
+    }
+
+    /// The wave in flight ended (or failed): the pipelined wave, if any,
+    /// is the wave in flight now.
+    fn wave_done(&mut self) {
+        if self.next_tag == 0 {
+            self.wave_in_flight = false;
+            return;
+        }
+        self.wave = std::mem::take(&mut self.next_wave);
+        self.wave_tag = std::mem::replace(&mut self.next_tag, 0);
+    }
+
+    /// The next wave, read while the wave in flight waits for its backing
+    /// FLUSH: its writes are issued once that FLUSH is done (`Plan::after`),
+    /// so every issue still follows the completion of everything it depends
+    /// on, as without pipelining. Its nodes are those ready once the wave in
+    /// flight is destaged (`virtually_ready`), and none writes a block that
+    /// wave writes (the next wave would need that wave's clean marks, as
+    /// `needs_marks` asks of later waves). It starts only when the wave in
+    /// flight has written all its copies, so that it takes everything that
+    /// completed meanwhile, and only when no version waits for a sync (a
+    /// sync runs between waves, as without pipelining).
+    fn pipelined_wave(&mut self, ctx: &mut dyn PlanCtx) -> Option<Plan> {
+        if !self.pipeline
+            || self.next_tag != 0
+            || ctx.copies_pending()
+            || self.pipe_tried == (self.wave_tag, self.graph_changes)
+        {
+            return None;
+        }
+        self.pipe_tried = (self.wave_tag, self.graph_changes);
+        self.scratch.clear();
+        let limit = ctx.destage_limit().max(1);
+        ctx.pick_victims(limit.min(16), &mut self.scratch);
+        if self.scratch.iter().any(|v| v.1 == NO_GROUP) {
+            return None;
+        }
+        let busy: std::collections::HashSet<u64> = self
+            .wave
+            .iter()
+            .flat_map(|&n| self.nodes[n as usize].slots.iter())
+            .map(|&s| self.slot_lbn[s as usize])
+            .collect();
+        let mut cand = Vec::new();
+        // Ready now, left out of the wave in flight by its limit.
+        let mut i = self.ready.len();
+        while i > 0 && cand.len() < limit {
+            i -= 1;
+            let n = self.ready[i];
+            let nd = &self.nodes[n as usize];
+            if nd.ready() && !nd.in_wave && !cand.contains(&n) {
+                cand.push(n);
+            }
+        }
+        self.virtually_ready(limit, &mut cand);
+        let mut wave = Vec::new();
+        let mut slots = 0usize;
+        for n in cand {
+            if slots >= limit {
+                break;
+            }
+            let nd = &self.nodes[n as usize];
+            if nd.slots.is_empty()
+                || nd
+                    .slots
+                    .iter()
+                    .any(|&s| busy.contains(&self.slot_lbn[s as usize]))
+                || self.node_needs_marks(n)
+            {
+                continue;
+            }
+            slots += nd.slots.len();
+            wave.push(n);
+        }
+        if wave.is_empty() {
+            return None;
+        }
+        let write = self.take_wave(&wave);
+        self.next_wave = wave;
+        self.next_tag = self.waves;
+        self.waves_pipelined += 1;
+        Some(Plan {
+            write,
+            drop: Vec::new(),
+            atomic_group: None,
+            commit_after: true,
+            exact: true,
+            tag: self.next_tag,
+            after: Some(self.wave_tag),
+        })
+    }
+
+    /// Append to `out` (up to `limit` nodes in all) the nodes that become
+    /// ready when the wave in flight is destaged: completed write nodes
+    /// outside a wave, without patches, whose every remaining predecessor is
+    /// in that wave or is a dummy that `mark_destaged` then destages too
+    /// (all its own predecessors are).
+    fn virtually_ready(&mut self, limit: usize, out: &mut Vec<u32>) {
+        let walk = self.next_walk();
+        self.stack.clear();
+        for i in 0..self.wave.len() {
+            let n = self.wave[i];
+            self.nodes[n as usize].walk = walk;
+            self.stack.push(n);
+        }
+        let mut visits = 0usize;
+        while let Some(x) = self.stack.pop() {
+            for i in 0..self.nodes[x as usize].succs.len() {
+                let s = self.nodes[x as usize].succs[i];
+                let sn = &self.nodes[s as usize];
+                if sn.walk == walk || sn.destaged || !sn.live || sn.in_wave {
+                    continue;
+                }
+                visits += 1;
+                if visits > ANCESTOR_VISITS || out.len() >= limit {
+                    return;
+                }
+                if !sn
+                    .preds
+                    .iter()
+                    .all(|&p| self.nodes[p as usize].walk == walk)
+                {
+                    continue;
+                }
+                if sn.dummy {
+                    self.nodes[s as usize].walk = walk;
+                    self.stack.push(s);
+                } else if sn.completed && sn.pending == 0 && !out.contains(&s) {
+                    out.push(s);
+                }
+            }
+        }
+    }
 }
 
 impl WritePolicy for Ordered {
@@ -549,6 +718,7 @@ impl WritePolicy for Ordered {
         let n = &mut self.nodes[group as usize];
         assert!(n.pending > 0);
         n.pending -= 1;
+        self.graph_changes += 1;
         if n.pending == 0 && n.completed && n.preds_left == 0 && !n.destaged {
             self.ready.push(group as u32);
         }
@@ -595,12 +765,11 @@ impl WritePolicy for Ordered {
         false
     }
     fn next_plan(&mut self, ctx: &mut dyn PlanCtx) -> Option<Plan> {
-        if self.wave_in_flight
-            || self.sync_in_flight
-            || self.awaiting_commit
-            || !ctx.cleaning_wanted()
-        {
+        if self.sync_in_flight || self.awaiting_commit || !ctx.cleaning_wanted() {
             return None;
+        }
+        if self.wave_in_flight {
+            return self.pipelined_wave(ctx);
         }
         self.scratch.clear();
         let limit = ctx.destage_limit().max(1);
@@ -702,14 +871,10 @@ impl WritePolicy for Ordered {
             }
             return None;
         }
-        let mut write = Vec::new();
-        for &n in &wave {
-            self.nodes[n as usize].in_wave = true;
-            write.extend_from_slice(&self.nodes[n as usize].slots);
-        }
+        let write = self.take_wave(&wave);
         self.wave = wave;
         self.wave_in_flight = true;
-        self.waves += 1;
+        self.wave_tag = self.waves;
         Some(Plan {
             write,
             drop: Vec::new(),
@@ -717,6 +882,7 @@ impl WritePolicy for Ordered {
             commit_after: true,
             exact: true,
             tag: self.waves,
+            after: None,
         })
     }
     fn on_plan_done(&mut self, _now: u64, plan: &Plan) {
@@ -728,26 +894,41 @@ impl WritePolicy for Ordered {
             self.sync_in_flight = false;
             return;
         }
+        assert_eq!(
+            plan.tag, self.wave_tag,
+            "a pipelined wave ended before the wave it follows"
+        );
         let wave = std::mem::take(&mut self.wave);
         for n in wave {
             self.nodes[n as usize].in_wave = false;
             self.mark_destaged(n);
         }
-        self.wave_in_flight = false;
+        self.wave_done();
     }
     fn on_plan_failed(&mut self, plan: &Plan) {
         if plan.tag == 0 {
             self.sync_in_flight = false;
             return;
         }
-        for n in std::mem::take(&mut self.wave) {
+        let nodes = if plan.tag == self.wave_tag {
+            std::mem::take(&mut self.wave)
+        } else {
+            // The pipelined wave failed first (a cache read).
+            assert_eq!(plan.tag, self.next_tag, "an unknown wave failed");
+            self.next_tag = 0;
+            std::mem::take(&mut self.next_wave)
+        };
+        for n in nodes {
             self.nodes[n as usize].in_wave = false;
             // Ready again: back on the list (a wave takes its nodes off it).
             if self.nodes[n as usize].ready() {
                 self.ready.push(n);
             }
         }
-        self.wave_in_flight = false;
+        if plan.tag == self.wave_tag {
+            // A pipelined wave behind it is cancelled next (`Plan::after`).
+            self.wave_done();
+        }
     }
     fn entry_aux(&self, group: Group) -> (u64, u64) {
         if group == NO_GROUP {
@@ -876,6 +1057,7 @@ impl WritePolicy for Ordered {
             ("ordered_edges_total", self.edges_total),
             ("ordered_dummies", self.dummies_total),
             ("ordered_waves", self.waves),
+            ("ordered_waves_pipelined", self.waves_pipelined),
             ("ordered_raw_rule_edges", self.raw_edges),
         ]
     }
@@ -1177,6 +1359,7 @@ mod tests {
         want: bool,
         victims: Vec<(u32, Group)>,
         limit: usize,
+        copies_pending: bool,
     }
 
     impl PlanCtx for Ctx {
@@ -1198,6 +1381,9 @@ mod tests {
         fn destage_limit(&self) -> usize {
             self.limit
         }
+        fn copies_pending(&self) -> bool {
+            self.copies_pending
+        }
     }
 
     fn ctx(victims: &[(u32, Group)]) -> Ctx {
@@ -1205,6 +1391,7 @@ mod tests {
             want: true,
             victims: victims.to_vec(),
             limit: 16,
+            copies_pending: false,
         }
     }
 
@@ -1237,6 +1424,7 @@ mod tests {
                 ("ordered_edges_total", 6),
                 ("ordered_dummies", 0),
                 ("ordered_waves", 0),
+                ("ordered_waves_pipelined", 0),
                 ("ordered_raw_rule_edges", 8),
             ]
         );
@@ -1275,6 +1463,7 @@ mod tests {
                 ("ordered_edges_total", 8),
                 ("ordered_dummies", 0),
                 ("ordered_waves", 0),
+                ("ordered_waves_pipelined", 0),
                 ("ordered_raw_rule_edges", 10),
             ]
         );
@@ -1363,7 +1552,7 @@ mod tests {
         assert!(o.nodes[a as usize].in_wave && o.nodes[b as usize].in_wave);
         assert!(
             o.next_plan(&mut ctx(&[(2, c)])).is_none(),
-            "one wave at a time"
+            "no pipelined wave: c writes block 10, which the wave in flight writes"
         );
         o.on_plan_done(0, &p);
         assert!(!o.nodes[a as usize].in_wave);
@@ -1947,5 +2136,128 @@ mod tests {
         }
         let p = o.next_plan(&mut ctx(&[(1, c)])).expect("c's wave");
         assert_eq!(p.write, vec![1]);
+    }
+
+    /// a, then b and c issued after a completed (b and c depend on a), then
+    /// e after b and c completed; d rewrites a's block 10. Slots 0-4.
+    fn pipeline_graph(o: &mut Ordered) -> [Group; 5] {
+        let a = write(o, 1, 0, 10);
+        let b = o.on_write_issue(0, 2);
+        let c = o.on_write_issue(0, 3);
+        let d = o.on_write_issue(0, 4);
+        for (g, slot, lbn) in [(b, 1, 11), (c, 2, 12), (d, 3, 10)] {
+            o.install_durable(g, slot, lbn, g);
+            o.on_write_data_done(0, g);
+        }
+        let e = write(o, 5, 4, 14);
+        [a, b, c, d, e]
+    }
+
+    #[test]
+    fn a_pipelined_wave_takes_what_the_wave_in_flight_releases() {
+        let mut o = pol(0);
+        let [a, b, c, d, e] = pipeline_graph(&mut o);
+        let w1 = o.next_plan(&mut ctx(&[(0, a)])).expect("a's wave");
+        assert_eq!((w1.write.clone(), w1.tag, w1.after), (vec![0], 1, None));
+        // The wave's copies are not written yet: nothing to read ahead for.
+        let mut busy = ctx(&[]);
+        busy.copies_pending = true;
+        assert!(o.next_plan(&mut busy).is_none());
+        // Its FLUSH is in flight: b and c become ready with it (d rewrites
+        // a's block, e also waits for b and c).
+        let w2 = o.next_plan(&mut ctx(&[])).expect("a pipelined wave");
+        assert_eq!(
+            (sorted(w2.write.clone()), w2.tag, w2.after),
+            (vec![1, 2], 2, Some(1))
+        );
+        assert!(w2.exact && w2.commit_after && w2.atomic_group.is_none());
+        assert!(o.nodes[b as usize].in_wave && !o.nodes[b as usize].ready());
+        assert!(
+            o.next_plan(&mut ctx(&[])).is_none(),
+            "one pipelined wave at a time"
+        );
+        assert_eq!((o.waves, o.waves_pipelined), (2, 1));
+        o.on_plan_done(0, &w1);
+        assert!(o.nodes[a as usize].destaged && o.nodes[b as usize].preds_left == 0);
+        // w2 is the wave in flight now; d waits for a's clean mark and e
+        // for w2, which has not flushed: nothing to read ahead.
+        assert!(o.next_plan(&mut ctx(&[])).is_none());
+        o.on_plan_done(0, &w2);
+        assert!(o.nodes[b as usize].destaged && o.nodes[c as usize].destaged);
+        assert!(!o.wave_in_flight);
+        // e was issued after d completed: it waits for d, which waits for
+        // block 10's clean mark (a's wave).
+        assert!(o.nodes[d as usize].ready() && !o.nodes[e as usize].ready());
+        assert!(o.next_plan(&mut ctx(&[])).is_none());
+        assert!(o.wants_commit());
+    }
+
+    #[test]
+    fn a_failed_wave_takes_its_pipelined_wave_back_with_it() {
+        let mut o = pol(0);
+        let [a, b, c, _, _] = pipeline_graph(&mut o);
+        let w1 = o.next_plan(&mut ctx(&[(0, a)])).expect("a's wave");
+        let w2 = o.next_plan(&mut ctx(&[])).expect("a pipelined wave");
+        // The engine fails the wave, then cancels the one gated on it.
+        o.on_plan_failed(&w1);
+        assert!(o.wave_in_flight, "the cancelled wave is still out");
+        o.on_plan_failed(&w2);
+        assert!(!o.wave_in_flight);
+        for n in [a, b, c] {
+            assert!(!o.nodes[n as usize].in_wave && !o.nodes[n as usize].destaged);
+        }
+        assert!(o.nodes[a as usize].ready() && !o.nodes[b as usize].ready());
+        let again = o.next_plan(&mut ctx(&[(0, a)])).expect("a's wave again");
+        assert_eq!((again.write.clone(), again.after), (vec![0], None));
+        // A pipelined wave that fails on its own (a cache read) leaves the
+        // wave in flight alone.
+        let w2 = o.next_plan(&mut ctx(&[])).expect("a pipelined wave");
+        o.on_plan_failed(&w2);
+        assert!(o.wave_in_flight && o.next_tag == 0);
+        assert!(!o.nodes[b as usize].in_wave);
+        o.on_plan_done(0, &again);
+        assert!(o.nodes[b as usize].ready() && o.nodes[c as usize].ready());
+    }
+
+    #[test]
+    fn no_pipelined_wave_when_a_sync_waits_or_pipelining_is_off() {
+        let mut o = pol(0);
+        let [a, ..] = pipeline_graph(&mut o);
+        o.next_plan(&mut ctx(&[(0, a)])).expect("a's wave");
+        // A victim outside any node (its wave done) is synced between waves.
+        assert!(o.next_plan(&mut ctx(&[(9, NO_GROUP)])).is_none());
+        let mut c = Config::new(4096, 64, 1 << 20, WritePolicyKind::Ordered);
+        c.dummy_every = 0;
+        c.ordered_pipeline = false;
+        let mut off = Ordered::new(&c);
+        let [a, ..] = pipeline_graph(&mut off);
+        off.next_plan(&mut ctx(&[(0, a)])).expect("a's wave");
+        assert!(off.next_plan(&mut ctx(&[])).is_none());
+    }
+
+    #[test]
+    fn a_pipelined_wave_reaches_through_dummies_the_wave_releases() {
+        // Two writes complete and a dummy absorbs them; x is issued after
+        // the dummy and depends on it alone. With a and b in the wave in
+        // flight, the dummy goes with them, so x is ready with them.
+        let mut o = pol(2);
+        let a = o.on_write_issue(0, 1);
+        let b = o.on_write_issue(0, 2);
+        for (g, slot, lbn) in [(a, 0, 10), (b, 1, 11)] {
+            o.install_durable(g, slot, lbn, g);
+            o.on_write_data_done(0, g);
+        }
+        assert_eq!(o.dummies_total, 1);
+        let x = write(&mut o, 3, 2, 12);
+        let dummy = o.last_dummy.expect("a dummy");
+        assert_eq!(o.nodes[x as usize].preds, vec![dummy]);
+        let w1 = o.next_plan(&mut ctx(&[(0, a)])).expect("a and b's wave");
+        assert_eq!(sorted(w1.write.clone()), vec![0, 1]);
+        let w2 = o.next_plan(&mut ctx(&[])).expect("x's pipelined wave");
+        assert_eq!(w2.write, vec![2]);
+        o.on_plan_done(0, &w1);
+        assert!(o.nodes[x as usize].preds_left == 0 && o.last_dummy.is_none());
+        o.on_plan_done(0, &w2);
+        assert!(o.nodes[x as usize].destaged);
     }
 }
