@@ -148,11 +148,9 @@ pub struct Ordered {
     /// when there is none.
     next_wave: Vec<u32>,
     next_tag: u64,
-    /// Nodes completed or freed of patches so far, and its value at the
-    /// last pipelining attempt for `wave_tag` that found nothing: the
-    /// candidates change only with it.
-    graph_changes: u64,
-    pipe_tried: (u64, u64),
+    /// The wave in flight (`wave_tag`) for which a pipelined wave was
+    /// looked for: one look per wave, when its copies are written.
+    pipe_tried: u64,
     sync_in_flight: bool,
     awaiting_commit: bool,
     commit_started: bool,
@@ -209,8 +207,7 @@ impl Ordered {
             pipeline: cfg.ordered_pipeline,
             next_wave: Vec::new(),
             next_tag: 0,
-            graph_changes: 0,
-            pipe_tried: (0, u64::MAX),
+            pipe_tried: 0,
             sync_in_flight: false,
             awaiting_commit: false,
             commit_started: false,
@@ -296,7 +293,6 @@ impl Ordered {
         n.completed = true;
         n.cidx = cidx;
         self.completed_live += 1;
-        self.graph_changes += 1;
         self.next_cidx = self.next_cidx.max(cidx + 1);
         if self.nodes[id as usize].preds_left == 0 && self.nodes[id as usize].pending == 0 {
             self.ready.push(id);
@@ -550,24 +546,15 @@ impl Ordered {
     fn pipelined_wave(&mut self, ctx: &mut dyn PlanCtx) -> Option<Plan> {
         if !self.pipeline
             || self.next_tag != 0
+            || self.pipe_tried == self.wave_tag
             || ctx.copies_pending()
-            || self.pipe_tried == (self.wave_tag, self.graph_changes)
         {
             return None;
         }
-        self.pipe_tried = (self.wave_tag, self.graph_changes);
-        self.scratch.clear();
+        // One look per wave (each costs a walk of the wave's successors):
+        // what completes during the FLUSH goes in the wave after.
+        self.pipe_tried = self.wave_tag;
         let limit = ctx.destage_limit().max(1);
-        ctx.pick_victims(limit.min(16), &mut self.scratch);
-        if self.scratch.iter().any(|v| v.1 == NO_GROUP) {
-            return None;
-        }
-        let busy: std::collections::HashSet<u64> = self
-            .wave
-            .iter()
-            .flat_map(|&n| self.nodes[n as usize].slots.iter())
-            .map(|&s| self.slot_lbn[s as usize])
-            .collect();
         let mut cand = Vec::new();
         // Ready now, left out of the wave in flight by its limit.
         let mut i = self.ready.len();
@@ -580,6 +567,20 @@ impl Ordered {
             }
         }
         self.virtually_ready(limit, &mut cand);
+        if cand.is_empty() {
+            return None;
+        }
+        self.scratch.clear();
+        ctx.pick_victims(limit.min(16), &mut self.scratch);
+        if self.scratch.iter().any(|v| v.1 == NO_GROUP) {
+            return None;
+        }
+        let busy: std::collections::HashSet<u64> = self
+            .wave
+            .iter()
+            .flat_map(|&n| self.nodes[n as usize].slots.iter())
+            .map(|&s| self.slot_lbn[s as usize])
+            .collect();
         let mut wave = Vec::new();
         let mut slots = 0usize;
         for n in cand {
@@ -718,7 +719,6 @@ impl WritePolicy for Ordered {
         let n = &mut self.nodes[group as usize];
         assert!(n.pending > 0);
         n.pending -= 1;
-        self.graph_changes += 1;
         if n.pending == 0 && n.completed && n.preds_left == 0 && !n.destaged {
             self.ready.push(group as u32);
         }
