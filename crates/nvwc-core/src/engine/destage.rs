@@ -125,9 +125,16 @@ impl<P: Payload> Engine<P> {
         self.flush_through_batch();
     }
 
-    /// Evict clean blocks to keep `free_reserve` slots (plus one per stalled writer) ready.
+    /// Evict clean blocks to keep `free_reserve` slots (plus one per stalled
+    /// writer) ready, and room for every write waiting for admission: the
+    /// slots evicted wait for the next commit (`retired_pending`), and one
+    /// commit then frees room for all of them. Evicting only the next
+    /// write's room cost a commit (a cache device sync) per waiting write
+    /// with the cache full: ordered write-64k QD16 over a 1 ms backing ran
+    /// at one commit per request.
     pub(super) fn ensure_free(&mut self) -> bool {
-        self.evict_clean_until(self.free_wanted() + self.reclaim_ahead())
+        let queued: u64 = self.admit_queue.iter().skip(1).map(|a| a.need).sum();
+        self.evict_clean_until(self.free_wanted() + self.reclaim_ahead() + queued)
     }
 
     /// Free slots a write of new blocks leaves untouched: while cleaning is

@@ -95,12 +95,14 @@ impl<P: Payload> Engine<P> {
         if journal_full {
             self.stats.journal_stalls += 1;
         }
+        let issued = self.policy.issue_at_arrival().then(|| self.issue_write());
         self.admit_queue.push_back(Admit {
             rw: rw(data),
             route: if bypass { Route::Bypass } else { Route::Cache },
             need,
             pieces: last - first + 1,
             stalled_since: waits.then_some(self.now),
+            issued,
         });
     }
 
@@ -135,7 +137,7 @@ impl<P: Payload> Engine<P> {
                 self.stats.stalled_writes += a.pieces;
                 self.stats.stall_ns += (self.now - since) * a.pieces;
             }
-            let pieces = self.start_rw(a.rw, a.route);
+            let pieces = self.start_rw_issued(a.rw, a.route, a.issued);
             // The first `need` pieces each hold one reservation.
             for &k in pieces.iter().take(a.need as usize) {
                 self.pieces.get_mut(k).reserved = true;
@@ -175,6 +177,29 @@ impl<P: Payload> Engine<P> {
     /// A write joins its write-policy group unless routed
     /// [`Route::BypassUngrouped`] (a journaled bypass, `journal_bypass_ok`).
     pub(super) fn start_rw(&mut self, rw: Rw<P>, route: Route) -> Vec<u32> {
+        self.start_rw_issued(rw, route, None)
+    }
+
+    /// A write's sequence number and group (`WritePolicy::on_write_issue`).
+    fn issue_write(&mut self) -> (u64, Group) {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let g = if self.policy.synchronous_backing() {
+            NO_GROUP
+        } else {
+            self.policy.on_write_issue(self.now, seq)
+        };
+        (seq, g)
+    }
+
+    /// `start_rw` for a write issued already (`issued`: its sequence
+    /// number and group, from `issue_write` on arrival).
+    pub(super) fn start_rw_issued(
+        &mut self,
+        rw: Rw<P>,
+        route: Route,
+        issued: Option<(u64, Group)>,
+    ) -> Vec<u32> {
         let Rw {
             id,
             offset,
@@ -192,14 +217,7 @@ impl<P: Payload> Engine<P> {
             // transactions' sequence ranges never cover it).
             (0, NO_GROUP)
         } else if write {
-            let seq = self.next_seq;
-            self.next_seq += 1;
-            let g = if self.policy.synchronous_backing() {
-                NO_GROUP
-            } else {
-                self.policy.on_write_issue(self.now, seq)
-            };
-            (seq, g)
+            issued.unwrap_or_else(|| self.issue_write())
         } else {
             (0, NO_GROUP)
         };

@@ -381,6 +381,9 @@ pub(super) struct Admit<P> {
     pub(super) pieces: u64,
     /// When it arrived, if it could not be admitted at once (a stall for space).
     pub(super) stalled_since: Option<u64>,
+    /// Its sequence number and group, if issued on arrival
+    /// (`WritePolicy::issue_at_arrival`).
+    pub(super) issued: Option<(u64, Group)>,
 }
 
 /// A request waiting for a metadata commit (FLUSH, or a FUA write).

@@ -114,6 +114,17 @@ pub trait WritePolicy: Send {
     fn synchronous_backing(&self) -> bool {
         false
     }
+    /// Issue a write (`on_write_issue`) when it arrives, before it waits
+    /// for cache space, rather than when it is admitted. Ordered: the
+    /// completion->issue rule counts what completed before the client sent
+    /// the write; what completes while it waits for room adds edges no
+    /// client asked for (with a full cache every write waited, each
+    /// depended on the one before, and waves were one write long). A policy
+    /// answering true MUST let a write that has not been admitted hold
+    /// nothing up: no commit, checkpoint or plan may wait for it.
+    fn issue_at_arrival(&self) -> bool {
+        false
+    }
     /// A client write was issued with sequence number `seq`; returns its group.
     fn on_write_issue(&mut self, now: u64, seq: u64) -> Group;
     /// A client write's data reached the cache (all its blocks); it may still wait for a commit.

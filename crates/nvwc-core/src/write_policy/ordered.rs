@@ -668,6 +668,11 @@ impl WritePolicy for Ordered {
     fn bypass_ok(&self) -> bool {
         self.versions_live == 0
     }
+    /// A node not completed holds nothing up: nothing depends on it and it
+    /// is never ready, so a write waiting for room can be a node already.
+    fn issue_at_arrival(&self) -> bool {
+        true
+    }
     fn on_write_issue(&mut self, _now: u64, _seq: u64) -> Group {
         let d = self.floor();
         self.issue(d) as Group
