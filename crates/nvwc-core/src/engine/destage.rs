@@ -131,10 +131,21 @@ impl<P: Payload> Engine<P> {
     /// commit then frees room for all of them. Evicting only the next
     /// write's room cost a commit (a cache device sync) per waiting write
     /// with the cache full: ordered write-64k QD16 over a 1 ms backing ran
-    /// at one commit per request.
+    /// at one commit per request. At most `max_destage_inflight` slots are
+    /// evicted ahead this way (one destage batch's worth): an open-loop
+    /// simulation can queue thousands of writes, and evicting room for all
+    /// of them at once would empty the cache of clean blocks (and summing
+    /// the queue at every step cost quadratic time).
     pub(super) fn ensure_free(&mut self) -> bool {
-        let queued: u64 = self.admit_queue.iter().skip(1).map(|a| a.need).sum();
-        self.evict_clean_until(self.free_wanted() + self.reclaim_ahead() + queued)
+        let cap = u64::from(self.cfg.max_destage_inflight);
+        let mut queued = 0u64;
+        for a in self.admit_queue.iter().skip(1) {
+            if queued >= cap {
+                break;
+            }
+            queued += a.need;
+        }
+        self.evict_clean_until(self.free_wanted() + self.reclaim_ahead() + queued.min(cap))
     }
 
     /// Free slots a write of new blocks leaves untouched: while cleaning is
