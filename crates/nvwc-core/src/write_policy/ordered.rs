@@ -80,6 +80,20 @@ const NO_GROUP: Group = u64::MAX;
 /// of 16 victims cost more CPU per wave than the wave's I/O.
 const ANCESTOR_VISITS: usize = 2048;
 
+/// A wave's plan: its versions' own bytes, then a backing FLUSH and a
+/// commit; `after`, the tag of the wave it is pipelined behind.
+fn wave_plan(write: Vec<u32>, tag: u64, after: Option<u64>) -> Plan {
+    Plan {
+        write,
+        drop: Vec::new(),
+        atomic_group: None,
+        commit_after: true,
+        exact: true,
+        tag,
+        after,
+    }
+}
+
 #[derive(Debug, Default)]
 struct Node {
     preds: Vec<u32>,
@@ -607,15 +621,7 @@ impl Ordered {
         self.next_wave = wave;
         self.next_tag = self.waves;
         self.waves_pipelined += 1;
-        Some(Plan {
-            write,
-            drop: Vec::new(),
-            atomic_group: None,
-            commit_after: true,
-            exact: true,
-            tag: self.next_tag,
-            after: Some(self.wave_tag),
-        })
+        Some(wave_plan(write, self.next_tag, Some(self.wave_tag)))
     }
 
     /// Append to `out` (up to `limit` nodes in all) the nodes that become
@@ -880,15 +886,7 @@ impl WritePolicy for Ordered {
         self.wave = wave;
         self.wave_in_flight = true;
         self.wave_tag = self.waves;
-        Some(Plan {
-            write,
-            drop: Vec::new(),
-            atomic_group: None,
-            commit_after: true,
-            exact: true,
-            tag: self.waves,
-            after: None,
-        })
+        Some(wave_plan(write, self.waves, None))
     }
     fn on_plan_done(&mut self, _now: u64, plan: &Plan) {
         for &s in &plan.write {
