@@ -317,6 +317,54 @@ fn the_memory_estimate_is_per_block_and_plausible() {
     assert!((12.0..20.0).contains(&ratio), "{l} / {s} = {ratio}");
 }
 
+/// A block's entry is freed when its last version goes: a stream of
+/// distinct blocks through a 64-block write-through cache (each write
+/// evicts a clean block) leaves the memory estimate where the first 256
+/// left it, not growing with every block ever cached.
+#[test]
+fn evicted_blocks_free_their_entries() {
+    let mut h = MemHarness::new(cfg(WritePolicyKind::WriteThrough, 64));
+    let stream = |h: &mut MemHarness, blocks: std::ops::Range<u64>| {
+        for b in blocks {
+            h.submit(b + 1, write(b * BS, BS));
+            h.wait(b + 1, &mut |_| 0).result.unwrap();
+        }
+    };
+    stream(&mut h, 0..256);
+    let warm = h.engine.mem_bytes();
+    stream(&mut h, 256..1024);
+    assert_eq!(h.engine.mem_bytes(), warm);
+}
+
+/// `journal_blocks` counts dirty versions and new versions being written:
+/// a write's new slot counts while its cache write is in flight, and once
+/// it completes only as the dirty version; a slot whose cache write fails
+/// goes back to the free list and stops counting.
+#[test]
+fn slots_being_written_are_counted_and_a_failed_one_freed() {
+    let mut h = MemHarness::new(cfg(WritePolicyKind::WriteBack, 64));
+    let free = h.engine.stats().free_slots;
+    let cache_write = |h: &mut MemHarness| {
+        h.inflight()
+            .iter()
+            .position(|c| c.dev == Dev::Cache && matches!(c.op, IoOp::Write { .. }))
+            .expect("a cache write in flight")
+    };
+    h.submit(1, write(0, BS));
+    cache_write(&mut h);
+    assert_eq!(h.engine.journal_blocks(), 1, "being written");
+    h.wait(1, &mut |_| 0).result.unwrap();
+    assert_eq!(h.engine.journal_blocks(), 1, "dirty");
+    assert_eq!(h.engine.stats().free_slots, free - 1);
+    h.submit(2, write(BS, BS));
+    let i = cache_write(&mut h);
+    assert_eq!(h.engine.journal_blocks(), 2);
+    h.complete_failed(i);
+    h.settle(&mut |_| 0);
+    assert_eq!(h.engine.journal_blocks(), 1, "{}", h.engine.debug_state());
+    assert_eq!(h.engine.stats().free_slots, free - 1);
+}
+
 /// A written block piece is a hit when the block has a cached version and a
 /// miss when it has none (`write_piece`): three new blocks, then two of
 /// them again and one more, in one write each.

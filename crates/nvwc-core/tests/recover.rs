@@ -109,8 +109,7 @@ fn a_recovered_cache_persists_lazy_patches() {
     assert_eq!(st.backing_reads, 0);
 }
 
-/// The slot holding block `lbn`'s only cached version, found by its bytes
-/// (every byte `byte`).
+/// The slot whose bytes are all `byte` (a block's only cached version).
 fn slot_of(h: &MemHarness, byte: u8) -> u32 {
     let l = h.engine.layout();
     (0..l.capacity as u32)
@@ -121,9 +120,9 @@ fn slot_of(h: &MemHarness, byte: u8) -> u32 {
         .expect("a slot with these bytes")
 }
 
-/// Block 0 and then block 1 written and flushed (a log record each), and
-/// block 1's slot corrupted (its data did not land), then a restart: the
-/// last record is dropped. Returns block 1's write sequence number.
+/// Block 0 and then block 1 written and flushed, and block 1's slot
+/// corrupted (its data did not land), then a restart: the record naming
+/// block 1 is dropped. Returns block 1's write sequence number.
 fn drop_the_last_record(policy: WritePolicyKind) -> (MemHarness, u64) {
     let mut h = MemHarness::new(cfg(policy, 64));
     run(&mut h, 1, write(0, 0x10));
