@@ -131,6 +131,131 @@ fn the_largest_write_is_half_the_cache() {
     }
 }
 
+/// A write is refused as too large when it touches more blocks than
+/// `max_write_bytes` holds (32 of a 64-block cache): counted by the blocks
+/// it spans, so 32 blocks' bytes not aligned to a block (33 blocks) are
+/// refused, and 32 aligned ones, or one byte, taken.
+#[test]
+fn a_write_over_more_blocks_than_the_largest_is_refused() {
+    let mut h = MemHarness::new(cfg(WritePolicyKind::WriteBack, 64));
+    let max = h.engine.max_write_bytes();
+    assert_eq!(max, 32 * BS);
+    for (id, offset, len, refused) in [
+        (1, 0, max, false),
+        (2, BS, max + BS, true),
+        (3, 512, max, true),
+        (4, 2 * BS + 17, 1, false),
+        (5, 3 * BS - 1, 2, false),
+        (6, 100 * BS + 1, max - 2, false),
+    ] {
+        h.submit(id, write(offset, len));
+        let r = h.wait(id, &mut |_| 0);
+        match r.result {
+            Err(ReqError::TooLarge) => assert!(refused, "write {id} refused"),
+            Ok(None) => assert!(!refused, "write {id} taken"),
+            e => panic!("write {id}: {e:?}"),
+        }
+    }
+}
+
+/// The device command counters (`Stats::cache_reads` to
+/// `backing_groups`) count every command the engine issues, each once,
+/// with its bytes: tallied here from the commands themselves over writes,
+/// read hits and misses, FLUSHes and a drain of a journaled cache (whose
+/// checkpoints write the backing store in atomic groups) and of a
+/// write-through one (whose FLUSH flushes the backing store).
+#[test]
+fn device_commands_are_counted_with_their_bytes() {
+    let mut all = [0u64; 11];
+    for policy in [WritePolicyKind::Journaled, WritePolicyKind::WriteThrough] {
+        let want = device_commands(policy);
+        for (a, w) in all.iter_mut().zip(want) {
+            *a += w;
+        }
+    }
+    assert!(all.iter().all(|&n| n > 0), "every kind issued: {all:?}");
+}
+
+/// Run the workload on a fresh cache under `policy`: returns the tally,
+/// after checking the counters against it.
+fn device_commands(policy: WritePolicyKind) -> [u64; 11] {
+    let mut h = MemHarness::new(cfg(policy, 64));
+    let mut seen = std::collections::HashSet::new();
+    // cache reads, bytes, backing reads, bytes, cache writes, bytes,
+    // backing writes, bytes, cache flushes, backing flushes, groups.
+    let mut want = [0u64; 11];
+    let mut tally = |h: &mut MemHarness| {
+        for c in h.inflight().iter() {
+            if !seen.insert(c.id) {
+                continue;
+            }
+            let k = match (&c.op, c.dev) {
+                (IoOp::Read { len, .. }, Dev::Cache) => Some((0, *len as u64)),
+                (IoOp::Read { len, .. }, Dev::Backing) => Some((2, *len as u64)),
+                (IoOp::Write { data, .. }, Dev::Cache) => Some((4, data.len() as u64)),
+                (IoOp::Write { data, .. }, Dev::Backing) => Some((6, data.len() as u64)),
+                (IoOp::Flush, Dev::Cache) => Some((8, 0)),
+                (IoOp::Flush, Dev::Backing) => Some((9, 0)),
+                (IoOp::GroupEnd { .. }, _) => Some((10, 0)),
+                _ => None,
+            };
+            if let Some((i, bytes)) = k {
+                want[i] += 1;
+                if i < 8 {
+                    want[i + 1] += bytes;
+                }
+            }
+        }
+    };
+    let ops: Vec<ReqOp<Bytes>> = vec![
+        write(0, 3 * BS),
+        ReqOp::Read {
+            offset: 10 * BS,
+            len: 2 * BS as u32,
+        },
+        ReqOp::Flush,
+        ReqOp::Read {
+            offset: BS,
+            len: BS as u32,
+        },
+        write(20 * BS, BS),
+        ReqOp::Flush,
+    ];
+    for (id, op) in ops.into_iter().enumerate() {
+        let id = id as ReqId + 1;
+        h.submit(id, op);
+        while !h.replies.iter().any(|r| r.id == id) {
+            tally(&mut h);
+            assert!(h.step(&mut |_| 0), "request {id} never answered");
+        }
+    }
+    let now = h.now + 1;
+    h.engine.start_drain(now);
+    loop {
+        tally(&mut h);
+        if !h.step(&mut |_| 0) && h.engine.is_idle() {
+            break;
+        }
+    }
+    tally(&mut h);
+    let s = h.engine.stats();
+    let got = [
+        s.cache_reads,
+        s.cache_read_bytes,
+        s.backing_reads,
+        s.backing_read_bytes,
+        s.cache_writes,
+        s.cache_write_bytes,
+        s.backing_writes,
+        s.backing_write_bytes,
+        s.cache_flushes,
+        s.backing_flushes,
+        s.backing_groups,
+    ];
+    assert_eq!(got, want, "{policy}");
+    want
+}
+
 #[test]
 fn pieces_in_progress_are_bounded_by_a_quarter_of_the_cache() {
     // 64 blocks: at most 16 pieces at once, so at most 16 cache writes.
@@ -190,6 +315,54 @@ fn the_memory_estimate_is_per_block_and_plausible() {
     // Linear in the cache: 16x the blocks, about 16x the bytes.
     let ratio = l as f64 / s as f64;
     assert!((12.0..20.0).contains(&ratio), "{l} / {s} = {ratio}");
+}
+
+/// A block's entry is freed when its last version goes: a stream of
+/// distinct blocks through a 64-block write-through cache (each write
+/// evicts a clean block) leaves the memory estimate where the first 256
+/// left it, not growing with every block ever cached.
+#[test]
+fn evicted_blocks_free_their_entries() {
+    let mut h = MemHarness::new(cfg(WritePolicyKind::WriteThrough, 64));
+    let stream = |h: &mut MemHarness, blocks: std::ops::Range<u64>| {
+        for b in blocks {
+            h.submit(b + 1, write(b * BS, BS));
+            h.wait(b + 1, &mut |_| 0).result.unwrap();
+        }
+    };
+    stream(&mut h, 0..256);
+    let warm = h.engine.mem_bytes();
+    stream(&mut h, 256..1024);
+    assert_eq!(h.engine.mem_bytes(), warm);
+}
+
+/// `journal_blocks` counts dirty versions and new versions being written:
+/// a write's new slot counts while its cache write is in flight, and once
+/// it completes only as the dirty version; a slot whose cache write fails
+/// goes back to the free list and stops counting.
+#[test]
+fn slots_being_written_are_counted_and_a_failed_one_freed() {
+    let mut h = MemHarness::new(cfg(WritePolicyKind::WriteBack, 64));
+    let free = h.engine.stats().free_slots;
+    let cache_write = |h: &mut MemHarness| {
+        h.inflight()
+            .iter()
+            .position(|c| c.dev == Dev::Cache && matches!(c.op, IoOp::Write { .. }))
+            .expect("a cache write in flight")
+    };
+    h.submit(1, write(0, BS));
+    cache_write(&mut h);
+    assert_eq!(h.engine.journal_blocks(), 1, "being written");
+    h.wait(1, &mut |_| 0).result.unwrap();
+    assert_eq!(h.engine.journal_blocks(), 1, "dirty");
+    assert_eq!(h.engine.stats().free_slots, free - 1);
+    h.submit(2, write(BS, BS));
+    let i = cache_write(&mut h);
+    assert_eq!(h.engine.journal_blocks(), 2);
+    h.complete_failed(i);
+    h.settle(&mut |_| 0);
+    assert_eq!(h.engine.journal_blocks(), 1, "{}", h.engine.debug_state());
+    assert_eq!(h.engine.stats().free_slots, free - 1);
 }
 
 /// A written block piece is a hit when the block has a cached version and a
