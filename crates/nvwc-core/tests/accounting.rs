@@ -263,3 +263,28 @@ fn a_partial_write_fetches_only_a_block_not_cached() {
     assert_eq!((s.fetches, s.backing_reads), (1, 1), "{s:?}");
     assert_eq!(s.partial_write_fetches, 0, "{s:?}");
 }
+
+/// A piece that finds its block busy waits for it (`block_waits`), and
+/// the time from its arrival to the block's release counts in
+/// `block_wait_ns` (`release_block`): a second write of a block whose
+/// first write is still in flight for 1000 ns waits at least that long,
+/// and no longer than the two writes took.
+#[test]
+fn a_write_waiting_for_its_block_counts_the_wait() {
+    let mut h = MemHarness::new(cfg(WritePolicyKind::WriteBack, 64));
+    h.now = 1_000_000;
+    let t0 = h.now;
+    h.submit(1, write(0, BS));
+    h.submit(2, write(0, BS));
+    h.now += 1000;
+    h.wait(1, &mut |_| 0).result.unwrap();
+    h.wait(2, &mut |_| 0).result.unwrap();
+    let s = h.engine.stats();
+    assert_eq!(s.block_waits, 1, "{s:?}");
+    assert!(
+        (1000..=h.now - t0).contains(&s.block_wait_ns),
+        "{} ns in {}: {s:?}",
+        s.block_wait_ns,
+        h.now - t0
+    );
+}

@@ -432,3 +432,44 @@ fn a_rewrite_goes_in_place_only_over_a_version_no_commit_names() {
     h.settle(&mut |_| 0);
     assert!(read_hit(&mut h, 4, 0, 3));
 }
+
+/// Write-through keeps a clean copy of a written block only while more
+/// than half of `free_reserve` slots would stay free (`write_through_piece`):
+/// with the cache full of clean copies down to the reserve (8 of 64 free),
+/// a write of 16 new blocks, whose pieces all start at once (a quarter of
+/// the cache), copies the first 4 and sends the other 12 to the backing
+/// store alone. Every block reads back.
+#[test]
+fn write_through_copies_a_block_only_above_half_the_free_reserve() {
+    let mut c = Config::new(BS as u32, 64, 1024 * BS, WritePolicyKind::WriteThrough);
+    c.free_reserve = 8;
+    let mut h = MemHarness::new(c);
+    for (i, lbn) in (100..160u64).enumerate() {
+        write(&mut h, i as ReqId + 1, lbn, 1);
+    }
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats().clone();
+    assert_eq!(st.free_slots, 8, "{st:?}");
+    h.submit(
+        100,
+        ReqOp::Write {
+            offset: 0,
+            data: Bytes::from(vec![2u8; 16 * BS as usize]),
+            fua: false,
+        },
+    );
+    let copies = h
+        .inflight()
+        .iter()
+        .filter(|c| {
+            c.dev == Dev::Cache && matches!(&c.op, IoOp::Write { data, .. } if data[0] == 2)
+        })
+        .count();
+    assert_eq!(copies, 4, "{:?}", h.engine.stats());
+    assert_eq!(h.engine.stats().free_slots, 4);
+    h.wait(100, &mut |_| 0).result.unwrap();
+    h.settle(&mut |_| 0);
+    for lbn in 0..16 {
+        read_hit(&mut h, 200 + lbn, lbn, 2);
+    }
+}
