@@ -95,7 +95,8 @@ fn unordered_policies_report_no_counters() {
 }
 
 /// Write-back overwrites a dirty version that no commit names yet in
-/// place: writes of one block between commits take one slot, not one each.
+/// place: writes of one block between commits take one slot, not one each,
+/// and each rewrite counts as an overwrite.
 #[test]
 fn write_back_overwrites_an_uncommitted_version_in_place() {
     let mut h = harness(WritePolicyKind::WriteBack);
@@ -110,6 +111,8 @@ fn write_back_overwrites_an_uncommitted_version_in_place() {
         h.engine.debug_state()
     );
     assert_eq!(h.engine.dirty_versions(), 1);
+    // Counted as overwrites (`overwrite_in_place`), nine of them.
+    assert_eq!(h.engine.stats().overwrites, 9, "{:?}", h.engine.stats());
     assert!(read_hit(&mut h, 20, 0, 9));
 }
 
