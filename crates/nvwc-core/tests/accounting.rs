@@ -288,3 +288,24 @@ fn a_write_waiting_for_its_block_counts_the_wait() {
         h.now - t0
     );
 }
+
+/// `journal_blocks` (what a journal bound counts): dirty versions, new
+/// versions being written and reserved slots. A write of three blocks
+/// counts three while its cache writes are in flight, and three again
+/// once installed, as dirty versions (`install` ends the writing count).
+#[test]
+fn journal_blocks_count_a_version_once_while_written_and_once_installed() {
+    let mut c = cfg(WritePolicyKind::WriteBack, 64);
+    // Never clean on its own.
+    c.watermarks = Watermarks {
+        high: 1.0,
+        low: 1.0,
+    };
+    let mut h = MemHarness::new(c);
+    h.submit(1, write(0, 3 * BS));
+    assert_eq!(h.engine.journal_blocks(), 3, "being written");
+    h.wait(1, &mut |_| 0).result.unwrap();
+    h.settle(&mut |_| 0);
+    assert_eq!(h.engine.dirty_versions(), 3);
+    assert_eq!(h.engine.journal_blocks(), 3, "installed");
+}

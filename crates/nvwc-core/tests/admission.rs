@@ -809,3 +809,81 @@ fn a_dirty_committed_version_is_never_dropped_for_a_bypass() {
     h.reopen().unwrap();
     assert_block(read(&mut h, 5, 3 * BS, BS as u32), 9, "after recovery");
 }
+
+/// A piece without a reservation (a rejected write cached after all)
+/// takes a slot only if one is free beyond those reserved
+/// (`alloc_and_write`): with one slot free and reserved by a partial
+/// write whose fetch is in flight, a rejected write of a cached block
+/// waits for a slot instead of taking that one.
+#[test]
+fn a_piece_without_a_reservation_leaves_the_reserved_slots_alone() {
+    let mut c = Config::new(BS as u32, 16, 1024 * BS, WritePolicyKind::WriteBack);
+    c.admission = AdmissionKind::Critical;
+    c.free_reserve = 0;
+    c.watermarks = Watermarks {
+        high: 1.0,
+        low: 1.0,
+    };
+    let mut h = MemHarness::new(c);
+    for b in 0..15u64 {
+        h.submit_tagged(10 + b, write(b * BS, 7, BS), tag(true));
+        h.wait(10 + b, &mut |_| 0).result.unwrap();
+    }
+    h.submit(1, ReqOp::Flush);
+    h.wait(1, &mut |_| 0).result.unwrap();
+    assert_eq!(h.engine.stats().free_slots, 1);
+    // A partial write of a block not cached: its slot is reserved while
+    // the block is fetched.
+    h.submit_tagged(2, write(20 * BS + 512, 5, 512), tag(true));
+    let fetch = |c: &IoCmd<Bytes>| {
+        c.dev == Dev::Backing && matches!(c.op, IoOp::Read { offset, .. } if offset == 20 * BS)
+    };
+    assert!(h.inflight().iter().any(fetch), "{:?}", h.inflight());
+    h.submit_tagged(3, write(0, 9, BS), tag(false));
+    let st = h.engine.stats().clone();
+    let nines = h
+        .inflight()
+        .iter()
+        .filter(|c| matches!(&c.op, IoOp::Write { data, .. } if data[0] == 9))
+        .count();
+    assert_eq!(nines, 0, "{:?}", h.inflight());
+    assert_eq!((st.bypass_refused, st.stalled_writes), (1, 1), "{st:?}");
+    h.wait(2, &mut |_| 0).result.unwrap();
+    h.wait(3, &mut |_| 0).result.unwrap();
+    h.settle(&mut |_| 0);
+    assert_block(read(&mut h, 4, 0, BS as u32), 9, "rejected write");
+    let b20 = read(&mut h, 5, 20 * BS, BS as u32);
+    assert_eq!((b20[511], b20[512], b20[1023], b20[1024]), (0, 5, 5, 0));
+}
+
+/// A failed bypass write leaves its block's bytes on the backing store
+/// unknown (`settle`: unsettled), so a read of the block does not fill the
+/// cache with them; the next successful write of the block settles it, and
+/// a read fills the cache again.
+#[test]
+fn a_failed_bypass_write_keeps_reads_from_filling_until_a_write_settles_it() {
+    let mut c = cfg(WritePolicyKind::WriteBack, AdmissionKind::Critical);
+    c.read_allocate = true;
+    let mut h = MemHarness::new(c);
+    let is_bypass = |c: &IoCmd<Bytes>| {
+        c.dev == Dev::Backing && matches!(c.op, IoOp::Write { offset, .. } if offset == 3 * BS)
+    };
+    h.submit_tagged(1, write(3 * BS, 7, BS), tag(false));
+    let i = h
+        .inflight()
+        .iter()
+        .position(is_bypass)
+        .expect("bypass write");
+    h.complete_failed(i);
+    assert!(h.wait(1, &mut |_| 0).result.is_err());
+    read(&mut h, 2, 3 * BS, BS as u32);
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats().clone();
+    assert_eq!((st.bypassed_pieces, st.populates), (1, 0), "{st:?}");
+    h.submit_tagged(3, write(3 * BS, 8, BS), tag(false));
+    h.wait(3, &mut |_| 0).result.unwrap();
+    assert_block(read(&mut h, 4, 3 * BS, BS as u32), 8, "settled");
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats().clone();
+    assert_eq!((st.bypassed_pieces, st.populates), (2, 1), "{st:?}");
+}

@@ -476,3 +476,35 @@ fn write_through_copies_a_block_only_above_half_the_free_reserve() {
         read_hit(&mut h, 200 + lbn, lbn, 2);
     }
 }
+
+/// Write-back with `rewrite_in_place`: a rewrite in place of a version a
+/// durable commit names (no commit in flight) leaves the durable entry as
+/// it is (`on_piece_cache_write`: the bytes only wait for a device flush),
+/// so time passing starts no commit; the next FLUSH commits once, and its
+/// device flush makes the bytes durable.
+#[test]
+fn an_in_place_rewrite_of_a_committed_version_needs_only_the_next_flush() {
+    let mut c = harness(WritePolicyKind::WriteBack).engine.config().clone();
+    c.rewrite_in_place = true;
+    let mut h = MemHarness::new(c);
+    write(&mut h, 1, 0, 1);
+    run(&mut h, 2, ReqOp::Flush);
+    // A later commit seals the one that named block 0's version.
+    write(&mut h, 3, 5, 5);
+    run(&mut h, 4, ReqOp::Flush);
+    h.settle(&mut |_| 0);
+    let before = h.engine.stats().clone();
+    write(&mut h, 5, 0, 2);
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats().clone();
+    assert_eq!(st.free_slots, before.free_slots, "in place: {st:?}");
+    assert_eq!(st.commits, before.commits, "no commit while idle: {st:?}");
+    run(&mut h, 6, ReqOp::Flush);
+    let st = h.engine.stats().clone();
+    assert_eq!(st.commits, before.commits + 1, "the FLUSH commits: {st:?}");
+    h.reopen().unwrap();
+    assert!(
+        read_hit(&mut h, 7, 0, 2),
+        "the rewritten version, from the cache"
+    );
+}
