@@ -436,3 +436,49 @@ fn a_partial_write_fetches_only_a_block_not_cached() {
     assert_eq!((s.fetches, s.backing_reads), (1, 1), "{s:?}");
     assert_eq!(s.partial_write_fetches, 0, "{s:?}");
 }
+
+/// A piece that finds its block busy waits for it (`block_waits`), and
+/// the time from its arrival to the block's release counts in
+/// `block_wait_ns` (`release_block`): a second write of a block whose
+/// first write is still in flight for 1000 ns waits at least that long,
+/// and no longer than the two writes took.
+#[test]
+fn a_write_waiting_for_its_block_counts_the_wait() {
+    let mut h = MemHarness::new(cfg(WritePolicyKind::WriteBack, 64));
+    h.now = 1_000_000;
+    let t0 = h.now;
+    h.submit(1, write(0, BS));
+    h.submit(2, write(0, BS));
+    h.now += 1000;
+    h.wait(1, &mut |_| 0).result.unwrap();
+    h.wait(2, &mut |_| 0).result.unwrap();
+    let s = h.engine.stats();
+    assert_eq!(s.block_waits, 1, "{s:?}");
+    assert!(
+        (1000..=h.now - t0).contains(&s.block_wait_ns),
+        "{} ns in {}: {s:?}",
+        s.block_wait_ns,
+        h.now - t0
+    );
+}
+
+/// `journal_blocks` (what a journal bound counts): dirty versions, new
+/// versions being written and reserved slots. A write of three blocks
+/// counts three while its cache writes are in flight, and three again
+/// once installed, as dirty versions (`install` ends the writing count).
+#[test]
+fn journal_blocks_count_a_version_once_while_written_and_once_installed() {
+    let mut c = cfg(WritePolicyKind::WriteBack, 64);
+    // Never clean on its own.
+    c.watermarks = Watermarks {
+        high: 1.0,
+        low: 1.0,
+    };
+    let mut h = MemHarness::new(c);
+    h.submit(1, write(0, 3 * BS));
+    assert_eq!(h.engine.journal_blocks(), 3, "being written");
+    h.wait(1, &mut |_| 0).result.unwrap();
+    h.settle(&mut |_| 0);
+    assert_eq!(h.engine.dirty_versions(), 3);
+    assert_eq!(h.engine.journal_blocks(), 3, "installed");
+}

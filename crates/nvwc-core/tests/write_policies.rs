@@ -95,7 +95,8 @@ fn unordered_policies_report_no_counters() {
 }
 
 /// Write-back overwrites a dirty version that no commit names yet in
-/// place: writes of one block between commits take one slot, not one each.
+/// place: writes of one block between commits take one slot, not one each,
+/// and each rewrite counts as an overwrite.
 #[test]
 fn write_back_overwrites_an_uncommitted_version_in_place() {
     let mut h = harness(WritePolicyKind::WriteBack);
@@ -110,6 +111,8 @@ fn write_back_overwrites_an_uncommitted_version_in_place() {
         h.engine.debug_state()
     );
     assert_eq!(h.engine.dirty_versions(), 1);
+    // Counted as overwrites (`overwrite_in_place`), nine of them.
+    assert_eq!(h.engine.stats().overwrites, 9, "{:?}", h.engine.stats());
     assert!(read_hit(&mut h, 20, 0, 9));
 }
 
@@ -431,4 +434,77 @@ fn a_rewrite_goes_in_place_only_over_a_version_no_commit_names() {
     h.wait(3, &mut |_| 0).result.unwrap();
     h.settle(&mut |_| 0);
     assert!(read_hit(&mut h, 4, 0, 3));
+}
+
+/// Write-through keeps a clean copy of a written block only while more
+/// than half of `free_reserve` slots would stay free (`write_through_piece`):
+/// with the cache full of clean copies down to the reserve (8 of 64 free),
+/// a write of 16 new blocks, whose pieces all start at once (a quarter of
+/// the cache), copies the first 4 and sends the other 12 to the backing
+/// store alone. Every block reads back.
+#[test]
+fn write_through_copies_a_block_only_above_half_the_free_reserve() {
+    let mut c = Config::new(BS as u32, 64, 1024 * BS, WritePolicyKind::WriteThrough);
+    c.free_reserve = 8;
+    let mut h = MemHarness::new(c);
+    for (i, lbn) in (100..160u64).enumerate() {
+        write(&mut h, i as ReqId + 1, lbn, 1);
+    }
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats().clone();
+    assert_eq!(st.free_slots, 8, "{st:?}");
+    h.submit(
+        100,
+        ReqOp::Write {
+            offset: 0,
+            data: Bytes::from(vec![2u8; 16 * BS as usize]),
+            fua: false,
+        },
+    );
+    let copies = h
+        .inflight()
+        .iter()
+        .filter(|c| {
+            c.dev == Dev::Cache && matches!(&c.op, IoOp::Write { data, .. } if data[0] == 2)
+        })
+        .count();
+    assert_eq!(copies, 4, "{:?}", h.engine.stats());
+    assert_eq!(h.engine.stats().free_slots, 4);
+    h.wait(100, &mut |_| 0).result.unwrap();
+    h.settle(&mut |_| 0);
+    for lbn in 0..16 {
+        read_hit(&mut h, 200 + lbn, lbn, 2);
+    }
+}
+
+/// Write-back with `rewrite_in_place`: a rewrite in place of a version a
+/// durable commit names (no commit in flight) leaves the durable entry as
+/// it is (`on_piece_cache_write`: the bytes only wait for a device flush),
+/// so time passing starts no commit; the next FLUSH commits once, and its
+/// device flush makes the bytes durable.
+#[test]
+fn an_in_place_rewrite_of_a_committed_version_needs_only_the_next_flush() {
+    let mut c = harness(WritePolicyKind::WriteBack).engine.config().clone();
+    c.rewrite_in_place = true;
+    let mut h = MemHarness::new(c);
+    write(&mut h, 1, 0, 1);
+    run(&mut h, 2, ReqOp::Flush);
+    // A later commit seals the one that named block 0's version.
+    write(&mut h, 3, 5, 5);
+    run(&mut h, 4, ReqOp::Flush);
+    h.settle(&mut |_| 0);
+    let before = h.engine.stats().clone();
+    write(&mut h, 5, 0, 2);
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats().clone();
+    assert_eq!(st.free_slots, before.free_slots, "in place: {st:?}");
+    assert_eq!(st.commits, before.commits, "no commit while idle: {st:?}");
+    run(&mut h, 6, ReqOp::Flush);
+    let st = h.engine.stats().clone();
+    assert_eq!(st.commits, before.commits + 1, "the FLUSH commits: {st:?}");
+    h.reopen().unwrap();
+    assert!(
+        read_hit(&mut h, 7, 0, 2),
+        "the rewritten version, from the cache"
+    );
 }
