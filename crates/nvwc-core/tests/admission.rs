@@ -758,6 +758,27 @@ fn admission_counters_split_pieces_bytes_and_the_critical_class() {
     }
 }
 
+/// A 16-slot write-back cache admitting only critical writes, no reserve,
+/// no destage until space is short, with blocks `0..blocks` written
+/// (critical, one value 7) and flushed (request ids 10.. and 1).
+fn critical_write_back_filled(blocks: u64) -> MemHarness {
+    let mut c = Config::new(BS as u32, 16, 1024 * BS, WritePolicyKind::WriteBack);
+    c.admission = AdmissionKind::Critical;
+    c.free_reserve = 0;
+    c.watermarks = Watermarks {
+        high: 1.0,
+        low: 1.0,
+    };
+    let mut h = MemHarness::new(c);
+    for b in 0..blocks {
+        h.submit_tagged(10 + b, write(b * BS, 7, BS), tag(true));
+        h.wait(10 + b, &mut |_| 0).result.unwrap();
+    }
+    h.submit(1, ReqOp::Flush);
+    h.wait(1, &mut |_| 0).result.unwrap();
+    h
+}
+
 /// Write-back, every slot dirty and committed: a rejected write to a cached
 /// block never drops the block's version to go around the cache
 /// (`drop_clean_for_bypass` drops only a clean, idle, durably clean one),
@@ -766,21 +787,7 @@ fn admission_counters_split_pieces_bytes_and_the_critical_class() {
 /// after a crash and recovery.
 #[test]
 fn a_dirty_committed_version_is_never_dropped_for_a_bypass() {
-    let mut c = Config::new(BS as u32, 16, 1024 * BS, WritePolicyKind::WriteBack);
-    c.admission = AdmissionKind::Critical;
-    c.free_reserve = 0;
-    // No destage until space is short.
-    c.watermarks = Watermarks {
-        high: 1.0,
-        low: 1.0,
-    };
-    let mut h = MemHarness::new(c);
-    for b in 0..16u64 {
-        h.submit_tagged(10 + b, write(b * BS, 7, BS), tag(true));
-        h.wait(10 + b, &mut |_| 0).result.unwrap();
-    }
-    h.submit(1, ReqOp::Flush);
-    h.wait(1, &mut |_| 0).result.unwrap();
+    let mut h = critical_write_back_filled(16);
     let st = h.engine.stats().clone();
     assert_eq!((st.free_slots, st.dirty_blocks), (0, 16), "{st:?}");
     let t0 = h.now;
@@ -817,20 +824,7 @@ fn a_dirty_committed_version_is_never_dropped_for_a_bypass() {
 /// waits for a slot instead of taking that one.
 #[test]
 fn a_piece_without_a_reservation_leaves_the_reserved_slots_alone() {
-    let mut c = Config::new(BS as u32, 16, 1024 * BS, WritePolicyKind::WriteBack);
-    c.admission = AdmissionKind::Critical;
-    c.free_reserve = 0;
-    c.watermarks = Watermarks {
-        high: 1.0,
-        low: 1.0,
-    };
-    let mut h = MemHarness::new(c);
-    for b in 0..15u64 {
-        h.submit_tagged(10 + b, write(b * BS, 7, BS), tag(true));
-        h.wait(10 + b, &mut |_| 0).result.unwrap();
-    }
-    h.submit(1, ReqOp::Flush);
-    h.wait(1, &mut |_| 0).result.unwrap();
+    let mut h = critical_write_back_filled(15);
     assert_eq!(h.engine.stats().free_slots, 1);
     // A partial write of a block not cached: its slot is reserved while
     // the block is fetched.
