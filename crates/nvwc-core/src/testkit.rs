@@ -59,6 +59,18 @@ impl MemHarness {
         }
     }
 
+    /// `retired_pending` from `Engine::debug_state`: the retired slots that
+    /// the next commit frees (`maybe_commit` starts a reclaim commit off it
+    /// when free slots run short; the cleaner counts them as coming).
+    pub fn retired_pending(&self) -> u64 {
+        let s = self.engine.debug_state();
+        let v = s
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix("retired_pending="))
+            .expect("retired_pending in debug_state");
+        v.parse().expect("a count")
+    }
+
     /// Reopen the engine from the cache device's metadata (as after a restart).
     pub fn reopen(&mut self) -> Result<crate::RecoveryReport, crate::RecoverError> {
         let cfg = self.engine.config().clone();

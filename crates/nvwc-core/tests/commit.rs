@@ -585,18 +585,6 @@ fn a_checkpoint_writes_every_changed_page() {
     }
 }
 
-/// `retired_pending` from `Engine::debug_state`: the retired slots that
-/// the next commit frees (`maybe_commit` starts a reclaim commit off it
-/// when free slots run short; the cleaner counts them as coming).
-fn retired_pending(h: &MemHarness) -> u64 {
-    let s = h.engine.debug_state();
-    let v = s
-        .split_whitespace()
-        .find_map(|kv| kv.strip_prefix("retired_pending="))
-        .expect("retired_pending in debug_state");
-    v.parse().unwrap()
-}
-
 /// The free slots a FLUSH's commit adds (nothing else allocating).
 fn flush_frees(h: &mut MemHarness, id: ReqId) -> u64 {
     let before = h.engine.stats().free_slots;
@@ -632,16 +620,16 @@ fn a_commit_leaves_the_retired_slots_it_does_not_free_counted() {
         !h.replies.iter().any(|r| r.id == 4),
         "the rewrite finished before the commit"
     );
-    assert_eq!(retired_pending(&h), 1, "{}", h.engine.debug_state());
+    assert_eq!(h.retired_pending(), 1, "{}", h.engine.debug_state());
     h.wait(4, &mut |_| 0).result.unwrap();
     assert_eq!(
-        retired_pending(&h),
+        h.retired_pending(),
         1,
         "block 5's first version still waits for a commit: {}",
         h.engine.debug_state()
     );
     assert_eq!(flush_frees(&mut h, 6), 1, "the next commit frees it");
-    assert_eq!(retired_pending(&h), 0);
+    assert_eq!(h.retired_pending(), 0);
 }
 
 /// `retired_pending` counts the retired slots a commit will free. A slot
@@ -684,7 +672,7 @@ fn a_retired_slot_never_counted_is_not_subtracted() {
     assert!(h.inflight().iter().any(is_read), "a cache read");
     h.submit(5, write(0, 2));
     others(&mut h, &|h| h.replies.iter().any(|r| r.id == 5));
-    assert_eq!(retired_pending(&h), 0, "{}", h.engine.debug_state());
+    assert_eq!(h.retired_pending(), 0, "{}", h.engine.debug_state());
     // A FLUSH: its commit snapshots block 0's retired slot (the read still
     // holds it). While it is in flight, a rewrite of block 5 retires its
     // durable version: counted, freed by the next commit.
@@ -699,7 +687,7 @@ fn a_retired_slot_never_counted_is_not_subtracted() {
         !h.replies.iter().any(|r| r.id == 6),
         "the rewrite finished before the commit"
     );
-    assert_eq!(retired_pending(&h), 1, "{}", h.engine.debug_state());
+    assert_eq!(h.retired_pending(), 1, "{}", h.engine.debug_state());
     others(&mut h, &|h| h.replies.iter().any(|r| r.id == 6));
     // The read ends: block 0's first slot is free.
     let r = h.inflight().iter().position(is_read).unwrap();
@@ -707,7 +695,7 @@ fn a_retired_slot_never_counted_is_not_subtracted() {
     h.wait(4, &mut |_| 0).result.unwrap();
     assert!(h.inflight().is_empty(), "{}", h.engine.debug_state());
     // Block 5's first version still waits for a commit to free it.
-    let counted = retired_pending(&h);
+    let counted = h.retired_pending();
     let freed = flush_frees(&mut h, 8);
     assert_eq!(freed, 1, "the next commit frees block 5's first slot");
     assert_eq!(
@@ -760,20 +748,20 @@ fn a_reclaim_commit_starts_when_a_thirty_second_of_the_cache_is_retired() {
     run_io(&mut h);
     let commits = h.engine.stats().commits;
     assert_eq!(h.engine.stats().free_slots, cap - 900);
-    assert_eq!(retired_pending(&h), 0);
+    assert_eq!(h.retired_pending(), 0);
     // 31 rewrites: 31 retired (below 1024 / 32), no commit.
     for lbn in 0..31 {
         run_req(&mut h, 2000 + lbn, write(lbn * BS, 2));
         run_io(&mut h);
     }
-    assert_eq!(retired_pending(&h), 31, "{}", h.engine.debug_state());
+    assert_eq!(h.retired_pending(), 31, "{}", h.engine.debug_state());
     assert_eq!(h.engine.stats().free_slots, cap - 931);
     assert_eq!(h.engine.stats().commits, commits, "no commit yet");
     // The 32nd: a commit starts at once and frees the 32 slots.
     run_req(&mut h, 2031, write(31 * BS, 2));
     run_io(&mut h);
     assert_eq!(h.engine.stats().commits, commits + 1, "a reclaim commit");
-    assert_eq!(retired_pending(&h), 0, "{}", h.engine.debug_state());
+    assert_eq!(h.retired_pending(), 0, "{}", h.engine.debug_state());
     assert_eq!(h.engine.stats().free_slots, cap - 900);
 }
 
@@ -906,7 +894,7 @@ fn a_reclaim_commit_starts_below_the_free_reserve() {
     run_req(&mut h, 3000, write(0, 2));
     run_io(&mut h);
     assert_eq!(h.engine.stats().free_slots, 8);
-    assert_eq!(retired_pending(&h), 1, "{}", h.engine.debug_state());
+    assert_eq!(h.retired_pending(), 1, "{}", h.engine.debug_state());
     assert_eq!(
         h.engine.stats().commits,
         commits,
@@ -958,7 +946,7 @@ fn a_reclaim_commit_waits_for_free_slots_below_an_eighth_of_the_cache() {
         run_io(&mut h);
     }
     assert_eq!(h.engine.stats().free_slots, cap / 8);
-    assert_eq!(retired_pending(&h), 32, "{}", h.engine.debug_state());
+    assert_eq!(h.retired_pending(), 32, "{}", h.engine.debug_state());
     assert_eq!(h.engine.stats().commits, commits, "no commit at 128 free");
     run_req(&mut h, 2032, write(32 * BS, 2));
     run_io(&mut h);

@@ -149,16 +149,6 @@ fn sequence_numbers_stay_above_a_dropped_record() {
     }
 }
 
-/// `retired_pending` from `Engine::debug_state`.
-fn retired_pending(h: &MemHarness) -> u64 {
-    let s = h.engine.debug_state();
-    let v = s
-        .split_whitespace()
-        .find_map(|kv| kv.strip_prefix("retired_pending="))
-        .expect("retired_pending in debug_state");
-    v.parse().unwrap()
-}
-
 /// The slot a dropped record names stays retired (not free) until the
 /// first commit after recovery has written its entry free, and counts as
 /// one retired slot that commit frees.
@@ -166,14 +156,14 @@ fn retired_pending(h: &MemHarness) -> u64 {
 fn a_dropped_records_slot_is_freed_by_the_first_commit() {
     let (mut h, _) = drop_the_last_record(WritePolicyKind::WriteBack);
     let cap = h.engine.layout().capacity;
-    assert_eq!(retired_pending(&h), 1, "{}", h.engine.debug_state());
+    assert_eq!(h.retired_pending(), 1, "{}", h.engine.debug_state());
     assert_eq!(
         h.engine.stats().free_slots,
         cap - 2,
         "block 0 and the dropped slot"
     );
     h.settle(&mut |_| 0);
-    assert_eq!(retired_pending(&h), 0, "{}", h.engine.debug_state());
+    assert_eq!(h.retired_pending(), 0, "{}", h.engine.debug_state());
     assert_eq!(h.engine.stats().free_slots, cap - 1, "block 0");
 }
 
@@ -288,10 +278,10 @@ fn clean_versions_dropped_after_a_crash_are_freed_by_the_first_commit() {
     let rep = h.reopen().expect("recover");
     assert_eq!((rep.discarded, rep.dirty_versions), (2, 1), "{rep:?}");
     let cap = h.engine.layout().capacity;
-    assert_eq!(retired_pending(&h), 2, "{}", h.engine.debug_state());
+    assert_eq!(h.retired_pending(), 2, "{}", h.engine.debug_state());
     assert_eq!(h.engine.stats().free_slots, cap - 3);
     h.settle(&mut |_| 0);
-    assert_eq!(retired_pending(&h), 0, "{}", h.engine.debug_state());
+    assert_eq!(h.retired_pending(), 0, "{}", h.engine.debug_state());
     assert_eq!(h.engine.stats().free_slots, cap - 1);
     assert_eq!(read(&mut h, 10, 0), Some(0x10));
 }
