@@ -133,18 +133,24 @@ impl Server {
     /// Stop serving: connections end after their requests in flight, every
     /// export's metadata is committed and its host stopped. Errors if an
     /// export did not stop within a minute.
-    /// Returns once every device is closed, so that a new server may open
-    /// the same cache at once.
+    /// Returns once every device and every export (whose superblock handle
+    /// shares the cache's lock) is closed, so that a new server may open the
+    /// same cache at once.
     pub fn stop(self) -> Result<()> {
-        let devices: Vec<_> = (self.state.exports.all().iter())
-            .flat_map(|e| e.host.devices())
-            .collect();
+        let all = self.state.exports.all();
+        let devices: Vec<_> = all.iter().flat_map(|e| e.host.devices()).collect();
+        let exports: Vec<_> = all.iter().map(Arc::downgrade).collect();
+        drop(all);
         self.finish(false)?;
-        // The host's threads let go of its devices shortly after it stops.
+        // The host's threads let go of its devices shortly after it stops,
+        // and the last holder of an export (a connection's task, the
+        // control socket's) drops it as it ends.
         let t = std::time::Instant::now();
-        while devices.iter().any(|d| d.strong_count() > 0) {
+        while devices.iter().any(|d| d.strong_count() > 0)
+            || exports.iter().any(|e| e.strong_count() > 0)
+        {
             if t.elapsed() > Duration::from_secs(30) {
-                bail!("the stopped server's devices were not closed within 30 s");
+                bail!("the stopped server's devices or exports were not closed within 30 s");
             }
             std::thread::sleep(Duration::from_millis(2));
         }

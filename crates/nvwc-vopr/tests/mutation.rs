@@ -182,10 +182,12 @@ fn an_ordered_wave_ignoring_the_marks_a_commit_records_fails_the_run() {
     // Rare: the next wave must rewrite a block while the commit recording
     // its clean mark is in flight (cleaning stopped and restarted, or a
     // node became ready, during that commit), and the crash must fall
-    // inside the commit. Seed 1628 is the one of 0..20,000 that does it
-    // (`nvwc vopr --write-policy ordered --seeds 20000` with the bug).
+    // inside the commit. Four seeds of 0..20,000 do it with the bug (1243,
+    // 2646, 6231 and 9205: `cargo run --release -p nvwc-vopr --example
+    // planted -- WaveIgnoresMarking ordered 0 20000`); these 64 hold the
+    // first. A change to the engine's timing moves them: search again then.
     let o = opts(WritePolicyKind::Ordered, None);
-    let (clean, planted) = with_and_without_from(Mutation::WaveIgnoresMarking, &o, 1600, 64);
+    let (clean, planted) = with_and_without_from(Mutation::WaveIgnoresMarking, &o, 1216, 64);
     assert_eq!(clean.by_check, [0; 4], "ordered passes without the bug");
     assert!(planted.by_check[2] > 0, "the planted bug fails (c)");
     planted.verdict().expect_err("the run fails");
