@@ -435,3 +435,94 @@ fn uncommitted_transactions_merge_into_the_open_one() {
         .1;
     assert_eq!(e.aux0, 1, "rewritten for the open transaction");
 }
+
+/// Block `lbn`'s valid entry in the slot table on `h`'s cache device
+/// (the newest copy of each page): its slot and the entry.
+fn table_entry(h: &MemHarness, lbn: u64) -> Option<(u32, layout::Entry)> {
+    let pages = h
+        .engine
+        .config()
+        .capacity_blocks
+        .div_ceil(layout::ENTRIES_PER_PAGE);
+    let page = layout::PAGE_BYTES as usize;
+    let written = |pg: u64| {
+        (0..2u64).any(|c| {
+            let at = layout::TABLE_OFFSET as usize + (2 * pg + c) as usize * page;
+            layout::page_tag(pg, &h.cache[at..at + page]).is_some()
+        })
+    };
+    (0..pages)
+        .filter(|&pg| written(pg))
+        .flat_map(|pg| page_copy(h, pg).2)
+        .find(|(_, e)| e.flags & layout::F_VALID != 0 && e.lbn == lbn)
+}
+
+/// Complete every command in flight but `held` (an id), until none is left.
+fn run_io_but(h: &mut MemHarness, held: u64) {
+    while let Some(i) = h.inflight().iter().position(|c| c.id != held) {
+        assert!(h.step(&mut |_| i));
+    }
+}
+
+/// Ordered: a version's entry carries its write's completion index, known
+/// only once the whole write is done. A commit that runs while a two-block
+/// write is half done records the block already installed as "not
+/// completed"; the write's completion marks that entry again
+/// (`finish_request`), so the next commit records the index, even when
+/// nothing else changes on that entry's page. Without it, recovery would
+/// take the version for a write that never completed, ordered after every
+/// other.
+#[test]
+fn an_ordered_entry_committed_before_its_write_completed_is_rewritten_with_its_completion() {
+    const UNSET: u64 = u64::MAX;
+    let mut c = cfg(WritePolicyKind::Ordered, 0);
+    c.autocommit_ns = 1_000;
+    let mut h = MemHarness::new(c);
+    // A free block's slot is the one its number maps to: blocks 62 and 63
+    // have their entries on pages 0 and 1.
+    let per_page = layout::ENTRIES_PER_PAGE;
+    let lbn = per_page - 1;
+    h.submit(1, testkit::write_filled(lbn * BS, 0x21, 2 * BS));
+    let writes: Vec<u64> = (h.inflight().iter())
+        .filter(|c| c.dev == Dev::Cache && matches!(c.op, IoOp::Write { .. }))
+        .map(|c| c.id)
+        .collect();
+    assert_eq!(writes.len(), 2, "one cache write a block");
+    let held = writes[1];
+    run_io_but(&mut h, held);
+    // A commit while the second block's cache write is in flight.
+    h.now += 1_000_000;
+    h.engine.handle_timeout(h.now);
+    run_io_but(&mut h, held);
+    let first = (lbn..lbn + 2)
+        .find(|&l| table_entry(&h, l).is_some_and(|(_, e)| e.aux0 == UNSET))
+        .expect("the commit recorded the installed block as not completed");
+    let second = 2 * lbn + 1 - first;
+    assert!(
+        !h.replies.iter().any(|r| r.id == 1),
+        "the write is not done"
+    );
+    // The write completes; the next commit records its completion.
+    let i = h.inflight().iter().position(|c| c.id == held).unwrap();
+    assert!(h.step(&mut |_| i));
+    assert!(
+        h.replies.iter().any(|r| r.id == 1 && r.result.is_ok()),
+        "the write is done"
+    );
+    run(&mut h, 2, ReqOp::Flush);
+    let (sa, a) = table_entry(&h, first).expect("the first block's entry");
+    let (sb, b) = table_entry(&h, second).expect("the second block's entry");
+    assert_ne!(
+        sa / per_page as u32,
+        sb / per_page as u32,
+        "the blocks' entries share no page"
+    );
+    assert_ne!(
+        a.aux0, UNSET,
+        "the first block's entry names the completion"
+    );
+    assert_eq!(
+        a.aux0, b.aux0,
+        "both blocks carry the write's completion index"
+    );
+}
