@@ -526,3 +526,52 @@ fn an_ordered_entry_committed_before_its_write_completed_is_rewritten_with_its_c
         "both blocks carry the write's completion index"
     );
 }
+
+/// Ordered, critical admission: a recovered cache that keeps an older
+/// dirty version of a block (a shadow: ordered keeps every version until
+/// its node is destaged) counts it on its block, and the count returns to
+/// zero once the shadow is destaged and retired. The block, trimmed from
+/// the cache, then takes a rejected write around the cache, as any block
+/// the cache holds nothing of (`can_bypass` reads the count).
+#[test]
+fn a_recovered_shadow_is_counted_on_its_block_until_it_is_retired() {
+    let tag = |critical| Tag {
+        client: 0,
+        critical,
+        sync: false,
+    };
+    let mut c = cfg(WritePolicyKind::Ordered, 0);
+    c.admission = AdmissionKind::Critical;
+    let mut h = MemHarness::new(c);
+    for (id, byte) in [(1, 0x31), (2, 0x32)] {
+        h.submit_tagged(id, write(7, byte), tag(true));
+        assert!(h.wait(id, &mut |_| 0).result.is_ok());
+    }
+    run(&mut h, 3, ReqOp::Flush);
+    let rep = h.reopen().expect("recover");
+    assert_eq!(rep.dirty_versions, 2, "both versions come back: {rep:?}");
+    h.engine.start_drain(h.now);
+    h.settle(&mut |_| 0);
+    run(&mut h, 4, ReqOp::Flush);
+    assert_eq!(h.backing[7 * BS as usize], 0x32, "destaged");
+    let trim = ReqOp::Trim {
+        offset: 7 * BS,
+        len: BS as u32,
+    };
+    run(&mut h, 5, trim);
+    run(&mut h, 6, ReqOp::Flush);
+    h.settle(&mut |_| 0);
+    let before = h.engine.stats().clone();
+    h.submit_tagged(7, write(7, 0x33), tag(false));
+    assert!(h.wait(7, &mut |_| 0).result.is_ok());
+    let st = h.engine.stats();
+    assert_eq!(
+        (
+            st.bypassed_pieces - before.bypassed_pieces,
+            st.bypass_refused - before.bypass_refused
+        ),
+        (1, 0),
+        "the rejected write goes around the cache: {st:?}"
+    );
+    assert_eq!(h.backing[7 * BS as usize], 0x33);
+}
