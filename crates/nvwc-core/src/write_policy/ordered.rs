@@ -2413,4 +2413,66 @@ mod tests {
         o.virtually_ready(16, &mut out);
         assert_eq!(out, vec![x]);
     }
+
+    #[test]
+    fn a_wave_waits_only_for_its_own_versions_entries() {
+        // a's entry is durable; b's version (another block) was installed
+        // since, its entry not committed: a's wave goes without a commit.
+        let mut o = pol(0);
+        let a = write(&mut o, 1, 0, 10);
+        let b = o.on_write_issue(0, 2);
+        o.on_version_installed(b, 1, 11, 2);
+        assert!(o.needs_marks(&[1]) && !o.needs_marks(&[0]));
+        let p = o.next_plan(&mut ctx(&[(0, a)])).expect("a's wave");
+        assert_eq!(p.write, vec![0]);
+        assert!(!o.wants_commit());
+    }
+
+    #[test]
+    fn a_wave_waits_for_entries_a_commit_in_flight_is_recording() {
+        // a's version is installed, then a commit (started by the engine,
+        // not asked for) records its entry: no version is waiting for the
+        // next commit, and a's wave still waits until that one is done.
+        let mut o = pol(0);
+        let a = o.on_write_issue(0, 1);
+        o.on_version_installed(a, 0, 10, 1);
+        o.on_write_data_done(0, a);
+        o.on_commit_start();
+        assert!(o.fresh.is_empty() && o.freshing.contains(&0));
+        assert!(o.next_plan(&mut ctx(&[(0, a)])).is_none());
+        assert!(o.wants_commit());
+        o.on_commit_done(true);
+        if o.wants_commit() {
+            // The commit that recorded the entry was not the one asked for.
+            o.on_commit_start();
+            o.on_commit_done(true);
+        }
+        let p = o.next_plan(&mut ctx(&[(0, a)])).expect("a's wave");
+        assert_eq!(p.write, vec![0]);
+    }
+
+    #[test]
+    fn a_ready_node_over_the_limit_alone_makes_the_wave_choose() {
+        // As in a_wave_takes_the_victims_ready_ancestors_first_up_to_the_limit,
+        // with a holding two versions: with room for one slot, a alone
+        // holds more than the wave takes, so the victim's ancestor walk
+        // chooses (b, found first), not the newest ready node x.
+        let mut o = pol(0);
+        let a = o.on_write_issue(0, 1);
+        let b = o.on_write_issue(0, 2);
+        let x = o.on_write_issue(0, 3);
+        for (g, s) in [(a, 0), (b, 1), (x, 2), (a, 4)] {
+            o.install_durable(g, s, 10 + u64::from(s), g);
+        }
+        o.on_write_data_done(0, a);
+        o.on_write_data_done(0, b);
+        let c = o.on_write_issue(0, 4);
+        o.install_durable(c, 3, 13, 4);
+        o.on_write_data_done(0, x);
+        o.on_write_data_done(0, c);
+        assert_eq!(o.ready, vec![a as u32, b as u32, x as u32]);
+        let mut cx = ctx(&[(3, c)]);
+        cx.limit = 1;
+        assert_eq!(o.next_plan(&mut cx).expect("a wave").write, vec![1]);
+    }
 }
