@@ -1530,6 +1530,7 @@ mod tests {
         assert_eq!(o.kind(), WritePolicyKind::Ordered);
         assert!(o.commit_needs_patches_done());
         assert!(!o.may_overwrite(0, 1) && !o.inherits_dirty_range());
+        assert!(o.issue_at_arrival());
         assert!(o.bypass_ok());
         // a and b in flight together, then c (a's block again) after both.
         let a = o.on_write_issue(0, 1);
@@ -2262,5 +2263,216 @@ mod tests {
         assert!(o.nodes[x as usize].preds_left == 0 && o.last_dummy.is_none());
         o.on_plan_done(0, &w2);
         assert!(o.nodes[x as usize].destaged);
+    }
+
+    #[test]
+    fn a_pipelined_wave_takes_ready_nodes_the_wave_in_flight_left_out() {
+        // Three independent writes, node 1 with two versions; the first
+        // wave has room for one slot and takes the newest ready node (2).
+        // A write not completed (its own id on the ready list by hand, as a
+        // stale entry) is skipped. While the wave flushes, the pipelined
+        // wave takes the ready nodes it left out, newest first, up to its
+        // limit in slots.
+        let setup = || {
+            let mut o = independent(3);
+            o.install_durable(1, 5, 105, 1);
+            let late = o.on_write_issue(0, 9);
+            o.install_durable(late, 7, 200, 9);
+            let mut one = ctx(&[]);
+            one.limit = 1;
+            let w1 = o.next_plan(&mut one).expect("a wave");
+            assert_eq!(w1.write, vec![2]);
+            assert_eq!(o.ready, vec![0, 1]);
+            o.ready.push(late as u32);
+            (o, w1.tag)
+        };
+        let pipelined = |limit: usize| {
+            let (mut o, tag) = setup();
+            let mut cx = ctx(&[]);
+            cx.limit = limit;
+            let w2 = o.next_plan(&mut cx).expect("a pipelined wave");
+            assert_eq!(w2.after, Some(tag));
+            w2.write
+        };
+        // Node 1's two versions fill a limit of two; with room for more,
+        // node 0 too.
+        assert_eq!(pipelined(2), vec![1, 5]);
+        assert_eq!(pipelined(3), vec![1, 5, 0]);
+    }
+
+    #[test]
+    fn a_wave_in_flight_is_looked_behind_once() {
+        // a's wave is in flight; b depends on a and is not completed when
+        // the pipelined wave is looked for: nothing. b completes during the
+        // FLUSH: it goes in the wave after, not in a second look.
+        let mut o = pol(0);
+        let a = write(&mut o, 1, 0, 10);
+        let w1 = o.next_plan(&mut ctx(&[(0, a)])).expect("a's wave");
+        let b = o.on_write_issue(0, 2);
+        o.install_durable(b, 1, 11, 2);
+        assert!(o.next_plan(&mut ctx(&[])).is_none(), "b not completed");
+        o.on_write_data_done(0, b);
+        assert!(o.next_plan(&mut ctx(&[])).is_none(), "looked once already");
+        o.on_plan_done(0, &w1);
+        let w2 = o.next_plan(&mut ctx(&[])).expect("b's wave");
+        assert_eq!((w2.write, w2.after), (vec![1], None));
+    }
+
+    #[test]
+    fn the_look_behind_a_wave_stops_after_its_visit_budget() {
+        // a's wave is in flight; `n` writes issued after a completed and
+        // not completed themselves (each a visit), then x, ready once a is
+        // destaged: found within ANCESTOR_VISITS visits, not beyond.
+        let look = |n: u64| {
+            let mut o = pol(0);
+            let a = write(&mut o, 1, 0, 10);
+            o.next_plan(&mut ctx(&[(0, a)])).expect("a's wave");
+            for i in 0..n {
+                o.on_write_issue(0, 100 + i);
+            }
+            let x = write(&mut o, 2, 1, 11);
+            assert_eq!(o.nodes[x as usize].preds, vec![a as u32]);
+            o.next_plan(&mut ctx(&[])).map(|p| p.write)
+        };
+        assert_eq!(look(2047), Some(vec![1]));
+        assert_eq!(look(2048), None);
+    }
+
+    #[test]
+    fn a_node_held_by_the_victims_walk_and_by_the_ready_list_asks_for_a_commit() {
+        // a's wave wrote block 10. c rewrites it, with a second version
+        // (block 12), and is ready at once. With room for one slot, the
+        // victim's ancestor walk finds c and holds it for block 10's mark,
+        // then the ready list finds it again: held twice, a commit asked for.
+        let mut o = pol(0);
+        let a = write(&mut o, 1, 0, 10);
+        let p = o.next_plan(&mut ctx(&[(0, a)])).expect("a's wave");
+        o.on_plan_done(0, &p);
+        let c = write(&mut o, 2, 1, 10);
+        o.install_durable(c, 2, 12, 2);
+        assert_eq!(o.ready, vec![c as u32]);
+        let mut cx = ctx(&[(1, c)]);
+        cx.limit = 1;
+        assert!(o.next_plan(&mut cx).is_none());
+        assert!(o.wants_commit(), "c waits for block 10's mark");
+        assert_eq!(o.ready, vec![c as u32]);
+    }
+
+    #[test]
+    fn the_memory_estimate_counts_each_set_of_slots_and_completions() {
+        // Versions installed before a commit started (their entries being
+        // recorded), one installed since, and a completion no reply has
+        // shown yet: each set counts 4 bytes an entry of its capacity.
+        let mut o = pol(0);
+        o.set_reply_events(true);
+        let a = o.on_write_issue(0, 1);
+        o.on_version_installed(a, 0, 10, 1);
+        o.on_version_installed(a, 1, 11, 1);
+        o.on_commit_start();
+        o.on_version_installed(a, 2, 12, 1);
+        o.on_write_data_done(0, a);
+        let fresh = o.fresh.capacity();
+        let freshing = o.freshing.capacity();
+        let unseen = o.unseen.capacity();
+        assert!(fresh > 0 && freshing > 0 && unseen > 0);
+        let rest = o.nodes.capacity() * std::mem::size_of::<Node>()
+            + o.slot_lbn.capacity() * 8
+            + (o.unmarked.capacity() + o.marking.capacity()) * 8
+            + o.nodes
+                .iter()
+                .map(|n| (n.preds.capacity() + n.succs.capacity() + n.slots.capacity()) * 4)
+                .sum::<usize>();
+        assert_eq!(o.mem_bytes(), rest + (fresh + freshing + unseen) * 4);
+    }
+
+    #[test]
+    fn the_look_behind_a_wave_visits_each_dummy_once() {
+        // By hand: the wave in flight holds q, p and a (walked from a); a
+        // dummy d after a and p, then 2040 writes not completed after d;
+        // x, completed, after q alone. The walk visits d once from a (2041
+        // visits with d's successors) and finds x within ANCESTOR_VISITS;
+        // visiting d again from p would spend the budget before q.
+        let mut o = pol(0);
+        let [q, p, a, d, x] = [(); 5].map(|_| o.alloc());
+        for n in [q, p, a, d, x] {
+            o.nodes[n as usize].completed = true;
+        }
+        o.nodes[d as usize].dummy = true;
+        o.add_edge(a, d);
+        o.add_edge(p, d);
+        o.add_edge(q, x);
+        for _ in 0..2040 {
+            let n = o.alloc();
+            o.add_edge(d, n);
+        }
+        o.wave = vec![q, p, a];
+        for n in [q, p, a] {
+            o.nodes[n as usize].in_wave = true;
+        }
+        let mut out = Vec::new();
+        o.virtually_ready(16, &mut out);
+        assert_eq!(out, vec![x]);
+    }
+
+    #[test]
+    fn a_wave_waits_only_for_its_own_versions_entries() {
+        // a's entry is durable; b's version (another block) was installed
+        // since, its entry not committed: a's wave goes without a commit.
+        let mut o = pol(0);
+        let a = write(&mut o, 1, 0, 10);
+        let b = o.on_write_issue(0, 2);
+        o.on_version_installed(b, 1, 11, 2);
+        assert!(o.needs_marks(&[1]) && !o.needs_marks(&[0]));
+        let p = o.next_plan(&mut ctx(&[(0, a)])).expect("a's wave");
+        assert_eq!(p.write, vec![0]);
+        assert!(!o.wants_commit());
+    }
+
+    #[test]
+    fn a_wave_waits_for_entries_a_commit_in_flight_is_recording() {
+        // a's version is installed, then a commit (started by the engine,
+        // not asked for) records its entry: no version is waiting for the
+        // next commit, and a's wave still waits until that one is done.
+        let mut o = pol(0);
+        let a = o.on_write_issue(0, 1);
+        o.on_version_installed(a, 0, 10, 1);
+        o.on_write_data_done(0, a);
+        o.on_commit_start();
+        assert!(o.fresh.is_empty() && o.freshing.contains(&0));
+        assert!(o.next_plan(&mut ctx(&[(0, a)])).is_none());
+        assert!(o.wants_commit());
+        o.on_commit_done(true);
+        if o.wants_commit() {
+            // The commit that recorded the entry was not the one asked for.
+            o.on_commit_start();
+            o.on_commit_done(true);
+        }
+        let p = o.next_plan(&mut ctx(&[(0, a)])).expect("a's wave");
+        assert_eq!(p.write, vec![0]);
+    }
+
+    #[test]
+    fn a_ready_node_over_the_limit_alone_makes_the_wave_choose() {
+        // As in a_wave_takes_the_victims_ready_ancestors_first_up_to_the_limit,
+        // with a holding two versions: with room for one slot, a alone
+        // holds more than the wave takes, so the victim's ancestor walk
+        // chooses (b, found first), not the newest ready node x.
+        let mut o = pol(0);
+        let a = o.on_write_issue(0, 1);
+        let b = o.on_write_issue(0, 2);
+        let x = o.on_write_issue(0, 3);
+        for (g, s) in [(a, 0), (b, 1), (x, 2), (a, 4)] {
+            o.install_durable(g, s, 10 + u64::from(s), g);
+        }
+        o.on_write_data_done(0, a);
+        o.on_write_data_done(0, b);
+        let c = o.on_write_issue(0, 4);
+        o.install_durable(c, 3, 13, 4);
+        o.on_write_data_done(0, x);
+        o.on_write_data_done(0, c);
+        assert_eq!(o.ready, vec![a as u32, b as u32, x as u32]);
+        let mut cx = ctx(&[(3, c)]);
+        cx.limit = 1;
+        assert_eq!(o.next_plan(&mut cx).expect("a wave").write, vec![1]);
     }
 }
