@@ -1059,3 +1059,130 @@ fn a_bypass_is_taken_again_once_a_commit_frees_the_retired_version() {
     assert_block(read(&mut h, 8, 0, BS as u32), 7, "block 0 after a crash");
     assert_block(read(&mut h, 9, BS, BS as u32), 5, "block 1 after a crash");
 }
+
+/// Write-back: a version destaged after the last commit named it dirty is
+/// clean in memory but not durably clean (`retire`: `durably_clean`), so
+/// once it is dropped (a trim) its block is not bypassed until a commit
+/// records it: recovery would bring it back dirty and destage it over the
+/// bypassed bytes. A rejected FUA write of the block is cached instead and
+/// acknowledged after a commit, and it survives a crash right after.
+#[test]
+fn a_version_clean_only_since_the_last_commit_keeps_its_block_from_bypassing() {
+    let mut h = eager(WritePolicyKind::WriteBack, AdmissionKind::Critical);
+    let backing_write =
+        |c: &IoCmd<Bytes>| c.dev == Dev::Backing && matches!(c.op, IoOp::Write { .. });
+    // Run request `id` to its reply, holding back every backing write.
+    let run_but_backing = |h: &mut MemHarness, id: ReqId| {
+        while !h.replies.iter().any(|r| r.id == id) {
+            let i = h
+                .inflight()
+                .iter()
+                .position(|c| !backing_write(c))
+                .expect("request stuck behind a backing write");
+            h.step(&mut |_| i);
+        }
+    };
+    h.submit_tagged(1, write(0, 1, BS), tag(true));
+    run_but_backing(&mut h, 1);
+    // The FLUSH commits block 0's version as dirty; its destage waits.
+    h.submit(2, ReqOp::Flush);
+    run_but_backing(&mut h, 2);
+    let st = h.engine.stats().clone();
+    assert_eq!((st.commits, st.destaged_blocks), (1, 0), "{st:?}");
+    while h.engine.stats().destaged_blocks == 0 {
+        assert!(h.step(&mut |_| 0), "the destage completes");
+    }
+    // Clean now, dirty in the durable table: the trim drops it.
+    h.submit(
+        3,
+        ReqOp::Trim {
+            offset: 0,
+            len: BS as u32,
+        },
+    );
+    h.wait(3, &mut |_| 0).result.unwrap();
+    let st = h.engine.stats().clone();
+    assert_eq!((st.cached_blocks, st.commits), (0, 1), "{st:?}");
+    assert_eq!(h.retired_pending(), 1);
+    h.submit_tagged(
+        4,
+        ReqOp::Write {
+            offset: 0,
+            data: Bytes::from(vec![9u8; BS as usize]),
+            fua: true,
+        },
+        tag(false),
+    );
+    h.wait(4, &mut |_| 0).result.unwrap();
+    let st = h.engine.stats().clone();
+    assert_eq!((st.bypassed_pieces, st.bypass_refused), (0, 1), "{st:?}");
+    h.reopen().unwrap();
+    assert_block(
+        read(&mut h, 5, 0, BS as u32),
+        9,
+        "the FUA write after a crash",
+    );
+}
+
+/// `bypassed_bytes` counts each bypassed piece's own bytes, wherever in
+/// its block it starts: 1000 bytes at offset 512 of a block are 1000.
+#[test]
+fn bypassed_bytes_count_a_piece_from_where_it_starts() {
+    let mut h = MemHarness::new(cfg(WritePolicyKind::WriteBack, AdmissionKind::Critical));
+    h.submit_tagged(1, write(3 * BS + 512, 4, 1000), tag(false));
+    h.wait(1, &mut |_| 0).result.unwrap();
+    let st = h.engine.stats().clone();
+    assert_eq!(
+        (
+            st.bypassed_pieces,
+            st.bypassed_bytes,
+            st.critical_bypassed_pieces
+        ),
+        (1, 1000, 0),
+        "{st:?}"
+    );
+    let b = read(&mut h, 2, 3 * BS, BS as u32);
+    assert_eq!((b[511], b[512], b[1511], b[1512]), (0, 4, 4, 0));
+}
+
+/// I/O criticality inheritance reissues only whole-block pieces
+/// (`reissue`): a bypassed write of part of a block (from its start, or
+/// up to its end) is not reissued to the cache, since the cache would need
+/// the block's other bytes; the critical read waits for the backing write
+/// and gets the block with the write's bytes and the old ones around them.
+#[test]
+fn a_partial_bypass_write_is_never_reissued() {
+    for (offset, len) in [(0, 1000), (BS - 1000, 1000)] {
+        let mut h = MemHarness::new(cfg(
+            WritePolicyKind::WriteBack,
+            AdmissionKind::CriticalPiIoi,
+        ));
+        h.submit_tagged(1, write(4 * BS + offset, 6, len), tag(false));
+        assert_eq!(h.engine.stats().bypassed_pieces, 1, "{offset}");
+        h.submit_tagged(
+            2,
+            ReqOp::Read {
+                offset: 4 * BS,
+                len: BS as u32,
+            },
+            tag(true),
+        );
+        let r = h.wait(2, &mut |_| 0);
+        let b = r.result.unwrap().unwrap().to_vec();
+        for (i, &x) in b.iter().enumerate() {
+            let want = if (offset..offset + len).contains(&(i as u64)) {
+                6
+            } else {
+                0
+            };
+            assert_eq!(x, want, "offset {offset}: byte {i}");
+        }
+        h.settle(&mut |_| 0);
+        let st = h.engine.stats().clone();
+        assert_eq!(
+            (st.reissued_writes, st.discarded_completions),
+            (0, 0),
+            "{offset}: {st:?}"
+        );
+    }
+}
