@@ -1186,3 +1186,35 @@ fn a_partial_bypass_write_is_never_reissued() {
         );
     }
 }
+
+/// A critical request waiting on a block whose write waits for a free slot
+/// moves that write to the head of the slot queue (`inherit`): of three
+/// rejected writes of cached blocks queued for a slot on a full write-back
+/// cache, the one a critical read waits on (the last queued) gets the
+/// first slot and completes first; the read gets its bytes.
+#[test]
+fn a_critical_waiter_moves_its_blocks_write_to_the_head_of_the_slot_queue() {
+    let mut h = critical_write_back_filled(16);
+    for (id, lbn) in [(2, 3u64), (3, 5), (4, 7)] {
+        h.submit_tagged(id, write(lbn * BS, id as u8, BS), tag(false));
+    }
+    let st = h.engine.stats().clone();
+    assert_eq!((st.bypass_refused, st.stalled_writes), (3, 3), "{st:?}");
+    h.submit_tagged(
+        5,
+        ReqOp::Read {
+            offset: 7 * BS,
+            len: BS as u32,
+        },
+        tag(true),
+    );
+    let r = h.wait(5, &mut |_| 0);
+    assert_block(r.result.unwrap().unwrap().to_vec(), 4, "critical read");
+    h.settle(&mut |_| 0);
+    let order: Vec<ReqId> = h.replies.iter().map(|r| r.id).collect();
+    assert_eq!(order, [4, 2, 3], "{:?}", h.engine.stats());
+    assert_eq!(h.engine.stats().inherited, 1);
+    for (id, lbn) in [(2, 3u64), (3, 5), (4, 7)] {
+        assert_block(read(&mut h, 10 + id, lbn * BS, BS as u32), id as u8, lbn);
+    }
+}
