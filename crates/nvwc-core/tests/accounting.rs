@@ -417,6 +417,37 @@ fn read_hits_misses_and_fills_are_counted() {
     }
 }
 
+/// A read miss fills the cache (`read_allocate`) only while more than half
+/// of `free_reserve` slots would stay free (`fill`): with a cache of 64
+/// full of clean blocks down to its reserve (8 free), a read of 16 new
+/// blocks, whose misses all go out at once, fills the first 4 (the evicted
+/// clean slots are free again only after the next commit) and serves the
+/// other 12 from the backing store alone.
+#[test]
+fn read_fills_stop_at_half_the_free_reserve() {
+    let mut c = cfg(WritePolicyKind::WriteThrough, 64);
+    c.read_allocate = true;
+    let mut h = MemHarness::new(c);
+    for lbn in 100..160u64 {
+        h.submit(lbn, write(lbn * BS, BS));
+        h.wait(lbn, &mut |_| 0).result.unwrap();
+    }
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats().clone();
+    assert_eq!((st.free_slots, st.populates), (8, 0), "{st:?}");
+    h.submit(
+        1,
+        ReqOp::Read {
+            offset: 0,
+            len: 16 * BS as u32,
+        },
+    );
+    let data = h.wait(1, &mut |_| 0).result.unwrap().unwrap();
+    assert_eq!(data.len() as u64, 16 * BS);
+    let st = h.engine.stats().clone();
+    assert_eq!((st.populates, st.free_slots), (4, 4), "{st:?}");
+}
+
 /// A partial write to a block not cached is a read-modify-write with one
 /// fetch of the block from the backing store (`FetchMode::Blocking`),
 /// counted in `fetches`; over a whole cached version (ordered: not in

@@ -508,3 +508,39 @@ fn an_in_place_rewrite_of_a_committed_version_needs_only_the_next_flush() {
         "the rewritten version, from the cache"
     );
 }
+
+/// Write-through sends the pieces of one request to the backing store as
+/// one write, as the client sent it (`flush_through_batch`), FUA or not as
+/// the client asked: a 4-block write is one backing command of 4 blocks.
+#[test]
+fn write_through_sends_a_request_as_one_backing_write() {
+    for fua in [false, true] {
+        let mut h = harness(WritePolicyKind::WriteThrough);
+        h.submit(
+            1,
+            ReqOp::Write {
+                offset: 8 * BS,
+                data: Bytes::from(vec![3u8; 4 * BS as usize]),
+                fua,
+            },
+        );
+        let backing: Vec<_> = h
+            .inflight()
+            .iter()
+            .filter(|c| c.dev == Dev::Backing)
+            .cloned()
+            .collect();
+        assert!(
+            matches!(
+                backing.as_slice(),
+                [IoCmd { op: IoOp::Write { offset, data, fua: f }, .. }]
+                    if *offset == 8 * BS && data.len() as u64 == 4 * BS && *f == fua
+            ),
+            "fua {fua}: {backing:?}"
+        );
+        h.wait(1, &mut |_| 0).result.unwrap();
+        for lbn in 8..12 {
+            read_hit(&mut h, 10 + lbn, lbn, 3);
+        }
+    }
+}
