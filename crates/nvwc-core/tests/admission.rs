@@ -31,6 +31,36 @@ fn tag(critical: bool) -> Tag {
     }
 }
 
+/// A backing-store write at `offset` (a bypass write).
+fn is_backing_write_at(c: &IoCmd<Bytes>, offset: u64) -> bool {
+    c.dev == Dev::Backing && matches!(c.op, IoOp::Write { offset: o, .. } if o == offset)
+}
+
+/// Submit critical read `id` of the block at `offset`, whose bypass write is
+/// in flight, and run every other command (at most `steps`) until I/O
+/// inheritance has reissued that write to the cache. Returns the stats then.
+fn critical_read_until_reissued(h: &mut MemHarness, id: ReqId, offset: u64, steps: usize) -> Stats {
+    let read = ReqOp::Read {
+        offset,
+        len: BS as u32,
+    };
+    h.submit_tagged(id, read, tag(true));
+    for _ in 0..steps {
+        if h.engine.stats().reissued_writes == 1 {
+            break;
+        }
+        let Some(i) = h
+            .inflight()
+            .iter()
+            .position(|c| !is_backing_write_at(c, offset))
+        else {
+            break;
+        };
+        h.step(&mut |_| i);
+    }
+    h.engine.stats().clone()
+}
+
 /// Every byte of `got` is `want` (reports the first wrong byte, not the block).
 #[track_caller]
 fn assert_block(got: Vec<u8>, want: u8, ctx: impl std::fmt::Display) {
@@ -611,30 +641,10 @@ fn a_reissue_in_a_cache_full_of_clean_blocks_waits_for_a_slot() {
     assert_eq!(h.engine.stats().free_slots, 0, "no free slot left");
     // A non-critical write bypasses the cache; keep its backing write back.
     h.submit_tagged(1, write(100 * BS, 5, BS), tag(false));
-    let is_bypass = |c: &IoCmd<Bytes>| {
-        c.dev == Dev::Backing && matches!(c.op, IoOp::Write { offset, .. } if offset == 100 * BS)
-    };
+    let is_bypass = |c: &IoCmd<Bytes>| is_backing_write_at(c, 100 * BS);
     assert!(h.inflight().iter().any(is_bypass), "bypass write in flight");
     // A critical read waits behind it: I/O inheritance asks for a reissue.
-    h.submit_tagged(
-        2,
-        ReqOp::Read {
-            offset: 100 * BS,
-            len: BS as u32,
-        },
-        tag(true),
-    );
-    // Run everything but the bypass write until the reissue reaches the cache.
-    for _ in 0..100 {
-        if h.engine.stats().reissued_writes == 1 {
-            break;
-        }
-        let Some(i) = h.inflight().iter().position(|c| !is_bypass(c)) else {
-            break;
-        };
-        h.step(&mut |_| i);
-    }
-    let st = h.engine.stats().clone();
+    let st = critical_read_until_reissued(&mut h, 2, 100 * BS, 100);
     assert_eq!(
         st.reissued_writes, 1,
         "the reissue waited for a slot: {st:?}"
@@ -908,29 +918,9 @@ fn a_critical_write_around_a_full_cache_is_reissued_as_critical() {
     let st = h.engine.stats().clone();
     assert_eq!((st.free_slots, st.dirty_blocks), (0, 16), "{st:?}");
     h.submit_tagged(1, write(200 * BS, 7, BS), tag(true));
-    let is_bypass = |c: &IoCmd<Bytes>| {
-        c.dev == Dev::Backing && matches!(c.op, IoOp::Write { offset, .. } if offset == 200 * BS)
-    };
+    let is_bypass = |c: &IoCmd<Bytes>| is_backing_write_at(c, 200 * BS);
     assert!(h.inflight().iter().any(is_bypass), "around the full cache");
-    h.submit_tagged(
-        2,
-        ReqOp::Read {
-            offset: 200 * BS,
-            len: BS as u32,
-        },
-        tag(true),
-    );
-    // Everything but the bypass write, until the reissue reaches the cache.
-    for _ in 0..1000 {
-        if h.engine.stats().reissued_writes == 1 {
-            break;
-        }
-        let Some(i) = h.inflight().iter().position(|c| !is_bypass(c)) else {
-            break;
-        };
-        h.step(&mut |_| i);
-    }
-    let st = h.engine.stats().clone();
+    let st = critical_read_until_reissued(&mut h, 2, 200 * BS, 1000);
     assert_eq!(
         (
             st.full_bypassed_writes,
