@@ -1411,6 +1411,14 @@ mod tests {
         g
     }
 
+    /// Write 1 (slot 0, block 10), destaged by a wave that is done: block
+    /// 10's clean mark is not durable yet.
+    fn first_wave_done(o: &mut Ordered) {
+        let a = write(o, 1, 0, 10);
+        let p = o.next_plan(&mut ctx(&[(0, a)])).expect("write 1's wave");
+        o.on_plan_done(0, &p);
+    }
+
     #[test]
     fn statistics_and_live_nodes_follow_the_graph() {
         let mut o = pol(0);
@@ -1593,9 +1601,7 @@ mod tests {
     #[test]
     fn a_version_outside_any_node_is_synced_whole_once_its_mark_is_durable() {
         let mut o = pol(0);
-        let a = write(&mut o, 1, 0, 10);
-        let p = o.next_plan(&mut ctx(&[(0, a)])).expect("a wave");
-        o.on_plan_done(0, &p);
+        first_wave_done(&mut o);
         // The engine keeps slot 0 dirty outside any node (NO_GROUP): a sync
         // must wait for the wave's clean mark on block 10.
         assert!(o.next_plan(&mut ctx(&[(0, NO_GROUP)])).is_none());
@@ -1942,9 +1948,7 @@ mod tests {
         let mut o = pol(0);
         assert!(o.next_plan(&mut ctx(&[])).is_none());
         assert!(!o.wants_commit(), "nothing ready, nothing held");
-        let a = write(&mut o, 1, 0, 10);
-        let p = o.next_plan(&mut ctx(&[(0, a)])).expect("a's wave");
-        o.on_plan_done(0, &p);
+        first_wave_done(&mut o);
         // c rewrites block 10 (no older node left: c is ready at once). No
         // victim: the ready list finds c, held for block 10's mark.
         let c = write(&mut o, 2, 1, 10);
@@ -2123,9 +2127,7 @@ mod tests {
         // for) is recording block 10's clean mark. c rewrites block 10: it
         // waits until that commit is done.
         let mut o = pol(0);
-        let a = write(&mut o, 1, 0, 10);
-        let p = o.next_plan(&mut ctx(&[(0, a)])).expect("a's wave");
-        o.on_plan_done(0, &p);
+        first_wave_done(&mut o);
         o.on_commit_start();
         assert!(o.unmarked.is_empty() && o.marking.contains(&10));
         let c = write(&mut o, 2, 1, 10);
@@ -2345,9 +2347,7 @@ mod tests {
         // victim's ancestor walk finds c and holds it for block 10's mark,
         // then the ready list finds it again: held twice, a commit asked for.
         let mut o = pol(0);
-        let a = write(&mut o, 1, 0, 10);
-        let p = o.next_plan(&mut ctx(&[(0, a)])).expect("a's wave");
-        o.on_plan_done(0, &p);
+        first_wave_done(&mut o);
         let c = write(&mut o, 2, 1, 10);
         o.install_durable(c, 2, 12, 2);
         assert_eq!(o.ready, vec![c as u32]);
