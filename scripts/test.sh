@@ -10,7 +10,12 @@ cd "$(dirname "$0")/.."
 # OpenSSL; openssl: the TLS tests make their CA and certificates with its CLI.
 pkgs="qemu-utils nbdkit libnbd-bin nbdfuse fio e2fsprogs fonts-dejavu-core systemd libssl-dev pkg-config openssl python3-venv"
 missing=""
-for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
+# nbdfuse is its own package on newer Debian, but only a name libnbd-bin
+# provides on older ones (dpkg -s never finds it there): look for the program.
+for p in $pkgs; do
+  if [ "$p" = nbdfuse ]; then command -v nbdfuse >/dev/null && continue; fi
+  dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
+done
 if [ -n "$missing" ]; then
   echo "== installing:$missing"
   sudo_cmd=""
