@@ -121,3 +121,32 @@ fn ordered_pipelines_a_wave_once_the_wave_in_flight_has_written_its_copies() {
         &[2u8; BS as usize][..]
     );
 }
+
+/// A full cache of clean blocks evicts room for every write waiting for
+/// admission at once (`Engine::ensure_free`: the writes queued behind the
+/// first count too, up to `max_destage_inflight` slots), so that one
+/// commit frees room for all of them. Twelve one-block writes arrive at a
+/// cache of 24 clean blocks and 8 free slots (the reserve): 8 take the free
+/// slots, 4 wait; 12 blocks are evicted, the reserve's 8 and one for each
+/// waiting write (9 if only the first waiting write counted; every clean
+/// block if the count ran away).
+#[test]
+fn a_full_cache_evicts_room_for_every_queued_write_at_once() {
+    let mut h = harness(WritePolicyKind::WriteBack, 16);
+    for lbn in 0..40u64 {
+        h.submit(lbn + 1, write(lbn, 1));
+        h.wait(lbn + 1, &mut |_| 0).result.unwrap();
+    }
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!(
+        (st.free_slots, st.cached_blocks, st.dirty_blocks),
+        (8, 24, 0)
+    );
+    for i in 0..12u64 {
+        h.submit(100 + i, write(60 + i, 2));
+    }
+    assert_eq!(h.engine.stats().evictions - st.evictions, 12);
+    h.settle(&mut |_| 0);
+    assert_eq!(h.replies.iter().filter(|r| r.id >= 100).count(), 12);
+}
