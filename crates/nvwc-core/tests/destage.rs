@@ -150,3 +150,29 @@ fn a_full_cache_evicts_room_for_every_queued_write_at_once() {
     h.settle(&mut |_| 0);
     assert_eq!(h.replies.iter().filter(|r| r.id >= 100).count(), 12);
 }
+
+/// While writes go around a full write-back cache and cleaning is paced
+/// (`Config::full_clean_secs`), clean blocks are evicted ahead: the reserve
+/// (8 slots) and a reserve's worth more (`Engine::reclaim_ahead`), so that
+/// one commit frees several slots for the writes that cannot go around.
+/// 256 first writes to a 64-block cache: 16 blocks evicted, 16 slots free
+/// (8 if nothing were evicted ahead).
+#[test]
+fn paced_cleaning_evicts_a_reserve_ahead() {
+    let mut c = Config::new(BS as u32, 64, 4096 * BS, WritePolicyKind::WriteBack);
+    c.bypass_when_full = true;
+    c.full_clean_secs = 40;
+    let mut h = MemHarness::new(c);
+    for batch in (0..256u64).collect::<Vec<_>>().chunks(32) {
+        for &i in batch {
+            let b = (i * 37) % 1024;
+            h.submit(i + 1, write(b, (b % 251) as u8 + 1));
+        }
+        for &i in batch {
+            h.wait(i + 1, &mut |_| 0).result.unwrap();
+        }
+    }
+    let st = h.engine.stats();
+    assert!(st.full_bypassed_writes > 0, "{st:?}");
+    assert_eq!((st.evictions, st.free_slots), (16, 16), "{st:?}");
+}
