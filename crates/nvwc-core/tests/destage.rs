@@ -176,3 +176,45 @@ fn paced_cleaning_evicts_a_reserve_ahead() {
     assert!(st.full_bypassed_writes > 0, "{st:?}");
     assert_eq!((st.evictions, st.free_slots), (16, 16), "{st:?}");
 }
+
+/// While cleaning is paced, a write of a new block goes around the cache
+/// only if it would take one of the slots kept free (`Engine::full_keep`:
+/// the reserve and the reserve's worth evicted ahead, 16 here). With the
+/// cache emptied by TRIMs (64 slots free) while still paced, a new block
+/// is cached.
+#[test]
+fn a_new_block_is_cached_while_paced_when_slots_beyond_the_kept_ones_are_free() {
+    let mut c = Config::new(BS as u32, 64, 4096 * BS, WritePolicyKind::WriteBack);
+    c.bypass_when_full = true;
+    c.full_clean_secs = 40;
+    let mut h = MemHarness::new(c);
+    let blocks: Vec<u64> = (0..256u64).map(|i| (i * 37) % 1024).collect();
+    for (batch, lbns) in blocks.chunks(32).enumerate() {
+        let ids: Vec<u64> = (0..32).map(|k| 1 + batch as u64 * 32 + k).collect();
+        for (&id, &b) in ids.iter().zip(lbns) {
+            h.submit(id, write(b, (b % 251) as u8 + 1));
+        }
+        for &id in &ids {
+            h.wait(id, &mut |_| 0).result.unwrap();
+        }
+    }
+    for (k, &b) in blocks.iter().enumerate() {
+        let id = 1000 + k as u64;
+        h.submit(
+            id,
+            ReqOp::Trim {
+                offset: b * BS,
+                len: BS as u32,
+            },
+        );
+        h.wait(id, &mut |_| 0).result.unwrap();
+    }
+    let before = h.engine.stats();
+    assert_eq!((before.free_slots, before.cached_blocks), (64, 0));
+    assert!(h.now < 1_000_000_000, "still within the pacing window");
+    h.submit(2000, write(2000, 9));
+    h.wait(2000, &mut |_| 0).result.unwrap();
+    let st = h.engine.stats();
+    assert_eq!(st.full_bypassed_writes, before.full_bypassed_writes);
+    assert_eq!(st.cached_blocks, 1, "{st:?}");
+}
