@@ -218,3 +218,39 @@ fn a_new_block_is_cached_while_paced_when_slots_beyond_the_kept_ones_are_free() 
     assert_eq!(st.full_bypassed_writes, before.full_bypassed_writes);
     assert_eq!(st.cached_blocks, 1, "{st:?}");
 }
+
+/// A failed destage waits `Config::retry_ns` before cleaning tries again
+/// (`Engine::plan` plans nothing while `retry_at` is set): after block 0's
+/// backing write fails, no new plan starts while time stands still.
+#[test]
+fn a_failed_destage_is_retried_only_after_the_retry_delay() {
+    let mut h = harness(WritePolicyKind::WriteBack, 16);
+    h.submit(1, write(0, 1));
+    h.wait(1, &mut |_| 0).result.unwrap();
+    let find = |h: &mut MemHarness| h.inflight().iter().position(is_backing_write);
+    let mut failed = false;
+    for _ in 0..1000 {
+        if let Some(i) = find(&mut h) {
+            h.complete_failed(i);
+            failed = true;
+            break;
+        }
+        assert!(h.step(&mut |_| 0), "block 0 is destaged");
+    }
+    assert!(failed);
+    assert_eq!(h.engine.stats().destage_failures, 1);
+    // Complete everything else, time standing still (no timeout fires).
+    for _ in 0..1000 {
+        let cmds: Vec<IoCmd<Bytes>> = h.inflight().iter().cloned().collect();
+        assert!(!cmds.iter().any(is_backing_write), "retried at once");
+        if cmds.is_empty() {
+            break;
+        }
+        h.step(&mut |_| 0);
+    }
+    assert_eq!(h.engine.stats().destage_plans, 1, "no second plan yet");
+    // After the delay, block 0 is destaged.
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!((st.destage_plans, st.destaged_blocks), (2, 1), "{st:?}");
+}
