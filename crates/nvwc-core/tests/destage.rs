@@ -1,0 +1,256 @@
+//! Destage plans in flight (`engine/destage.rs`): the destage limit, and
+//! ordered's pipelined waves (a wave planned while the wave before waits for
+//! its backing FLUSH, its writes held until that wave ends). Mutation
+//! testing (`scripts/mutants.sh`) found these unchecked by the other tests
+//! (the VOPR exercises them, but not to the count).
+
+use bytes::Bytes;
+use nvwc_core::testkit::MemHarness;
+use nvwc_core::*;
+
+const BS: u64 = 4096;
+
+fn harness(policy: WritePolicyKind, limit: u32) -> MemHarness {
+    let mut c = Config::new(BS as u32, 32, 128 * BS, policy);
+    // Clean from the first dirty block on.
+    c.watermarks = Watermarks {
+        high: 0.0,
+        low: 0.0,
+    };
+    c.max_destage_inflight = limit;
+    MemHarness::new(c)
+}
+
+fn write(lbn: u64, byte: u8) -> ReqOp<Bytes> {
+    ReqOp::Write {
+        offset: lbn * BS,
+        data: Bytes::from(vec![byte; BS as usize]),
+        fua: false,
+    }
+}
+
+fn is_backing_write(c: &IoCmd<Bytes>) -> bool {
+    c.dev == Dev::Backing && matches!(c.op, IoOp::Write { .. })
+}
+
+/// Complete every command in flight but backing writes, oldest first, until
+/// only backing writes are left (timers fire when nothing else can run);
+/// returns the most backing writes seen in flight at once.
+fn run_holding_backing_writes(h: &mut MemHarness) -> usize {
+    let mut most = 0;
+    let mut idle = 0;
+    for _ in 0..100_000 {
+        let cmds: Vec<IoCmd<Bytes>> = h.inflight().iter().cloned().collect();
+        most = most.max(cmds.iter().filter(|c| is_backing_write(c)).count());
+        match cmds.iter().position(|c| !is_backing_write(c)) {
+            Some(i) => {
+                idle = 0;
+                h.step(&mut |_| i);
+            }
+            None if idle < 3 => {
+                idle += 1;
+                h.now += 1_000_000_000;
+                h.engine.handle_timeout(h.now);
+            }
+            None => return most,
+        }
+    }
+    panic!("never quiet: {}", h.engine.debug_state());
+}
+
+fn counter(h: &MemHarness, name: &str) -> u64 {
+    h.engine
+        .policy_counters()
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, v)| v)
+        .unwrap_or_else(|| panic!("no counter {name}"))
+}
+
+/// Write-back keeps at most `max_destage_inflight` destage copies in flight
+/// (`View::destage_in_flight`, `View::destage_limit`): with a limit of 2
+/// and eight dirty blocks (not contiguous: one backing write per copy), no
+/// more than 2 backing writes are ever in flight, and 2 are at once, while
+/// cache commands complete first (destage writes pile up if allowed).
+#[test]
+fn write_back_keeps_the_destage_limit_of_copies_in_flight() {
+    let mut h = harness(WritePolicyKind::WriteBack, 2);
+    for i in 0..8u64 {
+        h.submit(i + 1, write(2 * i, i as u8 + 1));
+    }
+    let mut most = 0;
+    for _ in 0..100 {
+        most = most.max(run_holding_backing_writes(&mut h));
+        if !h.step(&mut |_| 0) {
+            break;
+        }
+    }
+    h.settle(&mut |_| 0);
+    assert_eq!(h.replies.len(), 8, "every write acknowledged");
+    assert_eq!(h.engine.stats().destaged_blocks, 8, "every block destaged");
+    assert_eq!(most, 2, "destage writes in flight at most");
+}
+
+/// Ordered pipelines a wave behind the wave in flight once that wave has
+/// written all its copies (`View::copies_pending`): block 0's wave writes
+/// while block 1 (written after block 0 completed: it depends on it) is
+/// acknowledged; only when block 0's backing write is done does block 1's
+/// wave start, pipelined behind block 0's backing FLUSH.
+#[test]
+fn ordered_pipelines_a_wave_once_the_wave_in_flight_has_written_its_copies() {
+    let mut h = harness(WritePolicyKind::Ordered, 16);
+    h.submit(1, write(0, 1));
+    run_holding_backing_writes(&mut h);
+    assert!(h.replies.iter().any(|r| r.id == 1), "block 0 acknowledged");
+    assert_eq!(h.engine.stats().destage_plans, 1, "block 0's wave");
+    h.submit(2, write(1, 2));
+    run_holding_backing_writes(&mut h);
+    assert!(h.replies.iter().any(|r| r.id == 2), "block 1 acknowledged");
+    assert_eq!(
+        h.engine.stats().destage_plans,
+        1,
+        "no wave while block 0's copy is unwritten"
+    );
+    assert_eq!(counter(&h, "ordered_waves_pipelined"), 0);
+    h.settle(&mut |_| 0);
+    assert_eq!(counter(&h, "ordered_waves_pipelined"), 1, "block 1's wave");
+    assert_eq!(h.engine.stats().destaged_blocks, 2);
+    assert_eq!(&h.backing[..BS as usize], &[1u8; BS as usize][..]);
+    assert_eq!(
+        &h.backing[BS as usize..2 * BS as usize],
+        &[2u8; BS as usize][..]
+    );
+}
+
+/// A full cache of clean blocks evicts room for every write waiting for
+/// admission at once (`Engine::ensure_free`: the writes queued behind the
+/// first count too, up to `max_destage_inflight` slots), so that one
+/// commit frees room for all of them. Twelve one-block writes arrive at a
+/// cache of 24 clean blocks and 8 free slots (the reserve): 8 take the free
+/// slots, 4 wait; 12 blocks are evicted, the reserve's 8 and one for each
+/// waiting write (9 if only the first waiting write counted; every clean
+/// block if the count ran away).
+#[test]
+fn a_full_cache_evicts_room_for_every_queued_write_at_once() {
+    let mut h = harness(WritePolicyKind::WriteBack, 16);
+    for lbn in 0..40u64 {
+        h.submit(lbn + 1, write(lbn, 1));
+        h.wait(lbn + 1, &mut |_| 0).result.unwrap();
+    }
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!(
+        (st.free_slots, st.cached_blocks, st.dirty_blocks),
+        (8, 24, 0)
+    );
+    for i in 0..12u64 {
+        h.submit(100 + i, write(60 + i, 2));
+    }
+    assert_eq!(h.engine.stats().evictions - st.evictions, 12);
+    h.settle(&mut |_| 0);
+    assert_eq!(h.replies.iter().filter(|r| r.id >= 100).count(), 12);
+}
+
+/// While writes go around a full write-back cache and cleaning is paced
+/// (`Config::full_clean_secs`), clean blocks are evicted ahead: the reserve
+/// (8 slots) and a reserve's worth more (`Engine::reclaim_ahead`), so that
+/// one commit frees several slots for the writes that cannot go around.
+/// 256 first writes to a 64-block cache: 16 blocks evicted, 16 slots free
+/// (8 if nothing were evicted ahead).
+#[test]
+fn paced_cleaning_evicts_a_reserve_ahead() {
+    let mut c = Config::new(BS as u32, 64, 4096 * BS, WritePolicyKind::WriteBack);
+    c.bypass_when_full = true;
+    c.full_clean_secs = 40;
+    let mut h = MemHarness::new(c);
+    for batch in (0..256u64).collect::<Vec<_>>().chunks(32) {
+        for &i in batch {
+            let b = (i * 37) % 1024;
+            h.submit(i + 1, write(b, (b % 251) as u8 + 1));
+        }
+        for &i in batch {
+            h.wait(i + 1, &mut |_| 0).result.unwrap();
+        }
+    }
+    let st = h.engine.stats();
+    assert!(st.full_bypassed_writes > 0, "{st:?}");
+    assert_eq!((st.evictions, st.free_slots), (16, 16), "{st:?}");
+}
+
+/// While cleaning is paced, a write of a new block goes around the cache
+/// only if it would take one of the slots kept free (`Engine::full_keep`:
+/// the reserve and the reserve's worth evicted ahead, 16 here). With the
+/// cache emptied by TRIMs (64 slots free) while still paced, a new block
+/// is cached.
+#[test]
+fn a_new_block_is_cached_while_paced_when_slots_beyond_the_kept_ones_are_free() {
+    let mut c = Config::new(BS as u32, 64, 4096 * BS, WritePolicyKind::WriteBack);
+    c.bypass_when_full = true;
+    c.full_clean_secs = 40;
+    let mut h = MemHarness::new(c);
+    let blocks: Vec<u64> = (0..256u64).map(|i| (i * 37) % 1024).collect();
+    for (batch, lbns) in blocks.chunks(32).enumerate() {
+        let ids: Vec<u64> = (0..32).map(|k| 1 + batch as u64 * 32 + k).collect();
+        for (&id, &b) in ids.iter().zip(lbns) {
+            h.submit(id, write(b, (b % 251) as u8 + 1));
+        }
+        for &id in &ids {
+            h.wait(id, &mut |_| 0).result.unwrap();
+        }
+    }
+    for (k, &b) in blocks.iter().enumerate() {
+        let id = 1000 + k as u64;
+        h.submit(
+            id,
+            ReqOp::Trim {
+                offset: b * BS,
+                len: BS as u32,
+            },
+        );
+        h.wait(id, &mut |_| 0).result.unwrap();
+    }
+    let before = h.engine.stats();
+    assert_eq!((before.free_slots, before.cached_blocks), (64, 0));
+    assert!(h.now < 1_000_000_000, "still within the pacing window");
+    h.submit(2000, write(2000, 9));
+    h.wait(2000, &mut |_| 0).result.unwrap();
+    let st = h.engine.stats();
+    assert_eq!(st.full_bypassed_writes, before.full_bypassed_writes);
+    assert_eq!(st.cached_blocks, 1, "{st:?}");
+}
+
+/// A failed destage waits `Config::retry_ns` before cleaning tries again
+/// (`Engine::plan` plans nothing while `retry_at` is set): after block 0's
+/// backing write fails, no new plan starts while time stands still.
+#[test]
+fn a_failed_destage_is_retried_only_after_the_retry_delay() {
+    let mut h = harness(WritePolicyKind::WriteBack, 16);
+    h.submit(1, write(0, 1));
+    h.wait(1, &mut |_| 0).result.unwrap();
+    let find = |h: &mut MemHarness| h.inflight().iter().position(is_backing_write);
+    let mut failed = false;
+    for _ in 0..1000 {
+        if let Some(i) = find(&mut h) {
+            h.complete_failed(i);
+            failed = true;
+            break;
+        }
+        assert!(h.step(&mut |_| 0), "block 0 is destaged");
+    }
+    assert!(failed);
+    assert_eq!(h.engine.stats().destage_failures, 1);
+    // Complete everything else, time standing still (no timeout fires).
+    for _ in 0..1000 {
+        let cmds: Vec<IoCmd<Bytes>> = h.inflight().iter().cloned().collect();
+        assert!(!cmds.iter().any(is_backing_write), "retried at once");
+        if cmds.is_empty() {
+            break;
+        }
+        h.step(&mut |_| 0);
+    }
+    assert_eq!(h.engine.stats().destage_plans, 1, "no second plan yet");
+    // After the delay, block 0 is destaged.
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!((st.destage_plans, st.destaged_blocks), (2, 1), "{st:?}");
+}
