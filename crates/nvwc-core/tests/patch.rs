@@ -264,3 +264,70 @@ fn a_patch_issued_before_a_waiting_flush_is_brought_up_to_date_for_it() {
     want[100..200].fill(0x33);
     assert_eq!(read(&mut h, 5, 6 * BS, BS), want);
 }
+
+/// `AsyncBg` brings a patched block up to date in the background, at once
+/// (queued, `fetch_bg_inflight` at a time: one here), and `Async` in the foreground;
+/// `Lazy` leaves it a patch until something needs it.
+#[test]
+fn background_modes_bring_a_patch_up_to_date_unasked() {
+    for (fetch, fetched) in [
+        (FetchMode::Async, true),
+        (FetchMode::AsyncBg, true),
+        (FetchMode::Lazy, false),
+    ] {
+        let mut c = cfg(WritePolicyKind::WriteBack, fetch);
+        c.fetch_bg_inflight = 1;
+        let mut h = MemHarness::new(c);
+        h.backing[5 * BS as usize..7 * BS as usize].fill(0xaa);
+        // One after the other, one background fetch at a time: the second
+        // must not wait for the first's background slot (`bg_inflight`).
+        for (i, lbn) in [5u64, 6].into_iter().enumerate() {
+            let i = i as u64 + 1;
+            run(&mut h, i, write(lbn * BS + 100, 0x11, 100, false));
+            h.settle(&mut |_| 0);
+            let st = h.engine.stats();
+            assert_eq!(st.patches_created, i, "{fetch:?}: {st:?}");
+            let n = fetched as u64;
+            assert_eq!(
+                (st.patch_fetches, st.patched_blocks),
+                (n * i, (1 - n) * i),
+                "{fetch:?}: {st:?}"
+            );
+        }
+        let mut want = vec![0xaa; BS as usize];
+        want[100..200].fill(0x11);
+        assert_eq!(read(&mut h, 3, 5 * BS, BS), want, "{fetch:?}");
+        assert_eq!(read(&mut h, 4, 6 * BS, BS), want, "{fetch:?}");
+    }
+}
+
+/// With `patch_direct` (write-back), a patched block is brought up to date
+/// by writing its parts straight to the backing store (no fetch, no slot),
+/// unless a read waits on it: then it is fetched, and the read answered
+/// from the block brought up to date. (`Lazy`, so that nothing starts
+/// before the FLUSH or the read asks.)
+#[test]
+fn patch_direct_writes_parts_to_the_backing_store_unless_a_read_waits() {
+    let mut c = cfg(WritePolicyKind::WriteBack, FetchMode::Lazy);
+    c.patch_direct = true;
+    let mut h = MemHarness::new(c);
+    h.backing[5 * BS as usize..7 * BS as usize].fill(0xaa);
+    run(&mut h, 1, write(5 * BS + 100, 0x11, 100, false));
+    run(&mut h, 2, ReqOp::Flush);
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!(
+        (st.patch_direct_writes, st.patch_fetches, st.patched_blocks),
+        (1, 0, 0),
+        "{st:?}"
+    );
+    assert_eq!(&h.backing[5 * BS as usize + 100..][..100], &[0x11; 100][..]);
+    // A read that waits for block 6's set: fetched, not written directly.
+    run(&mut h, 3, write(6 * BS + 100, 0x22, 100, false));
+    let mut want = vec![0xaa; BS as usize];
+    want[100..200].fill(0x22);
+    assert_eq!(read(&mut h, 4, 6 * BS, BS), want);
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!((st.patch_direct_writes, st.patch_fetches), (1, 1), "{st:?}");
+}
