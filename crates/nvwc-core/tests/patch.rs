@@ -331,3 +331,61 @@ fn patch_direct_writes_parts_to_the_backing_store_unless_a_read_waits() {
     let st = h.engine.stats();
     assert_eq!((st.patch_direct_writes, st.patch_fetches), (1, 1), "{st:?}");
 }
+
+/// Under `Lazy`, a FLUSH persists a set of one part as a partial version
+/// (no fetch), but a set of two parts is fetched and applied as a whole
+/// version: a partial version holds one range, and persisting the first
+/// part alone would lose the second.
+#[test]
+fn a_flush_fetches_a_set_of_two_parts_instead_of_persisting_one() {
+    let mut h = MemHarness::new(cfg(WritePolicyKind::WriteBack, FetchMode::Lazy));
+    h.backing[5 * BS as usize..7 * BS as usize].fill(0xaa);
+    run(&mut h, 1, write(5 * BS + 100, 0x11, 100, false));
+    run(&mut h, 2, write(5 * BS + 2000, 0x22, 100, false));
+    run(&mut h, 3, write(6 * BS + 100, 0x33, 100, false));
+    run(&mut h, 4, ReqOp::Flush);
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!((st.patch_persists, st.patch_fetches), (1, 1), "{st:?}");
+    assert_eq!(st.patched_blocks, 0, "{st:?}");
+    h.reopen().expect("recovers");
+    let mut want = vec![0xaa; BS as usize];
+    want[100..200].fill(0x11);
+    want[2000..2100].fill(0x22);
+    assert_eq!(read(&mut h, 5, 5 * BS, BS), want);
+    let mut want = vec![0xaa; BS as usize];
+    want[100..200].fill(0x33);
+    assert_eq!(read(&mut h, 6, 6 * BS, BS), want);
+}
+
+/// A failed fetch of a patched block keeps the patch (counted in
+/// `patch_fetch_errors`), fails the read waiting on it, and is retried
+/// later: the block is then brought up to date with the patch's bytes.
+#[test]
+fn a_failed_patch_fetch_keeps_the_patch_and_is_retried() {
+    let mut h = MemHarness::new(cfg(WritePolicyKind::WriteBack, FetchMode::Lazy));
+    h.backing[5 * BS as usize..6 * BS as usize].fill(0xaa);
+    run(&mut h, 1, write(5 * BS + 100, 0x11, 100, false));
+    h.submit(
+        2,
+        ReqOp::Read {
+            offset: 5 * BS,
+            len: BS as u32,
+        },
+    );
+    let fetch = h
+        .inflight()
+        .iter()
+        .position(|c| c.dev == Dev::Backing && matches!(c.op, IoOp::Read { .. }))
+        .expect("the patched block's fetch");
+    h.complete_failed(fetch);
+    assert_eq!(h.wait(2, &mut |_| 0).result, Err(ReqError::Io));
+    let st = h.engine.stats();
+    assert_eq!((st.patch_fetch_errors, st.patched_blocks), (1, 1), "{st:?}");
+    let mut want = vec![0xaa; BS as usize];
+    want[100..200].fill(0x11);
+    assert_eq!(read(&mut h, 3, 5 * BS, BS), want);
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!((st.patch_fetch_errors, st.patched_blocks), (1, 0), "{st:?}");
+}
