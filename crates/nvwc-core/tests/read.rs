@@ -215,3 +215,34 @@ fn write_sequence_numbers_grow_across_read_fills() {
         }
     }
 }
+
+/// A read of a partial version (a lazy patch persisted by a FLUSH) that
+/// needs bytes outside its range reads them from the backing store
+/// (`partial_read`); a short answer fails the read with EIO too.
+#[test]
+fn a_short_backing_read_fails_a_read_around_a_partial_version() {
+    let mut c = cfg(WritePolicyKind::WriteBack, false);
+    c.fetch = FetchMode::Lazy;
+    let mut h = harness_with_pattern(c);
+    h.submit(
+        1,
+        ReqOp::Write {
+            offset: 5 * BS + 1024,
+            data: Bytes::from(vec![0x11; 1024]),
+            fua: false,
+        },
+    );
+    h.wait(1, &mut |_| 0).result.expect("write ok");
+    h.submit(2, ReqOp::Flush);
+    h.wait(2, &mut |_| 0).result.expect("flush ok");
+    assert_eq!(h.engine.stats().patch_persists, 1);
+    for cut in [1, 100] {
+        let r = run_with_short_backing_reads(&mut h, 3, read(5 * BS, BS), cut);
+        assert_eq!(r.result, Err(ReqError::Io), "{cut} bytes short");
+    }
+    h.submit(4, read(5 * BS, BS));
+    let d = h.wait(4, &mut |_| 0).result.expect("read ok").unwrap();
+    let mut want: Vec<u8> = (5 * BS..6 * BS).map(pattern).collect();
+    want[1024..2048].fill(0x11);
+    assert!(d[..] == want[..], "the block read again");
+}
