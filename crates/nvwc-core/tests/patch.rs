@@ -389,3 +389,42 @@ fn a_failed_patch_fetch_keeps_the_patch_and_is_retried() {
     let st = h.engine.stats();
     assert_eq!((st.patch_fetch_errors, st.patched_blocks), (1, 0), "{st:?}");
 }
+
+/// Lazy write-back patch cleaning (patch RAM over `patch_clean_at`) writes
+/// a set's part straight to the backing store once free slots beyond those
+/// promised fall below an eighth of the cache (`write_patch_directly`), and
+/// persists it as a partial version above that: with 60 sets on 64 slots
+/// (4 free, 60 promised) and with 29 (35 free: below 29 + 64 / 8, not
+/// below 29) cleaning writes directly; with 8 sets (56 free, 8 promised:
+/// 56 is not below 8 + 64 / 8) it persists.
+#[test]
+fn patch_cleaning_writes_directly_only_when_slots_run_short() {
+    for (n, direct) in [(60u64, true), (29, true), (8, false)] {
+        let mut c = cfg(WritePolicyKind::WriteBack, FetchMode::Lazy);
+        c.patch_mem_bytes = n * 1024;
+        c.patch_clean_at = 0.0;
+        let mut h = MemHarness::new(c);
+        h.backing.fill(0xaa);
+        for i in 0..n {
+            h.submit(i + 1, write(i * BS + 1024, i as u8, 1024, false));
+        }
+        for i in 0..n {
+            h.wait(i + 1, &mut |_| 0).result.expect("write ok");
+        }
+        h.settle(&mut |_| 0);
+        let st = h.engine.stats();
+        assert_eq!(st.patches_created, n, "{n}: {st:?}");
+        if direct {
+            assert!(st.patch_direct_writes > 0, "{n}: {st:?}");
+        } else {
+            assert_eq!(st.patch_direct_writes, 0, "{n}: {st:?}");
+            assert!(st.patch_persists > 0, "{n}: {st:?}");
+        }
+        for i in 0..n {
+            let got = read(&mut h, 1000 + i, i * BS, BS);
+            let mut want = vec![0xaa; BS as usize];
+            want[1024..2048].fill(i as u8);
+            assert!(got == want, "{n}: block {i}");
+        }
+    }
+}
