@@ -193,3 +193,37 @@ fn flush_persists_patches_even_when_cleaning_would_write_them_directly() {
         same(&got, &want, &format!("block {i}"));
     }
 }
+
+/// Reads of a partial version are counted like any read: inside its range a
+/// cache hit, needing bytes outside it a miss (and a partial-read fetch).
+#[test]
+fn reads_of_a_partial_version_count_hits_inside_and_misses_outside() {
+    let mut h = MemHarness::new(cfg(WritePolicyKind::WriteBack));
+    let base = LBN as usize * BS as usize;
+    h.backing[base..base + BS as usize].fill(0xaa);
+    write(&mut h, 1, 1024, 0x11, 1024);
+    run(&mut h, 2, ReqOp::Flush);
+    assert_eq!(h.engine.stats().patch_persists, 1);
+    let (hits, misses) = (h.engine.stats().read_hits, h.engine.stats().read_misses);
+    let op = ReqOp::Read {
+        offset: LBN * BS + 1100,
+        len: 100,
+    };
+    assert_eq!(
+        run(&mut h, 3, op).expect("read data").to_vec(),
+        vec![0x11; 100]
+    );
+    let got = read_block(&mut h, 4);
+    same(
+        &got,
+        &block(&[(0xaa, 1024), (0x11, 1024), (0xaa, 2048)]),
+        "block",
+    );
+    let st = h.engine.stats();
+    assert_eq!(
+        (st.read_hits - hits, st.read_misses - misses),
+        (1, 1),
+        "{st:?}"
+    );
+    assert_eq!(st.partial_read_fetches, 1, "{st:?}");
+}

@@ -11,6 +11,8 @@ mod accounting;
 mod admission;
 #[path = "commit.rs"]
 mod commit;
+#[path = "destage.rs"]
+mod destage;
 #[path = "direct.rs"]
 mod direct;
 #[path = "flush.rs"]
@@ -23,6 +25,10 @@ mod layout;
 mod model;
 #[path = "partial.rs"]
 mod partial;
+#[path = "patch.rs"]
+mod patch;
+#[path = "read.rs"]
+mod read;
 #[path = "recover.rs"]
 mod recover;
 #[path = "write_policies.rs"]
