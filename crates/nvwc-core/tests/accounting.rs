@@ -558,3 +558,51 @@ fn an_admission_stall_counts_its_pieces_and_its_wait_exactly() {
     assert_eq!(st.stalled_writes, 2, "{st:?}");
     assert_eq!(st.stall_ns, (admitted - arrived) * 2, "{st:?}");
 }
+
+/// A read miss whose backing read is still in flight when a write to the
+/// same block starts must not install the old bytes it fetched: later reads
+/// see the write (the fill is stale, `fill_stale`).
+#[test]
+fn a_fill_that_a_write_overtook_is_not_cached() {
+    for policy in [WritePolicyKind::WriteBack, WritePolicyKind::WriteThrough] {
+        let mut h = MemHarness::new(cfg(policy, 64));
+        h.backing[5 * BS as usize..6 * BS as usize].fill(3);
+        h.submit(
+            1,
+            ReqOp::Read {
+                offset: 5 * BS,
+                len: BS as u32,
+            },
+        );
+        let fetch = |c: &IoCmd<Bytes>| {
+            c.dev == Dev::Backing && matches!(c.op, IoOp::Read { offset, .. } if offset == 5 * BS)
+        };
+        assert!(
+            h.inflight().iter().any(fetch),
+            "{policy}: the miss reads the backing store"
+        );
+        h.submit(2, write(5 * BS, BS));
+        // Run everything but the fetch, then the fetch.
+        while let Some(i) = h.inflight().iter().position(|c| !fetch(c)) {
+            h.step(&mut |_| i);
+        }
+        h.settle(&mut |_| 0);
+        assert!(
+            h.replies.iter().any(|r| r.id == 2),
+            "{policy}: the write ended"
+        );
+        h.submit(
+            3,
+            ReqOp::Read {
+                offset: 5 * BS,
+                len: BS as u32,
+            },
+        );
+        let got = h.wait(3, &mut |_| 0).result.unwrap().expect("read data");
+        assert!(
+            got.iter().all(|&b| b == 7),
+            "{policy}: read {:?}",
+            &got[..8]
+        );
+    }
+}
