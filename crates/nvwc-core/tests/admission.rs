@@ -1208,3 +1208,38 @@ fn a_critical_waiter_moves_its_blocks_write_to_the_head_of_the_slot_queue() {
         assert_block(read(&mut h, 10 + id, lbn * BS, BS as u32), id as u8, lbn);
     }
 }
+
+/// I/O inheritance is for critical waiters only: a non-critical read that
+/// waits behind a bypass write in flight leaves that write on the backing
+/// store (no reissue to the cache, nothing inherited), and reads its bytes
+/// once it completes.
+#[test]
+fn a_non_critical_waiter_does_not_reissue_a_bypass_write() {
+    let mut h = MemHarness::new(cfg(
+        WritePolicyKind::WriteBack,
+        AdmissionKind::CriticalPiIoi,
+    ));
+    h.submit_tagged(1, write(100 * BS, 5, BS), tag(false));
+    let bypass = |c: &IoCmd<Bytes>| is_backing_write_at(c, 100 * BS);
+    assert!(h.inflight().iter().any(bypass), "bypass write in flight");
+    let read = ReqOp::Read {
+        offset: 100 * BS,
+        len: BS as u32,
+    };
+    h.submit_tagged(2, read, tag(false));
+    for _ in 0..100 {
+        let Some(i) = h.inflight().iter().position(|c| !bypass(c)) else {
+            break;
+        };
+        h.step(&mut |_| i);
+    }
+    let st = h.engine.stats().clone();
+    assert_eq!((st.reissued_writes, st.inherited), (0, 0), "{st:?}");
+    assert!(
+        h.inflight().iter().any(bypass),
+        "still on the backing store"
+    );
+    assert!(h.replies.iter().all(|r| r.id != 2), "the read waits for it");
+    let got = h.wait(2, &mut |_| 0).result.unwrap().expect("read data");
+    assert_block(got.to_vec(), 5, "read after the bypass write");
+}

@@ -116,6 +116,12 @@ fn a_bounded_journal_never_holds_more_than_its_bound() {
                 r.stats.journal_stalls > 0,
                 "{policy} bound {bound}: never full"
             );
+            // At most once per write: each is one request.
+            assert!(
+                r.stats.journal_stalls <= WRITES,
+                "{policy} bound {bound}: {} stalls for {WRITES} writes",
+                r.stats.journal_stalls
+            );
             assert!(
                 r.stats.destaged_blocks > 0,
                 "{policy}: a full journal checkpoints"
