@@ -175,13 +175,7 @@ fn a_short_backing_read_fails_the_read_and_fills_nothing() {
 /// `reports/mutants-answers.md`).
 #[test]
 fn write_sequence_numbers_grow_across_read_fills() {
-    for policy in [
-        WritePolicyKind::WriteThrough,
-        WritePolicyKind::WriteBack,
-        WritePolicyKind::Ordered,
-        WritePolicyKind::Journaled,
-        WritePolicyKind::JournaledHints,
-    ] {
+    for policy in WritePolicyKind::ALL {
         let mut h = harness_with_pattern(cfg(policy, true));
         let mut last = 0;
         for i in 0..4u64 {
