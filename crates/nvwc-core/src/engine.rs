@@ -66,7 +66,7 @@ use bypass::BypassState;
 use commit::{CommitState, LogState};
 use destage::DestageState;
 use patch::PatchState;
-pub use recover::{CacheImage, RecoverError, RecoveryReport};
+pub use recover::{CacheImage, RecoverError, RecoveryReport, RepairFn};
 use state::*;
 
 const NIL: u32 = u32::MAX;
@@ -110,7 +110,7 @@ pub enum Event {
 pub struct Engine<P: Payload> {
     table: SlotTable,
     map: BlockMap,
-    commits: CommitState,
+    commits: CommitState<P>,
     patch: PatchState<P>,
     bypass: BypassState,
     destage: DestageState,
@@ -157,6 +157,10 @@ pub struct Engine<P: Payload> {
     /// Lazy patches may be persisted as partial versions (a cache formatted
     /// at `FORMAT_VERSION` 2 or later: older readers do not know `F_PARTIAL`).
     partial_ok: bool,
+    /// Log records may carry their versions' bytes (`F_INLINE`: a cache
+    /// formatted at `FORMAT_VERSION` 4 or later: older readers would take
+    /// such a record for the end of the log).
+    inline_ok: bool,
 }
 
 impl<P: Payload> Engine<P> {
@@ -214,6 +218,7 @@ impl<P: Payload> Engine<P> {
             stats: Stats::default(),
             partial: IdMap::default(),
             partial_ok: true,
+            inline_ok: true,
             cfg,
         }
     }

@@ -25,10 +25,14 @@ pub const SB_MAGIC: &[u8; 8] = b"NVWCSB01";
 /// Commit record magic.
 pub const CR_MAGIC: &[u8; 8] = b"NVWCCR01";
 /// Format version written at format time. Version 2 added `F_PARTIAL`;
-/// version 3 the metadata log (single-sync commits). Version 1 and 2 caches
-/// are still opened: they have no log, so every commit is a checkpoint
-/// (three device syncs), and version 1 caches never get partial entries.
-pub const FORMAT_VERSION: u32 = 3;
+/// version 3 the metadata log (single-sync commits); version 4 log records
+/// that carry their versions' bytes (`F_INLINE`: one FUA write per commit,
+/// no device flush). Version 1 to 3 caches are still opened and keep their
+/// format: version 1 and 2 have no log, so every commit is a checkpoint
+/// (three device syncs), version 1 never gets partial entries, and
+/// version 3 never gets inline records (a version 3 reader would take one
+/// for the end of the log).
+pub const FORMAT_VERSION: u32 = 4;
 /// Oldest format version this build opens.
 pub const FORMAT_VERSION_MIN: u32 = 1;
 /// Bytes per slot entry.
@@ -60,6 +64,11 @@ pub const F_PARTIAL: u32 = 4;
 /// record or checkpoint, so its bytes are durable as far as any FLUSH
 /// promised, and write-back may have rewritten them in place since.
 pub const F_NOCHECK: u32 = 8;
+/// Entry flag (log records of format 4 only): the record carries the
+/// version's bytes (`lo..hi` of a partial version, else the whole block) in
+/// its data area, with `data_crc` their CRC-32C. Recovery writes them into
+/// the slot while the record is unsealed (`LogRecord`).
+pub const F_INLINE: u32 = 16;
 
 /// CRC-32C (Castagnoli) of a data block's bytes, as log entries carry it.
 pub fn data_crc(b: &[u8]) -> u32 {
@@ -529,8 +538,9 @@ impl CommitRecord {
     }
 }
 
-/// A metadata log record (format 3): one commit that cost a single device
-/// flush. Records follow the checkpoint they extend (`epoch`, the
+/// A metadata log record (format 3; format 4 adds the data area): one
+/// commit that cost a single device flush, or (inline, format 4) a single
+/// FUA write. Records follow the checkpoint they extend (`epoch`, the
 /// checkpoint's commit number) with consecutive numbers, each at a 4 KiB
 /// boundary of the log region, the first at its start.
 ///
@@ -538,12 +548,16 @@ impl CommitRecord {
 /// 0..8     magic NVWCLOG1
 /// 8..16    epoch: commit number of the checkpoint this record follows
 /// 16..24   record (commit) number n = previous + 1
-/// 24..32   sealed: highest commit known durable when the record was built
+/// 24..32   sealed: highest commit whose versions' bytes were durable in
+///          their slots when the record was built
 /// 32..36   entry count
 /// 36..40   record length in 4 KiB pages
 /// 40..80   commit-record fields: txn_committed, txn_checkpointed, next_seq, next_cidx, (reserved)
+/// 80..84   data-area bytes (format 4; zero in format 3 and without F_INLINE entries)
 /// 124..128 CRC-32C of bytes 0..124 and of every entry byte
 /// 128..    entries, 64 bytes each (slot entries carrying `data_crc`)
+/// then, from the next 4 KiB boundary: the data area, the bytes of each
+///          `F_INLINE` entry in entry order, each `data_crc` checked at decode
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LogRecord {
@@ -553,17 +567,27 @@ pub struct LogRecord {
     /// `commit` is `n`; `clean_shutdown` is never set (a clean shutdown is a checkpoint).
     pub record: CommitRecord,
     pub entries: Vec<(u32, Entry)>,
+    /// The data area: the bytes of each `F_INLINE` entry, in entry order.
+    pub data: Vec<u8>,
 }
 
 impl LogRecord {
-    /// Bytes a record of `entries` entries takes in the log (whole 4 KiB pages).
-    pub fn bytes_for(entries: usize) -> u64 {
+    /// Bytes a record of `entries` entries and `data` data-area bytes takes
+    /// in the log (whole 4 KiB pages).
+    pub fn bytes_for(entries: usize, data: u64) -> u64 {
+        Self::data_at(entries) + data.div_ceil(PAGE_BYTES) * PAGE_BYTES
+    }
+    /// Where the data area starts: the 4 KiB boundary after the entries.
+    fn data_at(entries: usize) -> u64 {
         (LOG_HEADER_BYTES + entries as u64 * ENTRY_BYTES).div_ceil(PAGE_BYTES) * PAGE_BYTES
     }
     /// Encoding, padded with zeroes to [`LogRecord::bytes_for`].
     pub fn encode(&self) -> Vec<u8> {
-        let len = Self::bytes_for(self.entries.len());
+        let len = Self::bytes_for(self.entries.len(), self.data.len() as u64);
         let mut b = vec![0u8; len as usize];
+        let at = Self::data_at(self.entries.len()) as usize;
+        b[at..at + self.data.len()].copy_from_slice(&self.data);
+        put32(&mut b, 80, self.data.len() as u32);
         b[0..8].copy_from_slice(LOG_MAGIC);
         put64(&mut b, 8, self.epoch);
         put64(&mut b, 16, self.n);
@@ -591,15 +615,17 @@ impl LogRecord {
         let end = LOG_HEADER_BYTES as usize + count * 64;
         crc32c::crc32c_append(crc32c::crc32c(&b[0..124]), &b[128..end])
     }
-    /// Decode the record at the start of `b` (the rest of the log region):
-    /// `None` if there is none, it is torn, or it does not fit.
-    pub fn decode(b: &[u8]) -> Option<(Self, u64)> {
+    /// Decode the record at the start of `b` (the rest of the log region)
+    /// of a cache of `block_size`-byte blocks: `None` if there is none, it
+    /// is torn, or it does not fit.
+    pub fn decode(b: &[u8], block_size: u32) -> Option<(Self, u64)> {
         if b.len() < LOG_HEADER_BYTES as usize || &b[0..8] != LOG_MAGIC {
             return None;
         }
         let count = get32(b, 32) as usize;
         let len = get32(b, 36) as u64 * PAGE_BYTES;
-        if len != Self::bytes_for(count) || len > b.len() as u64 {
+        let data_len = u64::from(get32(b, 80));
+        if len != Self::bytes_for(count, data_len) || len > b.len() as u64 {
             return None;
         }
         if Self::crc(b, count) != get32(b, 124) {
@@ -610,6 +636,26 @@ impl LogRecord {
             let at = LOG_HEADER_BYTES as usize + i * 64;
             let slot = get32(b, at + 56);
             entries.push((slot, Entry::decode(slot, &b[at..at + 64])?));
+        }
+        // The data area: each inline entry's bytes MUST match its checksum
+        // (a record whose data area is torn is no record), and the entries
+        // MUST account for the whole area.
+        let area = Self::data_at(count) as usize;
+        let data = b[area..area + data_len as usize].to_vec();
+        let mut pos = 0usize;
+        for (_, e) in &entries {
+            if e.flags & F_INLINE == 0 {
+                continue;
+            }
+            let n = e.inline_len(block_size)?;
+            let bytes = data.get(pos..pos + n)?;
+            if data_crc(bytes) != e.data_crc {
+                return None;
+            }
+            pos += n;
+        }
+        if pos != data.len() {
+            return None;
         }
         let n = get64(b, 16);
         Some((
@@ -626,9 +672,27 @@ impl LogRecord {
                     clean_shutdown: false,
                 },
                 entries,
+                data,
             },
             len,
         ))
+    }
+
+    /// The inline entries with their bytes: `(slot, entry, bytes)` in
+    /// entry order (the data area split as `decode` checked it).
+    pub fn inline(&self, block_size: u32) -> impl Iterator<Item = (u32, &Entry, &[u8])> + '_ {
+        let mut pos = 0usize;
+        self.entries
+            .iter()
+            .filter(|(_, e)| e.flags & F_INLINE != 0)
+            .map(move |(s, e)| {
+                let n = e
+                    .inline_len(block_size)
+                    .expect("an inline entry has a byte range");
+                let bytes = &self.data[pos..pos + n];
+                pos += n;
+                (*s, e, bytes)
+            })
     }
 }
 
@@ -657,6 +721,15 @@ pub struct Entry {
 }
 
 impl Entry {
+    /// Bytes an `F_INLINE` entry carries, as [`Layout::checked_bytes`]
+    /// counts them: `hi - lo` of a partial version, else the whole block of
+    /// `block_size` bytes; `None` for a partial range that is not one.
+    pub fn inline_len(&self, block_size: u32) -> Option<usize> {
+        if self.flags & F_PARTIAL == 0 {
+            return Some(block_size as usize);
+        }
+        (self.lo < self.hi && self.hi <= block_size).then(|| (self.hi - self.lo) as usize)
+    }
     /// Encode into `b[0..64]` for slot `slot`.
     pub fn encode_into(&self, slot: u32, b: &mut [u8]) {
         assert!(b.len() >= 64);
@@ -841,6 +914,91 @@ mod tests {
         assert_eq!(Entry::decode(315, &b[64..128]), Some(e));
     }
 
+    /// A format-4 record carries its inline entries' bytes after the
+    /// entries, from the next 4 KiB boundary: whole blocks and a partial
+    /// version's `lo..hi`. A torn data area, an entry whose CRC does not
+    /// match its bytes, or bytes the entries do not account for make it no
+    /// record; a record without inline entries encodes as in format 3.
+    #[test]
+    fn an_inline_log_record_carries_and_checks_its_data() {
+        let bs = 4096u32;
+        let whole = vec![0x5au8; bs as usize];
+        let part = vec![0xa5u8; 100];
+        let e_whole = Entry {
+            lbn: 3,
+            seq: 9,
+            commit: 7,
+            hi: bs,
+            flags: F_VALID | F_DIRTY | F_INLINE,
+            data_crc: data_crc(&whole),
+            ..Default::default()
+        };
+        let e_part = Entry {
+            lbn: 4,
+            seq: 10,
+            commit: 7,
+            lo: 200,
+            hi: 300,
+            flags: F_VALID | F_DIRTY | F_PARTIAL | F_INLINE,
+            data_crc: data_crc(&part),
+            ..Default::default()
+        };
+        let e_free = Entry {
+            commit: 7,
+            ..Default::default()
+        };
+        let r = LogRecord {
+            epoch: 5,
+            n: 7,
+            sealed: 5,
+            record: CommitRecord {
+                commit: 7,
+                ..Default::default()
+            },
+            entries: vec![(1, e_whole), (2, e_free), (6, e_part)],
+            data: [whole.clone(), part.clone()].concat(),
+        };
+        let b = r.encode();
+        assert_eq!(b.len() as u64, LogRecord::bytes_for(3, 4196));
+        assert_eq!(b.len(), 3 * 4096, "a header page and two data pages");
+        assert_eq!(&b[4096..8192], &whole[..], "data from the first boundary");
+        assert_eq!(&b[8192..8292], &part[..]);
+        let (got, len) = LogRecord::decode(&b, bs).expect("decodes");
+        assert_eq!((&got, len), (&r, 3 * 4096));
+        let split: Vec<(u32, Vec<u8>)> = got.inline(bs).map(|(s, _, d)| (s, d.to_vec())).collect();
+        assert_eq!(split, vec![(1, whole.clone()), (6, part.clone())]);
+        for at in [4096usize, 8191, 8192, 8291] {
+            let mut t = b.clone();
+            t[at] ^= 1;
+            assert_eq!(LogRecord::decode(&t, bs), None, "data byte {at} torn");
+        }
+        // Zero padding after the data is not checked: not data.
+        let mut t = b.clone();
+        t[8292] ^= 1;
+        assert!(LogRecord::decode(&t, bs).is_some());
+        // Bytes no inline entry accounts for.
+        let mut extra = r.clone();
+        extra.data.push(0);
+        assert_eq!(LogRecord::decode(&extra.encode(), bs), None);
+        // A data area shorter than its entries need.
+        let mut short = r.clone();
+        short.data.truncate(4096);
+        assert_eq!(LogRecord::decode(&short.encode(), bs), None);
+        // Cut off after the entries: no record.
+        assert_eq!(LogRecord::decode(&b[..8192], bs), None);
+        // Without inline entries: format 3's bytes (the data-area length,
+        // 80..84, stays zero).
+        let plain = LogRecord {
+            entries: vec![(2, e_free)],
+            data: Vec::new(),
+            ..r.clone()
+        };
+        let pb = plain.encode();
+        assert_eq!(pb.len(), 4096);
+        assert_eq!(&pb[80..84], &[0, 0, 0, 0]);
+        assert_eq!(LogRecord::decode(&pb, bs), Some((plain, 4096)));
+    }
+
     #[test]
     fn log_record_roundtrip_torn_and_misplaced() {
         let e = Entry {
@@ -862,9 +1020,10 @@ mod tests {
                 ..Default::default()
             },
             entries: (0..70).map(|i| (i, e)).collect(),
+            data: Vec::new(),
         };
         let b = r.encode();
-        assert_eq!(b.len() as u64, LogRecord::bytes_for(70));
+        assert_eq!(b.len() as u64, LogRecord::bytes_for(70, 0));
         assert_eq!(
             b.len(),
             2 * PAGE_BYTES as usize,
@@ -872,9 +1031,9 @@ mod tests {
         );
         let mut region = b.clone();
         region.extend_from_slice(&[0u8; 4096]);
-        assert_eq!(LogRecord::decode(&region), Some((r.clone(), 8192)));
+        assert_eq!(LogRecord::decode(&region, 4096), Some((r.clone(), 8192)));
         assert_eq!(
-            LogRecord::decode(&region[8192..]),
+            LogRecord::decode(&region[8192..], 4096),
             None,
             "zeroes are no record"
         );
@@ -882,13 +1041,13 @@ mod tests {
             let mut t = region.clone();
             t[at] ^= 0x40;
             assert_eq!(
-                LogRecord::decode(&t),
+                LogRecord::decode(&t, 4096),
                 None,
                 "a torn record (byte {at}) is rejected"
             );
         }
         assert_eq!(
-            LogRecord::decode(&b[..4096]),
+            LogRecord::decode(&b[..4096], 4096),
             None,
             "a record cut short is rejected"
         );
@@ -922,7 +1081,11 @@ mod tests {
         let mut torn = new.clone();
         torn[512..].copy_from_slice(&old[512..]);
         assert_ne!(torn[512..576], new[512..576]);
-        assert_eq!(LogRecord::decode(&torn), None, "a torn record is rejected");
+        assert_eq!(
+            LogRecord::decode(&torn, 4096),
+            None,
+            "a torn record is rejected"
+        );
         let data = vec![7u8; 4096];
         assert_ne!(data_crc(&data), data_crc(&data[..4095]));
         assert_eq!(data_crc(b"123456789"), 0xe306_9283, "CRC-32C check value");
@@ -1135,15 +1298,16 @@ mod tests {
                 ..Default::default()
             },
             entries: vec![(3, e)],
+            data: Vec::new(),
         };
         let b = r.encode();
         assert_eq!(
-            LogRecord::decode(&b),
+            LogRecord::decode(&b, 4096),
             Some((r.clone(), 4096)),
             "a record ending the region"
         );
         for cut in [20, 100, 127, 128, 4095] {
-            assert_eq!(LogRecord::decode(&b[..cut]), None, "{cut} bytes");
+            assert_eq!(LogRecord::decode(&b[..cut], 4096), None, "{cut} bytes");
         }
     }
 
@@ -1181,7 +1345,7 @@ mod tests {
             edit(&mut b);
             let c = LogRecord::crc(&b, 1);
             put32(&mut b, 124, c);
-            assert_eq!(LogRecord::decode(&b), None, "{what}");
+            assert_eq!(LogRecord::decode(&b, 4096), None, "{what}");
         };
         refused(
             &|b| b[0..8].copy_from_slice(b"NVWCLOGX"),

@@ -31,7 +31,7 @@ pub use config::{
     Watermarks, WritePolicyKind,
 };
 pub use engine::{
-    CacheImage, Engine, Event, RecoverError, RecoveryReport, RECORD_RETRIES, STOP_RETRIES,
+    CacheImage, Engine, Event, RecoverError, RecoveryReport, RepairFn, RECORD_RETRIES, STOP_RETRIES,
 };
 pub use payload::{Payload, Phantom};
 pub use stats::Stats;

@@ -72,11 +72,25 @@ pub enum Mutation {
     /// it: a write can reach the backing store before one it depends on is
     /// durable there (check (c)).
     GatedPlanWritesEarly = 11,
+    /// Recovery does not write an unsealed inline log record's bytes into
+    /// their slots: the versions it names keep whatever their slots held
+    /// when the host went down (a write never flushed), so FLUSHed writes
+    /// read back wrong (checks (a)/(b)).
+    InlineSkipsRepair = 12,
+    /// A commit carries its versions inline (one FUA write, no device
+    /// flush) even though in-place overwrites wait for a flush: a FLUSH
+    /// after write-back's in-place rewrite answers with the rewrite still
+    /// volatile (check (b)).
+    InlineIgnoresOverwrites = 13,
+    /// Recovery writes every unsealed inline entry's bytes into its slot,
+    /// also where a later record names that slot anew (freed, then reused):
+    /// the older bytes overwrite the newer version (checks (a)/(b)).
+    InlineRepairsSuperseded = 14,
 }
 
 impl Mutation {
     /// Every planted bug, `None` first.
-    pub const ALL: [Mutation; 12] = [
+    pub const ALL: [Mutation; 15] = [
         Mutation::None,
         Mutation::FlushSkipsDirectCover,
         Mutation::FlushNeverAnswered,
@@ -89,6 +103,9 @@ impl Mutation {
         Mutation::RepliesSeenWithoutEdges,
         Mutation::WaveIgnoresMarking,
         Mutation::GatedPlanWritesEarly,
+        Mutation::InlineSkipsRepair,
+        Mutation::InlineIgnoresOverwrites,
+        Mutation::InlineRepairsSuperseded,
     ];
 }
 

@@ -59,6 +59,9 @@ pub struct Stats {
     pub commits: u64,
     /// Commits that were log records (one device flush each); the rest were checkpoints.
     pub log_commits: u64,
+    /// Log commits whose record carried its versions' bytes (one FUA write,
+    /// no device flush; counted in `log_commits` too).
+    pub inline_commits: u64,
     pub commit_failures: u64,
     pub io_errors: u64,
     /// Partial writes buffered as patches (new patched blocks, and merges into existing ones).

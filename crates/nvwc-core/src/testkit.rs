@@ -85,11 +85,23 @@ impl MemHarness {
                 .to_vec(),
             log: c[l.log_offset as usize..(l.log_offset + l.log_bytes) as usize].to_vec(),
         };
-        let (e, rep) = Engine::recover(cfg, &image, &mut |off, len| {
-            Ok(layout::data_crc(
-                &c[off as usize..(off + len as u64) as usize],
-            ))
-        })?;
+        let mut repairs: Vec<(u64, Vec<u8>)> = Vec::new();
+        let (e, rep) = Engine::recover(
+            cfg,
+            &image,
+            &mut |off, len| {
+                Ok(layout::data_crc(
+                    &c[off as usize..(off + len as u64) as usize],
+                ))
+            },
+            &mut |off, bytes| {
+                repairs.push((off, bytes.to_vec()));
+                Ok(())
+            },
+        )?;
+        for (off, bytes) in repairs {
+            self.cache[off as usize..off as usize + bytes.len()].copy_from_slice(&bytes);
+        }
         self.engine = e;
         self.inflight.clear();
         self.engine.handle_timeout(self.now);

@@ -8,9 +8,20 @@ use nvwc_core::*;
 
 const BS: u64 = 4096;
 
+/// A write-back cache of 64 blocks whose log commits always flush (no
+/// inline records, the default): the protocol most of these tests follow
+/// step by step.
 fn cfg(log_pages: u32) -> Config {
     let mut c = Config::new(BS as u32, 64, 1024 * BS, WritePolicyKind::WriteBack);
     c.log_pages = log_pages;
+    c.log_inline_bytes = 0;
+    c
+}
+
+/// The same with inline log records of up to 64 KiB.
+fn cfg_inline(log_pages: u32) -> Config {
+    let mut c = cfg(log_pages);
+    c.log_inline_bytes = 64 << 10;
     c
 }
 
@@ -1215,4 +1226,162 @@ fn a_sealed_version_named_again_costs_no_checksum() {
     let rep = h.reopen().unwrap();
     assert_eq!((rep.log_records, rep.discarded), (4, 3), "{rep:?}");
     assert!(read(&mut h, 10, 5).iter().all(|&x| x == 1));
+}
+
+/// Write block `lbn` with `byte`, then FLUSH; the cache-device commands the
+/// FLUSH's commit issued (device flushes, and writes with their FUA flag
+/// and length).
+fn flush_commands(
+    h: &mut MemHarness,
+    id: ReqId,
+    lbn: u64,
+    byte: u8,
+) -> (usize, Vec<(bool, usize)>) {
+    h.submit(id, write(lbn * BS, byte));
+    h.wait(id, &mut |_| 0).result.unwrap();
+    h.submit(id + 1, ReqOp::Flush);
+    let mut flushes = std::collections::HashSet::new();
+    let mut writes = std::collections::HashMap::new();
+    while !h.replies.iter().any(|r| r.id == id + 1) {
+        for c in h.inflight().iter().filter(|c| c.dev == Dev::Cache) {
+            match &c.op {
+                IoOp::Flush => {
+                    flushes.insert(c.id);
+                }
+                IoOp::Write { fua, data, .. } => {
+                    writes.insert(c.id, (*fua, data.len()));
+                }
+                _ => {}
+            }
+        }
+        assert!(h.step(&mut |_| 0), "FLUSH never answered");
+    }
+    let r = h.replies.iter().find(|r| r.id == id + 1).unwrap();
+    assert!(r.result.is_ok());
+    let mut w: Vec<_> = writes.into_iter().collect();
+    w.sort();
+    (flushes.len(), w.into_iter().map(|(_, v)| v).collect())
+}
+
+/// An inline commit (format 4): the FLUSH after a one-block write costs one
+/// FUA write of the record with the block's bytes (a header page and a
+/// data page) and no device flush.
+#[test]
+fn an_inline_commit_costs_one_fua_write_and_no_device_flush() {
+    let mut h = MemHarness::new(cfg_inline(64));
+    // The first commit after formatting may differ; look at the later ones.
+    flush_commands(&mut h, 10, 0, 1);
+    let before = h.engine.stats().clone();
+    for i in 1..6u64 {
+        let (flushes, writes) = flush_commands(&mut h, 10 + 2 * i, i, i as u8 + 1);
+        assert_eq!(flushes, 0, "no device flush: {writes:?}");
+        assert_eq!(
+            writes,
+            vec![(true, 2 * BS as usize)],
+            "one FUA record write"
+        );
+    }
+    let st = h.engine.stats().clone();
+    assert_eq!(st.inline_commits - before.inline_commits, 5, "{st:?}");
+    assert_eq!(st.log_commits - before.log_commits, 5, "{st:?}");
+    // With the bound at 0 the same FLUSH writes the record without FUA and
+    // flushes the device once.
+    let mut h = MemHarness::new(cfg(64));
+    flush_commands(&mut h, 10, 0, 1);
+    let (flushes, writes) = flush_commands(&mut h, 12, 1, 2);
+    assert_eq!(flushes, 1);
+    assert_eq!(writes, vec![(false, BS as usize)]);
+    assert_eq!(h.engine.stats().inline_commits, 0);
+}
+
+/// An inline commit flushes nothing but its record, so a version it names
+/// may be missing from its slot after a crash: recovery writes it back from
+/// the record.
+#[test]
+fn recovery_writes_an_inline_records_versions_back_into_their_slots() {
+    let mut h = MemHarness::new(cfg_inline(64));
+    for i in 0..4u64 {
+        flush_commands(&mut h, 10 + 2 * i, i, 0x30 + i as u8);
+    }
+    assert!(h.engine.stats().inline_commits >= 3);
+    // Wipe the slots of blocks 1..4, as if their writes never left the
+    // device's volatile cache.
+    let l = h.engine.layout();
+    let mut wiped = 0;
+    for s in 0..l.capacity as u32 {
+        let at = l.slot_offset(s) as usize;
+        let b = h.cache[at];
+        if (0x31..0x34).contains(&b) && h.cache[at..at + BS as usize].iter().all(|&x| x == b) {
+            h.cache[at..at + BS as usize].fill(0xee);
+            wiped += 1;
+        }
+    }
+    assert_eq!(wiped, 3);
+    let rep = h.reopen().unwrap();
+    assert!(rep.inline_repairs >= 3, "{rep:?}");
+    assert_eq!(rep.log_dropped, 0, "{rep:?}");
+    for i in 0..4u64 {
+        assert!(
+            read(&mut h, 100 + i, i)
+                .iter()
+                .all(|&b| b == 0x30 + i as u8),
+            "block {i}"
+        );
+    }
+}
+
+/// An inline commit flushes no slot, so it seals nothing for write-back's
+/// in-place rewrites: after FLUSHes that were all inline, a rewrite takes a
+/// fresh slot. A flushed commit (here: more data than the inline bound)
+/// puts every version named so far in place, and once a later record says
+/// so the rewrite goes in place; the FLUSH after an in-place rewrite then
+/// flushes the device (an inline record would leave the rewrite volatile).
+#[test]
+fn an_inline_commit_seals_no_version_for_in_place_rewrites() {
+    let mut c = cfg_inline(64);
+    c.rewrite_in_place = true;
+    let mut h = MemHarness::new(c);
+    for i in 0..3u64 {
+        flush_commands(&mut h, 10 + 2 * i, i, 1);
+    }
+    let free = h.engine.stats().free_slots;
+    h.submit(20, write(0, 2));
+    h.wait(20, &mut |_| 0).result.unwrap();
+    assert_eq!(
+        free - h.engine.stats().free_slots,
+        1,
+        "a fresh slot: nothing is sealed in place"
+    );
+    // 20 blocks (80 KiB, over the 64 KiB bound), then FLUSH: a flushed commit.
+    for i in 0..20u64 {
+        h.submit(100 + i, write((30 + i) * BS, 3));
+        h.wait(100 + i, &mut |_| 0).result.unwrap();
+    }
+    let inline = h.engine.stats().inline_commits;
+    run_flush(&mut h, 200);
+    assert_eq!(h.engine.stats().inline_commits, inline, "flushed");
+    // The next record carries `sealed` past it.
+    flush_commands(&mut h, 210, 5, 4);
+    h.settle(&mut |_| 0);
+    let free = h.engine.stats().free_slots;
+    h.submit(220, write(0, 5));
+    h.wait(220, &mut |_| 0).result.unwrap();
+    assert_eq!(free, h.engine.stats().free_slots, "in place now");
+    h.submit(221, ReqOp::Flush);
+    let mut flushed = false;
+    while !h.replies.iter().any(|r| r.id == 221) {
+        flushed |= h
+            .inflight()
+            .iter()
+            .any(|c| c.dev == Dev::Cache && matches!(c.op, IoOp::Flush));
+        assert!(h.step(&mut |_| 0));
+    }
+    assert!(flushed, "the rewrite's FLUSH flushes the device");
+    h.reopen().unwrap();
+    assert!(read(&mut h, 230, 0).iter().all(|&b| b == 5));
+}
+
+fn run_flush(h: &mut MemHarness, id: ReqId) {
+    h.submit(id, ReqOp::Flush);
+    h.wait(id, &mut |_| 0).result.unwrap();
 }

@@ -132,6 +132,10 @@ fn only_write_back_rewrites_a_committed_version_in_place_and_only_when_configure
         let mut c = harness(policy).engine.config().clone();
         c.rewrite_in_place = in_place;
         c.journal.txn_max_age_ns = 0;
+        // Flushed log commits: the second one seals the first (an inline
+        // commit flushes no slot, so it seals nothing for in-place rewrites;
+        // `commit::an_inline_commit_seals_no_version_for_in_place_rewrites`).
+        c.log_inline_bytes = 0;
         let mut h = MemHarness::new(c);
         write(&mut h, 1, 0, 1);
         run(&mut h, 2, ReqOp::Flush);
@@ -486,6 +490,8 @@ fn write_through_copies_a_block_only_above_half_the_free_reserve() {
 fn an_in_place_rewrite_of_a_committed_version_needs_only_the_next_flush() {
     let mut c = harness(WritePolicyKind::WriteBack).engine.config().clone();
     c.rewrite_in_place = true;
+    // Flushed log commits (see the test above).
+    c.log_inline_bytes = 0;
     let mut h = MemHarness::new(c);
     write(&mut h, 1, 0, 1);
     run(&mut h, 2, ReqOp::Flush);

@@ -92,6 +92,7 @@ struct Cache {
     block_size: S<Value>,
     commit_interval_ms: S<u64>,
     commit_changes: S<u32>,
+    log_inline_bytes: S<u64>,
     redo_size: S<Value>,
     upstream_connections: S<u32>,
 }
@@ -553,7 +554,7 @@ pub(super) fn apply(path: &Path, a: &mut Args, given: BTreeSet<String>) -> Resul
     set!("log_format", a.log_format, string(&f.log.format).map(Some));
     set!("metrics", a.metrics, string(&f.metrics.listen).map(Some));
     set_same!(sz, f.cache; block_size);
-    set_same!(copied, f.cache; commit_interval_ms);
+    set_same!(copied, f.cache; commit_interval_ms, log_inline_bytes);
     set!(
         "commit_changes",
         a.commit_changes,

@@ -154,6 +154,17 @@ pub fn data_crc(cache: &File) -> impl FnMut(u64, u32) -> Result<u32, String> + '
     }
 }
 
+/// Recovery's repairs (`Engine::recover`): bytes written into the cache
+/// file, not flushed (the first commit after recovery is a checkpoint,
+/// which flushes them before the log that names them is retired).
+pub fn repair(cache: &File) -> impl FnMut(u64, &[u8]) -> Result<(), String> + '_ {
+    move |off, b| {
+        cache
+            .write_all_at(b, off)
+            .map_err(|e| format!("at byte {off}: {e}"))
+    }
+}
+
 /// The configuration a superblock describes (for counting its dirty blocks).
 fn config_of(sb: &Superblock) -> Option<Config> {
     let wp = WritePolicyKind::from_code(sb.write_policy)?;
@@ -167,7 +178,10 @@ fn config_of(sb: &Superblock) -> Option<Config> {
 pub fn dirty_blocks(cache: &File, sb: &Superblock) -> Option<u64> {
     let cfg = config_of(sb)?;
     let image = read_image(cache, &Layout::new(&cfg)).ok()?;
-    let (eng, _) = Engine::<Bytes>::recover(cfg, &image, &mut data_crc(cache)).ok()?;
+    // Counting only: what recovery would write into slots (inline log
+    // records' versions) changes no entry, so it is left unwritten.
+    let (eng, _) =
+        Engine::<Bytes>::recover(cfg, &image, &mut data_crc(cache), &mut |_, _| Ok(())).ok()?;
     Some(eng.stats().dirty_blocks)
 }
 

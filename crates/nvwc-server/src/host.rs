@@ -586,7 +586,9 @@ impl Host {
         }
         let syncs = level == CallerRuns::Syncs;
         match cmd.dev {
-            Dev::Cache => syncs && matches!(cmd.op, IoOp::Flush),
+            // A FUA write to the cache is a commit's: a checkpoint's
+            // record, or an inline log record (its FLUSH's one sync).
+            Dev::Cache => syncs && matches!(cmd.op, IoOp::Flush | IoOp::Write { fua: true, .. }),
             Dev::Backing => {
                 self.backing_dev.is_file()
                     && (matches!(cmd.op, IoOp::Write { fua: false, .. })

@@ -156,6 +156,7 @@ fn engine_config(
         .map_err(|err| anyhow::anyhow!("--admission: {err}"))?;
     cfg.wal_ranges = a.wal_range.clone();
     cfg.autocommit_ns = a.commit_interval_ms.max(1) * 1_000_000;
+    cfg.log_inline_bytes = a.log_inline_bytes;
     cfg.autocommit_changes = a
         .commit_changes
         .unwrap_or(capacity.clamp(4096, u64::from(u32::MAX)) as u32)
@@ -230,17 +231,24 @@ fn recover_engine(
     cache: &OpenedCache,
     cfg: &Config,
 ) -> Result<Option<(Eng, nvwc_core::RecoveryReport)>> {
-    // Recover (pure: reads the cache, writes nothing) before any write, so
-    // that a cache this configuration cannot open is refused untouched.
+    // Recover before any other write, so that a cache this configuration
+    // cannot open is refused untouched. Recovery writes only once it has
+    // succeeded: the bytes of unsealed inline log records into the slots
+    // they name (what the log says those slots hold, so harmless even if a
+    // later step refuses the cache).
     let (found, cache_name) = (&cache.found, &cache.name);
     let l = Layout::new(cfg);
     let recovered = match found {
         format::Found::Cache(_) => {
             let image = format::read_image(&cache.file, &l)
                 .with_context(|| format!("reading the cache device {cache_name}"))?;
-            let (eng, rep) =
-                Engine::recover(cfg.clone(), &image, &mut format::data_crc(&cache.file))
-                    .with_context(|| format!("recovering the cache device {cache_name}"))?;
+            let (eng, rep) = Engine::recover(
+                cfg.clone(),
+                &image,
+                &mut format::data_crc(&cache.file),
+                &mut format::repair(&cache.file),
+            )
+            .with_context(|| format!("recovering the cache device {cache_name}"))?;
             Some((eng, rep))
         }
         _ => None,

@@ -39,6 +39,7 @@ fn main() {
         verbose: false,
         fetch: None,
         admission: None,
+        log_inline_bytes: None,
     };
     mutation::set(*m);
     let s = run_many(&o, first, count, 2, &|_| {});

@@ -47,7 +47,7 @@ pub(crate) fn cache_image(layout: &Layout, cache_img: &[u8]) -> CacheImage {
 fn dump(layout: &Layout, image: &CacheImage) {
     let mut pos = 0usize;
     while pos < image.log.len() {
-        match layout::LogRecord::decode(&image.log[pos..]) {
+        match layout::LogRecord::decode(&image.log[pos..], layout.block_size) {
             Some((r, len)) => {
                 eprintln!(
                     "log @{pos}: epoch {} n {} sealed {} rec {:?}",
@@ -90,44 +90,84 @@ fn dump(layout: &Layout, image: &CacheImage) {
 }
 
 thread_local! {
-    /// Log records replayed and dropped by this thread's recoveries.
-    static LOG_REPLAYS: std::cell::Cell<(u64, u64)> = const { std::cell::Cell::new((0, 0)) };
+    /// Log records replayed and dropped, and inline versions written back,
+    /// by this thread's recoveries.
+    static LOG_REPLAYS: std::cell::Cell<(u64, u64, u64)> =
+        const { std::cell::Cell::new((0, 0, 0)) };
 }
 
-/// Log records replayed and dropped by this thread's recoveries since the last call.
-pub(crate) fn take_log_replays() -> (u64, u64) {
-    LOG_REPLAYS.with(|c| c.replace((0, 0)))
+/// Log records replayed and dropped, and inline versions written back, by
+/// this thread's recoveries since the last call.
+pub(crate) fn take_log_replays() -> (u64, u64, u64) {
+    LOG_REPLAYS.with(|c| c.replace((0, 0, 0)))
 }
 
-/// Recover an engine from a crashed cache image.
+/// Recover an engine from a crashed cache image, writing what recovery
+/// repairs (inline log records' versions) into the image.
+///
+/// The repairs land as durable bytes, where a driver writes them without a
+/// flush: the same at any later crash, because until the first checkpoint
+/// after recovery has flushed them the log that recovery repaired from is
+/// still in force (that checkpoint is the first commit, and nothing is
+/// written over the log or into those slots before it), so a second
+/// recovery would write the same bytes again.
 pub(crate) fn recover(
     cfg: &Config,
     layout: &Layout,
-    cache_img: &[u8],
+    cache_img: &mut [u8],
 ) -> Result<Engine<Bytes>, String> {
     let image = cache_image(layout, cache_img);
     let verbose = std::env::var_os("NVWC_VOPR_DUMP").is_some();
     if verbose {
         dump(layout, &image);
     }
-    let mut data_crc = |off: u64, len: u32| {
-        Ok(layout::data_crc(
-            &cache_img[off as usize..(off + len as u64) as usize],
-        ))
-    };
-    match Engine::recover(cfg.clone(), &image, &mut data_crc) {
-        Ok((e, rep)) => {
-            LOG_REPLAYS.with(|c| {
-                let (a, b) = c.get();
-                c.set((a + rep.log_records, b + rep.log_dropped));
-            });
-            if verbose {
-                eprintln!("recovery report: {rep:?}");
-            }
-            Ok(e)
-        }
-        Err(e) => Err(format!("(b) recovery failed: {e}")),
+    let (e, rep, repairs) =
+        recover_image(cfg, &image, cache_img).map_err(|e| format!("(b) recovery failed: {e}"))?;
+    LOG_REPLAYS.with(|c| {
+        let (a, b, r) = c.get();
+        c.set((
+            a + rep.log_records,
+            b + rep.log_dropped,
+            r + rep.inline_repairs,
+        ));
+    });
+    if verbose {
+        eprintln!("recovery report: {rep:?}");
+        eprintln!("recovery repairs: {repairs:?}");
     }
+    Ok(e)
+}
+
+/// A recovered engine, its report, and the repairs' offsets and lengths.
+pub(crate) type Recovery = (Engine<Bytes>, RecoveryReport, Vec<(u64, usize)>);
+
+/// `Engine::recover` over `image` (read from `cache_img`), with its
+/// repairs written into `cache_img`; returns the engine, the report and
+/// the repairs' offsets and lengths.
+pub(crate) fn recover_image(
+    cfg: &Config,
+    image: &CacheImage,
+    cache_img: &mut [u8],
+) -> Result<Recovery, RecoverError> {
+    let mut repairs: Vec<(u64, Vec<u8>)> = Vec::new();
+    let got = {
+        let img: &[u8] = cache_img;
+        let mut data_crc = |off: u64, len: u32| {
+            Ok(layout::data_crc(
+                &img[off as usize..(off + len as u64) as usize],
+            ))
+        };
+        let mut repair = |off: u64, b: &[u8]| {
+            repairs.push((off, b.to_vec()));
+            Ok(())
+        };
+        Engine::recover(cfg.clone(), image, &mut data_crc, &mut repair)
+    };
+    let done = repairs.iter().map(|(o, b)| (*o, b.len())).collect();
+    for (off, b) in repairs {
+        cache_img[off as usize..off as usize + b.len()].copy_from_slice(&b);
+    }
+    got.map(|(e, rep)| (e, rep, done))
 }
 
 /// What (b) leaves for the checks after it: the recovered engine with its
@@ -145,7 +185,7 @@ pub(crate) struct Recovered {
 pub(crate) fn recovered(
     cfg: &Config,
     layout: &Layout,
-    cache_img: Vec<u8>,
+    mut cache_img: Vec<u8>,
     backing_img: Vec<u8>,
     o: &mut Oracle,
     seed: u64,
@@ -153,7 +193,7 @@ pub(crate) fn recovered(
     devices: Devices<'_>,
     out: &mut SeedOutcome,
 ) -> Option<Recovered> {
-    let eng = match recover(cfg, layout, &cache_img) {
+    let eng = match recover(cfg, layout, &mut cache_img) {
         Ok(e) => e,
         Err(v) => {
             o.violations.push(v);

@@ -120,6 +120,10 @@ pub struct Options {
     /// behind a bypass write in flight, and random `inherit_request` calls,
     /// race reissues against the original completions.
     pub admission: Option<AdmissionKind>,
+    /// Fixed `Config::log_inline_bytes`; when `None`, drawn per seed from a
+    /// stream of its own (a seed that draws 0 runs as before inline log
+    /// records existed): 0 on three in seven seeds, else 512 B to 1 MiB.
+    pub log_inline_bytes: Option<u64>,
 }
 
 /// The result of one seed.
@@ -158,8 +162,9 @@ pub struct SeedOutcome {
     pub max_commit_pages: u64,
     /// Commits that were log records and checkpoints, and at recoveries,
     /// log records replayed and valid-looking records dropped (their data
-    /// did not match its checksums).
-    pub log: [u64; 4],
+    /// did not match its checksums); then log records that were inline,
+    /// and versions recoveries wrote back from inline records.
+    pub log: [u64; 6],
 }
 
 /// The metadata table's byte range on the cache device.
@@ -320,6 +325,7 @@ impl Crash {
 fn count_stats(out: &mut SeedOutcome, st: &Stats) {
     out.log[0] += st.log_commits;
     out.log[1] += st.commits - st.log_commits;
+    out.log[4] += st.inline_commits;
     let patches = [
         st.patches_created,
         st.patch_merges,
@@ -359,6 +365,15 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
     let x = Extras::draw(&mut rng2);
     let mut cfg = random_config(&mut rng, opts, x.large);
     cfg.log_pages = x.log_pages;
+    cfg.log_inline_bytes = opts.log_inline_bytes.unwrap_or_else(|| {
+        let mut r = ChaCha8Rng::seed_from_u64(seed ^ 0x1A11_E0F1_0C0D_5EED);
+        let drawn = [0, 0, 0, 512, 4096, 65536, 1 << 20][r.gen_range(0..7)];
+        if dimension_on("inline") {
+            drawn
+        } else {
+            0
+        }
+    });
     // Drawn from a stream of its own, so that every other draw keeps its
     // value per seed; half the write-back seeds send writes that would wait
     // for space around the cache.
@@ -497,7 +512,7 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
         // crash, then another crash.
         round += 1;
         oracle.begin_round(got);
-        let eng = match check::recover(&cfg, &layout, &crash.cache) {
+        let eng = match check::recover(&cfg, &layout, &mut crash.cache) {
             Ok(e) => e,
             Err(v) => {
                 oracle.violations.push(v);
@@ -570,9 +585,10 @@ pub fn run_seed(seed: u64, opts: &Options) -> SeedOutcome {
         crash = Crash::take(&world, &mut rng2);
     }
     out.violations = oracle.violations;
-    let (replayed, dropped) = check::take_log_replays();
+    let (replayed, dropped, repaired) = check::take_log_replays();
     out.log[2] += replayed;
     out.log[3] += dropped;
+    out.log[5] += repaired;
     out
 }
 
@@ -621,14 +637,9 @@ fn warm_restart(
     }
     count_stats(out, &world.eng.stats());
     out.ops += client.issued;
-    let cache = world.cache.visible().to_vec();
+    let mut cache = world.cache.visible().to_vec();
     let backing = world.backing.visible().to_vec();
     let image = check::cache_image(layout, &cache);
-    let mut crc = |off: u64, len: u32| {
-        Ok(layout::data_crc(
-            &cache[off as usize..(off + len as u64) as usize],
-        ))
-    };
     // A stop retries what fails on the way (its final commit, a destage, a
     // backing FLUSH) up to `STOP_RETRIES` times; only a stop that ran out
     // of them may end without its clean record. The record before it says
@@ -638,12 +649,12 @@ fn warm_restart(
     if gave_up {
         out.stops_given_up += 1;
     }
-    let eng = match Engine::recover(cfg.clone(), &image, &mut crc) {
-        Ok((e, rep)) if rep.clean_shutdown || gave_up => {
+    let eng = match check::recover_image(cfg, &image, &mut cache) {
+        Ok((e, rep, _)) if rep.clean_shutdown || gave_up => {
             out.warm_restarts += u64::from(rep.clean_shutdown);
             e
         }
-        Ok((_, rep)) => {
+        Ok((_, rep, _)) => {
             return Err(vec![format!(
                 "warm restart: recovery after a clean shutdown reports none: {rep:?}"
             )])
@@ -799,7 +810,7 @@ pub struct PolicySummary {
     /// The most metadata pages one commit wrote, over every seed.
     pub max_commit_pages: u64,
     /// Sums of [`SeedOutcome::log`].
-    pub log: [u64; 4],
+    pub log: [u64; 6],
     /// Every failing seed with the checks it failed (`a`, `b`, `c`, `o`
     /// for other), in seed order: for comparing two runs seed by seed.
     pub failing: Vec<(u64, String)>,
@@ -828,7 +839,7 @@ pub fn run_many(
     let failing: Mutex<Vec<(u64, String)>> = Mutex::new(Vec::new());
     let maxes = Mutex::new(((0u64, 0u64), 0u64));
     let agg = Mutex::new((
-        0u64, 0u64, 0u64, [0u64; 4], [0u64; 8], [0u64; 4], 0u64, [0u64; 4],
+        0u64, 0u64, 0u64, [0u64; 4], [0u64; 8], [0u64; 4], 0u64, [0u64; 6],
     ));
     std::panic::set_hook(Box::new(|info| {
         let loc = info

@@ -44,6 +44,7 @@ fn opts(policy: WritePolicyKind, fetch: Option<FetchMode>) -> Options {
         verbose: false,
         fetch,
         admission: None,
+        log_inline_bytes: None,
     }
 }
 
@@ -186,7 +187,10 @@ fn an_ordered_wave_ignoring_the_marks_a_commit_records_fails_the_run() {
     // 2646, 6231 and 9205: `cargo run --release -p nvwc-vopr --example
     // planted -- WaveIgnoresMarking ordered 0 20000`); these 64 hold the
     // first. A change to the engine's timing moves them: search again then.
-    let o = opts(WritePolicyKind::Ordered, None);
+    // Inline log records off: the seeds were found before they existed,
+    // and inline commits change the timing.
+    let mut o = opts(WritePolicyKind::Ordered, None);
+    o.log_inline_bytes = Some(0);
     let (clean, planted) = with_and_without_from(Mutation::WaveIgnoresMarking, &o, 1216, 64);
     assert_eq!(clean.by_check, [0; 4], "ordered passes without the bug");
     assert!(planted.by_check[2] > 0, "the planted bug fails (c)");
@@ -199,5 +203,54 @@ fn a_pipelined_ordered_wave_writing_before_the_flush_it_waits_for_fails_the_run(
     let (clean, planted) = with_and_without(Mutation::GatedPlanWritesEarly, &o, 400);
     assert_eq!(clean.by_check, [0; 4], "ordered passes without the bug");
     assert!(planted.by_check[2] > 0, "the planted bug fails (c)");
+    planted.verdict().expect_err("the run fails");
+}
+
+/// Inline log records (one FUA write per commit, no device flush): the
+/// versions they name may never have reached their slots, so recovery
+/// writes them back. Without that, a FLUSHed write reads back wrong.
+#[test]
+fn recovery_that_skips_an_inline_records_write_back_fails_the_run() {
+    for policy in [WritePolicyKind::WriteBack, WritePolicyKind::Journaled] {
+        let o = opts(policy, None);
+        let (clean, planted) = with_and_without(Mutation::InlineSkipsRepair, &o, 1000);
+        assert_eq!(clean.by_check[0] + clean.by_check[1] + clean.by_check[3], 0);
+        assert!(clean.log[4] > 0, "some commits are inline: {:?}", clean.log);
+        assert!(
+            clean.log[5] > 0,
+            "some recoveries write inline versions back: {:?}",
+            clean.log
+        );
+        assert!(
+            planted.by_check[0] + planted.by_check[1] > 0,
+            "skipping the write-back fails (a) or (b): {:?}",
+            planted.by_check
+        );
+        planted.verdict().expect_err("the run fails");
+    }
+}
+
+/// An inline commit makes nothing durable but its record: taken while
+/// write-back's in-place rewrites wait for a device flush, it answers a
+/// FLUSH with them still volatile.
+#[test]
+fn an_inline_commit_over_unflushed_in_place_rewrites_fails_the_run() {
+    write_back_fails_b_with(Mutation::InlineIgnoresOverwrites, 2000);
+}
+
+/// Recovery writes an inline version back only where no later record
+/// names its slot: a slot freed and reused since holds newer bytes. Rare:
+/// the slot must be freed and reused while the records stay unsealed, then
+/// the crash; write-back's seeds 0..2,000 find it twice (ordered's none).
+#[test]
+fn writing_back_a_superseded_inline_version_fails_the_run() {
+    let o = opts(WritePolicyKind::WriteBack, None);
+    let (clean, planted) = with_and_without(Mutation::InlineRepairsSuperseded, &o, 2000);
+    assert_eq!(clean.by_check[0] + clean.by_check[1] + clean.by_check[3], 0);
+    assert!(
+        planted.by_check[0] + planted.by_check[1] > 0,
+        "the stale write-back fails (a) or (b): {:?}",
+        planted.by_check
+    );
     planted.verdict().expect_err("the run fails");
 }

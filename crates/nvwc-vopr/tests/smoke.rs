@@ -14,6 +14,7 @@ fn options(policy: WritePolicyKind) -> Options {
         verbose: false,
         fetch: None,
         admission: None,
+        log_inline_bytes: None,
     }
 }
 

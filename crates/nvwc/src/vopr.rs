@@ -80,6 +80,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             verbose: a.verbose,
             fetch,
             admission,
+            log_inline_bytes: None,
         };
         if let Some(seed) = a.seed {
             let r = run_seed(seed, &opts);
@@ -163,9 +164,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
             nvwc_vopr::LIVENESS_NS / 1_000_000,
             s.max_commit_pages
         );
-        let [lc, cp, lr, ld] = s.log;
+        let [lc, cp, lr, ld, li, lw] = s.log;
         println!(
-            "  commits: log records={lc} checkpoints={cp}; at recovery: log records replayed={lr} dropped (data did not match)={ld}"
+            "  commits: log records={lc} (inline={li}) checkpoints={cp}; at recovery: log records replayed={lr} dropped (data did not match)={ld} inline versions written back={lw}"
         );
         let [ab, ar, ai, ad] = s.admission;
         if ab + ar > 0 {

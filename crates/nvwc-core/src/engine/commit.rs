@@ -10,12 +10,23 @@
 //! every checked entry matches its checksum, so a record that reached the
 //! device before its data is recognised as unfinished.
 //!
-//! A record is **sealed** once a durable record says it was durable when
-//! that record was built (its `sealed` field), or a checkpoint covers it.
-//! Recovery checks data only for records past the highest `sealed` it
-//! reads, so a sealed record's versions may change afterwards without
-//! invalidating it. Hence two rules, both enforced here and in
-//! `inplace_ok`:
+//! An **inline** log commit (format 4) carries the new versions' bytes in
+//! the record itself (`F_INLINE`), read back from their slots, and writes
+//! the record with FUA: one device write, no device flush. It is taken
+//! when those bytes are few (`Config::log_inline_bytes`) and no in-place
+//! overwrite waits for a flush (`unsynced_overwrites`): then the record
+//! holds everything the FLUSH promises. The versions' slots are not
+//! flushed, so recovery writes the bytes of an unsealed inline record into
+//! their slots (`recover.rs`).
+//!
+//! A record is **sealed** once a durable record says that its versions'
+//! bytes were durable *in their slots* when that record was built (its
+//! `sealed` field: `LogState::in_place`, the last commit followed by a
+//! device flush: a flushed log commit or a checkpoint), or a checkpoint
+//! covers it. Recovery checks (or, inline, writes back) data only for
+//! records past the highest `sealed` it reads, so a sealed record's
+//! versions may change afterwards without invalidating it. Hence two
+//! rules, both enforced here and in `inplace_ok`:
 //!
 //! * a version's bytes MUST NOT change while the record that introduced it
 //!   is unsealed (`S_UNSEALED`): write-back's in-place rewrite waits for the
@@ -33,7 +44,7 @@
 //! (the log's tail is then unknown).
 
 use super::*;
-use crate::layout::{LogRecord, F_NOCHECK};
+use crate::layout::{LogRecord, F_INLINE, F_NOCHECK};
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 pub(super) enum CommitStage {
@@ -42,14 +53,15 @@ pub(super) enum CommitStage {
     Pages,
     MetaFlush,
     Record,
-    /// Log commit: checksum the new versions, write the record, FLUSH.
+    /// Log commit: checksum the new versions (inline: read them), write
+    /// the record (inline: with FUA, and done), FLUSH.
     Checksums,
     LogWrite,
     LogFlush,
 }
 
 #[derive(Debug)]
-pub(super) struct CommitJob {
+pub(super) struct CommitJob<P> {
     pub(super) n: u64,
     pub(super) stage: CommitStage,
     snapshot: Vec<(u32, bool)>,
@@ -72,6 +84,12 @@ pub(super) struct CommitJob {
     record: CommitRecord,
     /// Log commit: the record (its entries' checksums fill in as they complete).
     log: Option<LogRecord>,
+    /// Log commit: inline (its record carries the new versions' bytes, read
+    /// into `inline_data` by entry, and is written with FUA, no flush).
+    inline: bool,
+    inline_data: Vec<Option<P>>,
+    /// Log commit: bytes its record takes in the log.
+    log_len: u64,
 }
 
 /// The log's and the checkpoints' state.
@@ -92,6 +110,10 @@ pub(super) struct LogState {
     record_unsure: bool,
     /// Highest commit known sealed on the device.
     sealed: u64,
+    /// Highest commit whose versions' bytes are durable in their slots:
+    /// the last one followed by a device flush (a flushed log commit or a
+    /// checkpoint). Inline commits leave it; records carry it as `sealed`.
+    in_place: u64,
     /// Versions introduced by an unsealed record, oldest first: (commit, slot, seq).
     unsealed: VecDeque<(u64, u32, u64)>,
     /// Slot-table pages changed since the durable checkpoint.
@@ -150,6 +172,7 @@ impl LogState {
             cr_cur,
             force_checkpoint: true,
             sealed: epoch,
+            in_place: epoch,
             ..Default::default()
         }
     }
@@ -247,8 +270,9 @@ impl<P: Payload> Engine<P> {
     }
 
     fn start_commit(&mut self) {
-        // This commit's device flush covers every in-place write completed so far.
-        self.commits.unsynced_overwrites = false;
+        // This commit's device flush covers every in-place write completed
+        // so far (an inline commit has none: it is not taken when there are).
+        let overwrites = std::mem::take(&mut self.commits.unsynced_overwrites);
         let n = self.commits.next;
         self.commits.next += 1;
         self.policy.on_commit_start();
@@ -267,9 +291,15 @@ impl<P: Payload> Engine<P> {
         };
         self.policy.fill_commit(&mut record);
         let waiters = std::mem::take(&mut self.commits.waiters);
-        let fits = self.commits.log.pos + LogRecord::bytes_for(snapshot.len())
-            <= self.layout.log_bytes
-            && self.checked_bytes(&snapshot) <= LOG_MAX_CHECKED_BYTES;
+        let checked = self.checked_bytes(&snapshot);
+        let inline = self.inline_ok
+            && self.cfg.log_inline_bytes > 0
+            && (!overwrites
+                || crate::mutation::active(crate::mutation::Mutation::InlineIgnoresOverwrites))
+            && checked <= self.cfg.log_inline_bytes;
+        let log_len = LogRecord::bytes_for(snapshot.len(), if inline { checked } else { 0 });
+        let fits = self.commits.log.pos + log_len <= self.layout.log_bytes
+            && checked <= LOG_MAX_CHECKED_BYTES;
         let mut job = CommitJob {
             n,
             stage: CommitStage::DataFlush,
@@ -286,6 +316,9 @@ impl<P: Payload> Engine<P> {
             record_wait: false,
             record,
             log: None,
+            inline,
+            inline_data: Vec::new(),
+            log_len,
         };
         if fits && !self.commits.log.force_checkpoint && !clean_shutdown {
             self.start_log_commit(&mut job);
@@ -388,7 +421,7 @@ impl<P: Payload> Engine<P> {
         }
     }
 
-    fn start_log_commit(&mut self, job: &mut CommitJob) {
+    fn start_log_commit(&mut self, job: &mut CommitJob<P>) {
         let n = job.n;
         let mut entries = Vec::with_capacity(job.snapshot.len());
         let mut sums: Vec<(u32, u64, u32)> = Vec::new();
@@ -408,31 +441,38 @@ impl<P: Payload> Engine<P> {
                         self.commits.log.note_unsealed(n, s, seq);
                     }
                     let (off, len) = self.layout.checked_bytes(s, &e);
+                    if job.inline {
+                        e.flags |= F_INLINE;
+                    }
                     sums.push((entries.len() as u32, off, len));
                 }
             }
             entries.push((s, e));
         }
+        if job.inline {
+            job.inline_data = vec![None; entries.len()];
+        }
         job.log = Some(LogRecord {
             epoch: self.commits.log.epoch,
             n,
-            sealed: self.commits.durable,
+            sealed: self.commits.log.in_place,
             record: job.record,
             entries,
+            data: Vec::new(),
         });
         job.stage = CommitStage::Checksums;
         job.left = sums.len() as u32;
         for (entry, offset, len) in sums {
-            self.emit(
-                Dev::Cache,
-                IoOp::Checksum { offset, len },
-                None,
-                IoCtx::CommitChecksum { entry },
-            );
+            let op = if job.inline {
+                IoOp::Read { offset, len }
+            } else {
+                IoOp::Checksum { offset, len }
+            };
+            self.emit(Dev::Cache, op, None, IoCtx::CommitChecksum { entry });
         }
     }
 
-    fn start_checkpoint(&mut self, job: &mut CommitJob) {
+    fn start_checkpoint(&mut self, job: &mut CommitJob<P>) {
         let n = job.n;
         let pages: Vec<u64> = self.commits.log.pages.iter().collect();
         self.commits.log.pages.clear();
@@ -473,13 +513,20 @@ impl<P: Payload> Engine<P> {
             .job
             .as_mut()
             .expect("checksum without a commit");
-        if let Ok(p) = &res {
-            let crc = p
-                .as_ref()
-                .and_then(|p| p.bytes())
-                .and_then(|b| b.get(0..4))
-                .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
-                .unwrap_or(0);
+        if let Ok(p) = res.as_ref() {
+            let crc = if job.inline {
+                // The version's bytes themselves, for the record's data area.
+                let p = p.clone().expect("a read returns its bytes");
+                let crc = p.bytes().map_or(0, layout::data_crc);
+                job.inline_data[entry as usize] = Some(p);
+                crc
+            } else {
+                p.as_ref()
+                    .and_then(|p| p.bytes())
+                    .and_then(|b| b.get(0..4))
+                    .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+                    .unwrap_or(0)
+            };
             let log = job.log.as_mut().expect("checksum for a checkpoint");
             log.entries[entry as usize].1.data_crc = crc;
         }
@@ -556,13 +603,39 @@ impl<P: Payload> Engine<P> {
             CommitStage::Checksums => {
                 job.stage = CommitStage::LogWrite;
                 job.left = 1;
-                let log = job.log.as_ref().expect("log commit");
-                let len = LogRecord::bytes_for(log.entries.len());
+                let len = job.log_len;
                 let off = self.layout.log_offset + self.commits.log.pos;
                 debug_assert!(self.commits.log.pos + len <= self.layout.log_bytes);
-                let data = P::encoded(len as usize, || log.encode());
-                self.cache_write(off, data, IoCtx::Commit);
+                if !job.inline {
+                    let log = job.log.as_ref().expect("log commit");
+                    let data = P::encoded(len as usize, || log.encode());
+                    self.cache_write(off, data, IoCtx::Commit);
+                    return;
+                }
+                // Inline: the data area is the versions' bytes in entry
+                // order; the record is durable alone, with FUA.
+                let parts = std::mem::take(&mut job.inline_data);
+                let log = job.log.as_mut().expect("log commit");
+                let data = P::encoded(len as usize, || {
+                    log.data = parts
+                        .iter()
+                        .flatten()
+                        .flat_map(|p| p.bytes().expect("bytes").iter().copied())
+                        .collect();
+                    log.encode()
+                });
+                self.emit(
+                    Dev::Cache,
+                    IoOp::Write {
+                        offset: off,
+                        data,
+                        fua: true,
+                    },
+                    None,
+                    IoCtx::Commit,
+                );
             }
+            CommitStage::LogWrite if job.inline => self.finish_commit(true),
             CommitStage::LogWrite => {
                 job.stage = CommitStage::LogFlush;
                 job.left = 1;
@@ -650,7 +723,14 @@ impl<P: Payload> Engine<P> {
             self.stats.commits += 1;
             if let Some(rec) = &job.log {
                 self.stats.log_commits += 1;
-                self.commits.log.pos += LogRecord::bytes_for(rec.entries.len());
+                self.commits.log.pos += job.log_len;
+                if job.inline {
+                    self.stats.inline_commits += 1;
+                } else {
+                    // Its device flush made every named version's bytes
+                    // durable in place, this commit's and earlier ones'.
+                    self.commits.log.in_place = job.n;
+                }
                 self.advance_sealed(rec.sealed);
             } else {
                 for &(pg, copy) in &job.written {
@@ -660,6 +740,7 @@ impl<P: Payload> Engine<P> {
                 self.commits.log.epoch = job.n;
                 self.commits.log.pos = 0;
                 self.commits.log.force_checkpoint = false;
+                self.commits.log.in_place = job.n;
                 self.advance_sealed(job.n);
             }
         } else {
@@ -720,7 +801,7 @@ impl<P: Payload> Engine<P> {
 
 /// Commit state: what the next commit must write, the commit in flight,
 /// the log, and the requests waiting for a durable commit.
-pub(super) struct CommitState {
+pub(super) struct CommitState<P> {
     /// Slots whose entries changed since the last commit.
     pub(super) meta_dirty: Vec<u32>,
     /// Which copy (0 or 1) of each metadata page is durable; 2 = neither.
@@ -736,7 +817,7 @@ pub(super) struct CommitState {
     /// When the oldest change not yet committed was made.
     pub(super) oldest_change: Option<u64>,
     /// The commit in flight.
-    pub(super) job: Option<CommitJob>,
+    pub(super) job: Option<CommitJob<P>>,
     /// The metadata log and checkpoints (see the module docs).
     pub(super) log: LogState,
     /// Requests waiting for a durable commit.
@@ -756,7 +837,7 @@ pub(super) struct CommitState {
     pub(super) durable: u64,
 }
 
-impl CommitState {
+impl<P> CommitState<P> {
     pub(super) fn new(pages: usize) -> Self {
         CommitState {
             meta_dirty: Vec::new(),

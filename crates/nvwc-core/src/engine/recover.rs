@@ -3,6 +3,10 @@
 
 use super::*;
 
+/// Recovery's write into the cache device (`Engine::recover`'s `repair`):
+/// `bytes` at `offset`, or why it failed.
+pub type RepairFn<'a> = dyn FnMut(u64, &[u8]) -> Result<(), String> + 'a;
+
 /// What recovery found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecoveryReport {
@@ -16,6 +20,8 @@ pub struct RecoveryReport {
     /// left out (from the first whose data did not match its checksums).
     pub log_records: u64,
     pub log_dropped: u64,
+    /// Versions of unsealed inline records written into their slots.
+    pub inline_repairs: u64,
 }
 
 /// The metadata regions of a cache device, read by the driver for recovery.
@@ -43,6 +49,8 @@ pub enum RecoverError {
     Format(FormatError),
     #[error("reading cache data to check the log: {0}")]
     Read(String),
+    #[error("writing an inline log record's data into its slot: {0}")]
+    Repair(String),
 }
 
 impl From<ConfigError> for RecoverError {
@@ -63,10 +71,16 @@ impl<P: Payload> Engine<P> {
     /// `data_crc(offset, len)` MUST return the CRC-32C ([`layout::data_crc`])
     /// of the cache device's bytes at `offset..offset + len`: recovery
     /// checks the data that the log's unsealed records name (a few blocks).
+    /// `repair(offset, bytes)` MUST write `bytes` at `offset` of the cache
+    /// device before the engine's first command runs (no flush needed: the
+    /// first commit is a checkpoint, whose first step is a device flush, and
+    /// until it is durable the log is still there to repair from): recovery
+    /// puts an unsealed inline record's versions into their slots.
     pub fn recover(
         cfg: Config,
         image: &CacheImage,
         data_crc: &mut dyn FnMut(u64, u32) -> Result<u32, String>,
+        repair: &mut RepairFn<'_>,
     ) -> Result<(Self, RecoveryReport), RecoverError> {
         cfg.validate()?;
         let sb = layout::Superblock::decode(&image.superblock)?;
@@ -74,6 +88,7 @@ impl<P: Payload> Engine<P> {
         let (ckpt, cr_cur) = latest_commit_record(image)?;
         let mut e = Self::build(cfg);
         e.partial_ok = sb.version >= 2;
+        e.inline_ok = sb.version >= 4;
         let l = e.layout;
         if (image.table.len() as u64) < l.table_bytes || (image.log.len() as u64) < l.log_bytes {
             return Err(FormatError::Short.into());
@@ -85,6 +100,7 @@ impl<P: Payload> Engine<P> {
         };
         let mut found = e.read_checkpoint(image, &ckpt, &mut report);
         let replay = replay_log(&l, &image.log, &ckpt, data_crc)?;
+        report.inline_repairs = repair_inline(&l, &replay, repair)?;
         e.commits.log = LogState::recovered(ckpt.commit, cr_cur);
         let mut rec = ckpt;
         for r in &replay.accepted {
@@ -402,6 +418,8 @@ struct CheckpointTable {
 struct Replay {
     /// Records whose data checks passed (or that are sealed), in order.
     accepted: Vec<layout::LogRecord>,
+    /// Highest `sealed` the records carry (at least the checkpoint's number).
+    sealed: u64,
     /// Valid records from the first whose data did not match on.
     dropped: Vec<layout::LogRecord>,
     /// Highest record number seen.
@@ -423,7 +441,8 @@ fn replay_log(
     let mut pos = 0u64;
     let mut want = ckpt.commit + 1;
     while pos < l.log_bytes {
-        let Some((r, len)) = layout::LogRecord::decode(&log[pos as usize..l.log_bytes as usize])
+        let Some((r, len)) =
+            layout::LogRecord::decode(&log[pos as usize..l.log_bytes as usize], l.block_size)
         else {
             break;
         };
@@ -450,7 +469,8 @@ fn replay_log(
             continue;
         }
         for (s, ent) in &r.entries {
-            if ent.flags & F_VALID == 0 || ent.flags & layout::F_NOCHECK != 0 {
+            // An inline entry's bytes are in the record (checked at decode).
+            if ent.flags & F_VALID == 0 || ent.flags & (layout::F_NOCHECK | layout::F_INLINE) != 0 {
                 continue;
             }
             let (off, len) = l.checked_bytes(*s, ent);
@@ -463,7 +483,48 @@ fn replay_log(
     let dropped = found.split_off(cut);
     Ok(Replay {
         accepted: found,
+        sealed,
         dropped,
         max_n,
     })
+}
+
+/// Write the versions of the unsealed inline records recovery accepted
+/// into their slots: a version's slot was written but maybe never flushed
+/// (an inline commit flushes nothing but its record). Only where the entry
+/// is the last that the accepted records give its slot: a later record
+/// naming the slot (which freed it, and maybe reused it for newer data)
+/// has the final word. Sealed records' versions are durable in place, and
+/// may have been rewritten in place since. Returns the versions written.
+fn repair_inline(
+    l: &Layout,
+    replay: &Replay,
+    repair: &mut RepairFn<'_>,
+) -> Result<u64, RecoverError> {
+    let mut last: HashMap<u32, usize> = HashMap::new();
+    for (i, r) in replay.accepted.iter().enumerate() {
+        for &(s, _) in &r.entries {
+            last.insert(s, i);
+        }
+    }
+    let superseded_too =
+        crate::mutation::active(crate::mutation::Mutation::InlineRepairsSuperseded);
+    let mut n = 0;
+    for (i, r) in replay.accepted.iter().enumerate() {
+        if r.n <= replay.sealed
+            || crate::mutation::active(crate::mutation::Mutation::InlineSkipsRepair)
+        {
+            continue;
+        }
+        for (s, ent, bytes) in r.inline(l.block_size) {
+            if last[&s] != i && !superseded_too {
+                continue;
+            }
+            let (off, len) = l.checked_bytes(s, ent);
+            debug_assert_eq!(len as usize, bytes.len());
+            repair(off, bytes).map_err(RecoverError::Repair)?;
+            n += 1;
+        }
+    }
+    Ok(n)
 }
