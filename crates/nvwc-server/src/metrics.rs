@@ -40,7 +40,7 @@ macro_rules! stat_fields {
         $m!(requests reads writes flushes trims read_bytes write_bytes read_hits read_misses write_hits write_misses
             overwrites direct_writes cache_reads cache_read_bytes cache_writes cache_write_bytes cache_flushes backing_reads
             backing_read_bytes backing_writes backing_write_bytes backing_flushes backing_groups fetches populates
-            stalled_writes stall_ns admission_stalls block_waits block_wait_ns evictions destaged_blocks destage_plans destage_failures commits commit_failures
+            stalled_writes stall_ns admission_stalls block_waits block_wait_ns evictions destaged_blocks destage_plans destage_failures commits log_commits inline_commits commit_failures
             io_errors patches_created patch_merges patch_reads patch_fetches patch_direct_writes patch_discards
             patch_fallbacks patch_waits patch_fetch_errors patch_persists partial_read_fetches partial_write_fetches admitted_pieces bypassed_pieces bypassed_bytes bypass_refused full_bypassed_writes full_dropped_clean
             reissued_writes discarded_completions critical_admitted_pieces critical_bypassed_pieces

@@ -359,7 +359,10 @@ fn format_or_rebind(
                 clean_shutdown = rep.clean_shutdown,
                 dirty = rep.dirty_versions,
                 clean = rep.clean_versions,
-                discarded = rep.discarded
+                discarded = rep.discarded,
+                log_records = rep.log_records,
+                log_dropped = rep.log_dropped,
+                inline_repairs = rep.inline_repairs
             );
             (eng, sb)
         }
