@@ -39,7 +39,7 @@
 #   BACKING_PAGES=cold (default: the backing file's pages are dropped after
 #   preallocation, see `prealloc`) or kept.
 #   NVWC_BASE=PATH also runs the default nvwc server of each selected group
-#   (fast, fsync1, full; slow: ordered and journaled) with the nvwc binary at PATH, named NAME@base, in
+#   (fast, fsync1, fsync8, full; slow: ordered and journaled) with the nvwc binary at PATH, named NAME@base, in
 #   the same interleaved rounds, and prints each NAME / NAME@base ratio: an
 #   A/B of two builds (before and after a change) under the same conditions,
 #   with a 90 % bootstrap band of each ratio and the median of the same-round
@@ -150,6 +150,7 @@ if sel fsync8; then  # 8 jobs x QD1 --fsync=1 over the delayed backing
   for pol in write-back journaled write-through; do
     add "nvwc-$pol/${DELAY_MS}ms" "$NV --backing 'nbd+unix:///?socket=$W/d.sock' --write-policy $pol" n.sock fsync-8jobs "$DELAYUP" 0 256
   done
+  [ -z "$BASE" ] || add "nvwc-write-back/${DELAY_MS}ms@base" "${NV/$NVWC/$BASE} --backing 'nbd+unix:///?socket=$W/d.sock' --write-policy write-back" n.sock fsync-8jobs "$DELAYUP" 0 256
 fi
 if sel full; then  # first touch over 4x the cache, fast local backing, no warm-up
   # Paced cleaning while writes go around the full cache (the default,
