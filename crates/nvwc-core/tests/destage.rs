@@ -254,3 +254,95 @@ fn a_failed_destage_is_retried_only_after_the_retry_delay() {
     let st = h.engine.stats();
     assert_eq!((st.destage_plans, st.destaged_blocks), (2, 1), "{st:?}");
 }
+
+/// Complete the oldest command in flight other than `held` (timers fire
+/// when only `held` is left); false once nothing else can run.
+fn step_holding(h: &mut MemHarness, held: IoId) -> bool {
+    let i = h.inflight().iter().position(|c| c.id != held);
+    match i {
+        Some(i) => h.step(&mut |_| i),
+        None => {
+            let before = h.inflight().len();
+            h.now += 1_000_000_000;
+            h.engine.handle_timeout(h.now);
+            h.inflight().len() > before
+        }
+    }
+}
+
+/// Run until reply `id` arrives, never completing command `held`.
+fn wait_holding(h: &mut MemHarness, id: u64, held: IoId) -> Reply<Bytes> {
+    for _ in 0..100_000 {
+        if let Some(i) = h.replies.iter().position(|r| r.id == id) {
+            return h.replies.remove(i);
+        }
+        step_holding(h, held);
+    }
+    panic!("request {id} never completed: {}", h.engine.debug_state());
+}
+
+/// A clean block whose cache read is in flight (`Slot::refs > 0`) is never
+/// evicted (`Engine::evict_clean_until`'s pins): block 16 of a full cache
+/// of 24 clean blocks is read, its cache read held, and 40 new blocks are
+/// written meanwhile, evicting every other clean block, those new ones
+/// among them; block 16, the replacement policy's first victim after the
+/// first 23, stays cached: the held read returns its bytes, and a read of
+/// it afterwards is a hit.
+#[test]
+fn a_clean_block_a_read_holds_is_not_evicted() {
+    let mut h = harness(WritePolicyKind::WriteBack, 16);
+    for lbn in 0..40u64 {
+        h.submit(lbn + 1, write(lbn, lbn as u8 + 1));
+        h.wait(lbn + 1, &mut |_| 0).result.unwrap();
+    }
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!(
+        (st.free_slots, st.cached_blocks, st.dirty_blocks),
+        (8, 24, 0)
+    );
+    h.submit(
+        50,
+        ReqOp::Read {
+            offset: 16 * BS,
+            len: BS as u32,
+        },
+    );
+    let held = {
+        let cmds = h.inflight();
+        assert_eq!(cmds.len(), 1, "one cache read: {cmds:?}");
+        assert!(matches!(
+            (cmds[0].dev, &cmds[0].op),
+            (Dev::Cache, IoOp::Read { .. })
+        ));
+        cmds[0].id
+    };
+    for i in 0..40u64 {
+        h.submit(100 + i, write(60 + i, 7));
+        wait_holding(&mut h, 100 + i, held).result.unwrap();
+    }
+    let mid = h.engine.stats();
+    assert!(mid.evictions - st.evictions >= 40, "{mid:?}");
+    h.settle(&mut |_| 0);
+    let r = h.wait(50, &mut |_| 0).result.unwrap().unwrap();
+    assert_eq!(&r[..], &[17u8; BS as usize][..], "the held read's bytes");
+    let before = h.engine.stats();
+    h.submit(
+        51,
+        ReqOp::Read {
+            offset: 16 * BS,
+            len: BS as u32,
+        },
+    );
+    let r = h.wait(51, &mut |_| 0).result.unwrap().unwrap();
+    assert_eq!(&r[..], &[17u8; BS as usize][..]);
+    let st = h.engine.stats();
+    assert_eq!(
+        (
+            st.read_hits - before.read_hits,
+            st.read_misses - before.read_misses
+        ),
+        (1, 0),
+        "block 16 stayed cached"
+    );
+}
