@@ -346,3 +346,127 @@ fn a_clean_block_a_read_holds_is_not_evicted() {
         "block 16 stayed cached"
     );
 }
+
+/// Paced cleaning (`Config::full_clean_secs`) destages at its pace, in
+/// turns (`Engine::pace_after`), and at full speed again once writes stop
+/// going around the cache (`Engine::paced`): a 64-block write-back cache,
+/// cleaning from the first dirty block, takes 256 first writes (most go
+/// around it), then the same 256 blocks again: the 48 cached among them turn
+/// dirty and stay dirty while time stands still. The engine's next deadline
+/// is the paced turn, within the pacing window; woken exactly then, it
+/// destages 16 blocks; woken at the window's end, it destages the rest.
+#[test]
+fn paced_cleaning_destages_in_turns_until_writes_stop_going_around() {
+    let mut c = Config::new(BS as u32, 64, 4096 * BS, WritePolicyKind::WriteBack);
+    c.bypass_when_full = true;
+    c.full_clean_secs = 40;
+    c.watermarks = Watermarks {
+        high: 0.0,
+        low: 0.0,
+    };
+    let mut h = MemHarness::new(c);
+    for round in 0..2u64 {
+        for batch in (0..256u64).collect::<Vec<_>>().chunks(32) {
+            for &i in batch {
+                let b = (i * 37) % 1024;
+                let byte = (b % 251) as u8 + 1 + round as u8;
+                h.submit(round * 1000 + i + 1, write(b, byte));
+            }
+            for &i in batch {
+                h.wait(round * 1000 + i + 1, &mut |_| 0).result.unwrap();
+            }
+        }
+    }
+    // Complete what is in flight, time standing still.
+    let quiesce = |h: &mut MemHarness| {
+        while !h.inflight().is_empty() {
+            h.step(&mut |_| 0);
+        }
+        h.engine.stats()
+    };
+    let st = quiesce(&mut h);
+    assert!(st.full_bypassed_writes > 400, "{st:?}");
+    assert_eq!(st.dirty_blocks, 48, "paced: no destage at once: {st:?}");
+    let turn = h.engine.poll_timeout().expect("a paced turn");
+    assert!(turn > h.now && turn < 1_000_000_000, "{turn}");
+    h.now = turn;
+    h.engine.handle_timeout(h.now);
+    let st2 = quiesce(&mut h);
+    assert_eq!(st2.destage_plans, st.destage_plans + 1, "the turn's plan");
+    assert_eq!(st2.dirty_blocks, 32, "{st2:?}");
+    // The window ends 1 s after the last write that went around (a commit
+    // deadline may come first): then full speed.
+    let mut st3 = st2.clone();
+    for _ in 0..4 {
+        let t = h.engine.poll_timeout().expect("a deadline");
+        assert!(t >= 1_000_000_000, "no second turn in the window: {t}");
+        h.now = t;
+        h.engine.handle_timeout(h.now);
+        st3 = quiesce(&mut h);
+        if st3.dirty_blocks == 0 {
+            break;
+        }
+    }
+    assert_eq!(st3.dirty_blocks, 0, "full speed: {st3:?}");
+    assert!(h.now > 1_000_001_000, "only once the window ended");
+    for b in (0..1024u64).step_by(37).take(8) {
+        h.submit(
+            5000 + b,
+            ReqOp::Read {
+                offset: b * BS,
+                len: BS as u32,
+            },
+        );
+        let r = h.wait(5000 + b, &mut |_| 0).result.unwrap().unwrap();
+        assert_eq!(r[0], (b % 251) as u8 + 2, "block {b}");
+    }
+}
+
+/// A clean stop (`Engine::start_shutdown`) still cleans for writers waiting
+/// for a slot (`Engine::plan` stops planning only once nothing is dirty):
+/// a write-back cache of 16 dirty blocks, no free reserve and one destage
+/// copy at a time, takes two writes of new blocks and starts stopping at
+/// once; blocks are destaged one plan at a time (most planned after the
+/// stop began), one evicted for each write, and both writes complete.
+#[test]
+fn a_clean_stop_still_cleans_for_writes_waiting_for_a_slot() {
+    let mut c = Config::new(BS as u32, 16, 128 * BS, WritePolicyKind::WriteBack);
+    c.watermarks = Watermarks {
+        high: 1.0,
+        low: 1.0,
+    };
+    c.free_reserve = 0;
+    c.max_destage_inflight = 1;
+    let mut h = MemHarness::new(c);
+    for lbn in 0..16u64 {
+        h.submit(lbn + 1, write(lbn, lbn as u8 + 1));
+        h.wait(lbn + 1, &mut |_| 0).result.unwrap();
+    }
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!((st.free_slots, st.dirty_blocks), (0, 16), "{st:?}");
+    h.submit(100, write(40, 40));
+    h.submit(101, write(41, 41));
+    let plans = h.engine.stats().destage_plans;
+    assert!(plans - st.destage_plans <= 1, "one copy at a time");
+    h.engine.start_shutdown(h.now);
+    for _ in 0..10_000 {
+        if h.replies.iter().filter(|r| r.id >= 100).count() == 2 {
+            break;
+        }
+        if !h.step(&mut |_| 0) {
+            h.now += 1_000_000_000;
+            h.engine.handle_timeout(h.now);
+        }
+    }
+    let st2 = h.engine.stats();
+    for id in [100, 101] {
+        let r = h.replies.iter().find(|r| r.id == id);
+        assert!(
+            matches!(r, Some(r) if r.result.is_ok()),
+            "write {id}: {r:?} {st2:?}"
+        );
+    }
+    assert!(st2.destage_plans - st.destage_plans >= 2, "{st2:?}");
+    assert_eq!(st2.evictions - st.evictions, 2, "{st2:?}");
+}
