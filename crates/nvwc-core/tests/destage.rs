@@ -470,3 +470,60 @@ fn a_clean_stop_still_cleans_for_writes_waiting_for_a_slot() {
     assert!(st2.destage_plans - st.destage_plans >= 2, "{st2:?}");
     assert_eq!(st2.evictions - st.evictions, 2, "{st2:?}");
 }
+
+/// A destage plan writes each run of contiguous copies as one backing
+/// write of at most `MAX_DESTAGE_RUN_BYTES` (`Engine::plan_copy`): 20
+/// contiguous dirty blocks of 128 KiB, drained in plans of 16 blocks, go
+/// out as backing writes of 8 blocks (1 MiB), 8 and 4, and the bytes land
+/// where they belong.
+#[test]
+fn contiguous_copies_go_out_in_runs_of_at_most_a_mebibyte() {
+    let bs = 128 * 1024u64;
+    let mut c = Config::new(bs as u32, 64, 128 * bs, WritePolicyKind::WriteBack);
+    c.watermarks = Watermarks {
+        high: 1.0,
+        low: 1.0,
+    };
+    let mut h = MemHarness::new(c);
+    for lbn in 0..20u64 {
+        h.submit(
+            lbn + 1,
+            ReqOp::Write {
+                offset: lbn * bs,
+                data: Bytes::from(vec![lbn as u8 + 1; bs as usize]),
+                fua: false,
+            },
+        );
+        h.wait(lbn + 1, &mut |_| 0).result.unwrap();
+    }
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!((st.dirty_blocks, st.backing_writes), (20, 0), "{st:?}");
+    h.engine.start_drain(h.now);
+    let mut runs = Vec::new();
+    for _ in 0..100_000 {
+        let cmds: Vec<IoCmd<Bytes>> = h.inflight().iter().cloned().collect();
+        if let Some(i) = cmds.iter().position(is_backing_write) {
+            if let IoOp::Write { offset, data, .. } = &cmds[i].op {
+                runs.push((offset / bs, data.len() as u64 / bs));
+            }
+            h.step(&mut |_| i);
+        } else if !h.step(&mut |_| 0) {
+            break;
+        }
+    }
+    h.engine.end_drain();
+    let st2 = h.engine.stats();
+    assert_eq!(
+        (st2.destaged_blocks, st2.destage_plans - st.destage_plans),
+        (20, 2),
+        "{st2:?}"
+    );
+    runs.sort();
+    assert_eq!(runs, vec![(0, 8), (8, 8), (16, 4)], "{st2:?}");
+    for lbn in 0..20u64 {
+        let at = (lbn * bs) as usize;
+        assert_eq!(h.backing[at], lbn as u8 + 1, "block {lbn}");
+        assert_eq!(h.backing[at + bs as usize - 1], lbn as u8 + 1);
+    }
+}
