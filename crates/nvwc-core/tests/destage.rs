@@ -377,9 +377,16 @@ fn paced_cleaning_destages_in_turns_until_writes_stop_going_around() {
             }
         }
     }
-    // Complete what is in flight, time standing still.
+    // Complete what is in flight, time standing still; note whether the
+    // destage writes were FUA (`Engine::start_plan`: a paced plan's are,
+    // and end without a backing FLUSH).
+    let fuas = std::cell::RefCell::new(Vec::new());
     let quiesce = |h: &mut MemHarness| {
         while !h.inflight().is_empty() {
+            let c = h.inflight()[0].clone();
+            if let (Dev::Backing, IoOp::Write { fua, .. }) = (c.dev, &c.op) {
+                fuas.borrow_mut().push(*fua);
+            }
             h.step(&mut |_| 0);
         }
         h.engine.stats()
@@ -394,6 +401,11 @@ fn paced_cleaning_destages_in_turns_until_writes_stop_going_around() {
     let st2 = quiesce(&mut h);
     assert_eq!(st2.destage_plans, st.destage_plans + 1, "the turn's plan");
     assert_eq!(st2.dirty_blocks, 32, "{st2:?}");
+    let turn_fuas = fuas.take();
+    assert!(
+        !turn_fuas.is_empty() && turn_fuas.iter().all(|&f| f),
+        "the paced turn's copies are FUA: {turn_fuas:?}"
+    );
     // The window ends 1 s after the last write that went around (a commit
     // deadline may come first): then full speed.
     let mut st3 = st2.clone();
@@ -408,6 +420,11 @@ fn paced_cleaning_destages_in_turns_until_writes_stop_going_around() {
         }
     }
     assert_eq!(st3.dirty_blocks, 0, "full speed: {st3:?}");
+    let full_fuas = fuas.take();
+    assert!(
+        !full_fuas.is_empty() && full_fuas.iter().all(|&f| !f),
+        "full-speed copies are not FUA: {full_fuas:?}"
+    );
     assert!(h.now > 1_000_001_000, "only once the window ended");
     for b in (0..1024u64).step_by(37).take(8) {
         h.submit(
