@@ -406,6 +406,10 @@ fn paced_cleaning_destages_in_turns_until_writes_stop_going_around() {
         !turn_fuas.is_empty() && turn_fuas.iter().all(|&f| f),
         "the paced turn's copies are FUA: {turn_fuas:?}"
     );
+    assert_eq!(
+        st2.backing_flushes, st.backing_flushes,
+        "a paced plan ends without a backing FLUSH"
+    );
     // The window ends 1 s after the last write that went around (a commit
     // deadline may come first): then full speed.
     let mut st3 = st2.clone();
@@ -543,4 +547,62 @@ fn contiguous_copies_go_out_in_runs_of_at_most_a_mebibyte() {
         assert_eq!(h.backing[at], lbn as u8 + 1, "block {lbn}");
         assert_eq!(h.backing[at + bs as usize - 1], lbn as u8 + 1);
     }
+}
+
+/// A pipelined wave whose gate fails is cancelled (`Engine::release_gated`
+/// with a failed gate, `Engine::drop_run`): block 1's wave is planned
+/// behind block 0's while block 0's backing FLUSH is in flight, its copy
+/// held (no backing write of it before that FLUSH ends); that FLUSH
+/// fails, so block 1's copy is dropped unwritten and its
+/// plan ends; after the retry delay both blocks are destaged again and the
+/// engine settles.
+#[test]
+fn a_pipelined_wave_whose_gate_fails_is_dropped_and_retried() {
+    let mut h = harness(WritePolicyKind::Ordered, 16);
+    h.submit(1, write(0, 1));
+    run_holding_backing_writes(&mut h);
+    h.submit(2, write(1, 2));
+    run_holding_backing_writes(&mut h);
+    assert_eq!(h.replies.len(), 2);
+    // Complete block 0's backing write, then everything but backing FLUSHes.
+    let is_flush = |c: &IoCmd<Bytes>| c.dev == Dev::Backing && matches!(c.op, IoOp::Flush);
+    let mut failed = false;
+    for _ in 0..1000 {
+        let cmds: Vec<IoCmd<Bytes>> = h.inflight().iter().cloned().collect();
+        if let Some(i) = cmds.iter().position(|c| !is_flush(c)) {
+            h.step(&mut |_| i);
+            continue;
+        }
+        assert_eq!(cmds.len(), 1, "block 0's FLUSH: {}", h.engine.debug_state());
+        assert_eq!(counter(&h, "ordered_waves_pipelined"), 1);
+        // The pipelined wave holds its copy until its gate ends.
+        assert!(
+            h.backing[BS as usize..2 * BS as usize]
+                .iter()
+                .all(|&b| b == 0),
+            "block 1 written before block 0's FLUSH"
+        );
+        h.complete_failed(0);
+        failed = true;
+        break;
+    }
+    assert!(failed, "block 1's wave pipelined behind block 0's FLUSH");
+    for _ in 0..100_000 {
+        if !h.step(&mut |_| 0) {
+            if h.engine.is_idle() {
+                break;
+            }
+            h.now += 1_000_000_000;
+            h.engine.handle_timeout(h.now);
+        }
+    }
+    assert!(h.engine.is_idle(), "{}", h.engine.debug_state());
+    let st = h.engine.stats();
+    assert!(st.destage_failures >= 1, "{st:?}");
+    assert_eq!(st.dirty_blocks, 0, "{st:?}");
+    assert_eq!(&h.backing[..BS as usize], &[1u8; BS as usize][..]);
+    assert_eq!(
+        &h.backing[BS as usize..2 * BS as usize],
+        &[2u8; BS as usize][..]
+    );
 }
