@@ -254,3 +254,355 @@ fn a_failed_destage_is_retried_only_after_the_retry_delay() {
     let st = h.engine.stats();
     assert_eq!((st.destage_plans, st.destaged_blocks), (2, 1), "{st:?}");
 }
+
+/// Complete the oldest command in flight other than `held` (timers fire
+/// when only `held` is left); false once nothing else can run.
+fn step_holding(h: &mut MemHarness, held: IoId) -> bool {
+    let i = h.inflight().iter().position(|c| c.id != held);
+    match i {
+        Some(i) => h.step(&mut |_| i),
+        None => {
+            let before = h.inflight().len();
+            h.now += 1_000_000_000;
+            h.engine.handle_timeout(h.now);
+            h.inflight().len() > before
+        }
+    }
+}
+
+/// Run until reply `id` arrives, never completing command `held`.
+fn wait_holding(h: &mut MemHarness, id: u64, held: IoId) -> Reply<Bytes> {
+    for _ in 0..100_000 {
+        if let Some(i) = h.replies.iter().position(|r| r.id == id) {
+            return h.replies.remove(i);
+        }
+        step_holding(h, held);
+    }
+    panic!("request {id} never completed: {}", h.engine.debug_state());
+}
+
+/// A clean block whose cache read is in flight (`Slot::refs > 0`) is never
+/// evicted (`Engine::evict_clean_until`'s pins): block 16 of a full cache
+/// of 24 clean blocks is read, its cache read held, and 40 new blocks are
+/// written meanwhile, evicting every other clean block, those new ones
+/// among them; block 16, the replacement policy's first victim after the
+/// first 23, stays cached: the held read returns its bytes, and a read of
+/// it afterwards is a hit.
+#[test]
+fn a_clean_block_a_read_holds_is_not_evicted() {
+    let mut h = harness(WritePolicyKind::WriteBack, 16);
+    for lbn in 0..40u64 {
+        h.submit(lbn + 1, write(lbn, lbn as u8 + 1));
+        h.wait(lbn + 1, &mut |_| 0).result.unwrap();
+    }
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!(
+        (st.free_slots, st.cached_blocks, st.dirty_blocks),
+        (8, 24, 0)
+    );
+    h.submit(
+        50,
+        ReqOp::Read {
+            offset: 16 * BS,
+            len: BS as u32,
+        },
+    );
+    let held = {
+        let cmds = h.inflight();
+        assert_eq!(cmds.len(), 1, "one cache read: {cmds:?}");
+        assert!(matches!(
+            (cmds[0].dev, &cmds[0].op),
+            (Dev::Cache, IoOp::Read { .. })
+        ));
+        cmds[0].id
+    };
+    for i in 0..40u64 {
+        h.submit(100 + i, write(60 + i, 7));
+        wait_holding(&mut h, 100 + i, held).result.unwrap();
+    }
+    let mid = h.engine.stats();
+    assert!(mid.evictions - st.evictions >= 40, "{mid:?}");
+    h.settle(&mut |_| 0);
+    let r = h.wait(50, &mut |_| 0).result.unwrap().unwrap();
+    assert_eq!(&r[..], &[17u8; BS as usize][..], "the held read's bytes");
+    let before = h.engine.stats();
+    h.submit(
+        51,
+        ReqOp::Read {
+            offset: 16 * BS,
+            len: BS as u32,
+        },
+    );
+    let r = h.wait(51, &mut |_| 0).result.unwrap().unwrap();
+    assert_eq!(&r[..], &[17u8; BS as usize][..]);
+    let st = h.engine.stats();
+    assert_eq!(
+        (
+            st.read_hits - before.read_hits,
+            st.read_misses - before.read_misses
+        ),
+        (1, 0),
+        "block 16 stayed cached"
+    );
+}
+
+/// Paced cleaning (`Config::full_clean_secs`) destages at its pace, in
+/// turns (`Engine::pace_after`), and at full speed again once writes stop
+/// going around the cache (`Engine::paced`): a 64-block write-back cache,
+/// cleaning from the first dirty block, takes 256 first writes (most go
+/// around it), then the same 256 blocks again: the 48 cached among them turn
+/// dirty and stay dirty while time stands still. The engine's next deadline
+/// is the paced turn, within the pacing window; woken exactly then, it
+/// destages 16 blocks; woken at the window's end, it destages the rest.
+#[test]
+fn paced_cleaning_destages_in_turns_until_writes_stop_going_around() {
+    let mut c = Config::new(BS as u32, 64, 4096 * BS, WritePolicyKind::WriteBack);
+    c.bypass_when_full = true;
+    c.full_clean_secs = 40;
+    c.watermarks = Watermarks {
+        high: 0.0,
+        low: 0.0,
+    };
+    let mut h = MemHarness::new(c);
+    for round in 0..2u64 {
+        for batch in (0..256u64).collect::<Vec<_>>().chunks(32) {
+            for &i in batch {
+                let b = (i * 37) % 1024;
+                let byte = (b % 251) as u8 + 1 + round as u8;
+                h.submit(round * 1000 + i + 1, write(b, byte));
+            }
+            for &i in batch {
+                h.wait(round * 1000 + i + 1, &mut |_| 0).result.unwrap();
+            }
+        }
+    }
+    // Complete what is in flight, time standing still; note whether the
+    // destage writes were FUA (`Engine::start_plan`: a paced plan's are,
+    // and end without a backing FLUSH).
+    let fuas = std::cell::RefCell::new(Vec::new());
+    let quiesce = |h: &mut MemHarness| {
+        while !h.inflight().is_empty() {
+            let c = h.inflight()[0].clone();
+            if let (Dev::Backing, IoOp::Write { fua, .. }) = (c.dev, &c.op) {
+                fuas.borrow_mut().push(*fua);
+            }
+            h.step(&mut |_| 0);
+        }
+        h.engine.stats()
+    };
+    let st = quiesce(&mut h);
+    assert!(st.full_bypassed_writes > 400, "{st:?}");
+    assert_eq!(st.dirty_blocks, 48, "paced: no destage at once: {st:?}");
+    let turn = h.engine.poll_timeout().expect("a paced turn");
+    assert!(turn > h.now && turn < 1_000_000_000, "{turn}");
+    h.now = turn;
+    h.engine.handle_timeout(h.now);
+    let st2 = quiesce(&mut h);
+    assert_eq!(st2.destage_plans, st.destage_plans + 1, "the turn's plan");
+    assert_eq!(st2.dirty_blocks, 32, "{st2:?}");
+    let turn_fuas = fuas.take();
+    assert!(
+        !turn_fuas.is_empty() && turn_fuas.iter().all(|&f| f),
+        "the paced turn's copies are FUA: {turn_fuas:?}"
+    );
+    assert_eq!(
+        st2.backing_flushes, st.backing_flushes,
+        "a paced plan ends without a backing FLUSH"
+    );
+    // The window ends 1 s after the last write that went around (a commit
+    // deadline may come first): then full speed.
+    let mut st3 = st2.clone();
+    for _ in 0..4 {
+        let t = h.engine.poll_timeout().expect("a deadline");
+        assert!(t >= 1_000_000_000, "no second turn in the window: {t}");
+        h.now = t;
+        h.engine.handle_timeout(h.now);
+        st3 = quiesce(&mut h);
+        if st3.dirty_blocks == 0 {
+            break;
+        }
+    }
+    assert_eq!(st3.dirty_blocks, 0, "full speed: {st3:?}");
+    let full_fuas = fuas.take();
+    assert!(
+        !full_fuas.is_empty() && full_fuas.iter().all(|&f| !f),
+        "full-speed copies are not FUA: {full_fuas:?}"
+    );
+    assert!(h.now > 1_000_001_000, "only once the window ended");
+    for b in (0..1024u64).step_by(37).take(8) {
+        h.submit(
+            5000 + b,
+            ReqOp::Read {
+                offset: b * BS,
+                len: BS as u32,
+            },
+        );
+        let r = h.wait(5000 + b, &mut |_| 0).result.unwrap().unwrap();
+        assert_eq!(r[0], (b % 251) as u8 + 2, "block {b}");
+    }
+}
+
+/// A clean stop (`Engine::start_shutdown`) still cleans for writers waiting
+/// for a slot (`Engine::plan` stops planning only once nothing is dirty):
+/// a write-back cache of 16 dirty blocks, no free reserve and one destage
+/// copy at a time, takes two writes of new blocks and starts stopping at
+/// once; blocks are destaged one plan at a time (most planned after the
+/// stop began), one evicted for each write, and both writes complete.
+#[test]
+fn a_clean_stop_still_cleans_for_writes_waiting_for_a_slot() {
+    let mut c = Config::new(BS as u32, 16, 128 * BS, WritePolicyKind::WriteBack);
+    c.watermarks = Watermarks {
+        high: 1.0,
+        low: 1.0,
+    };
+    c.free_reserve = 0;
+    c.max_destage_inflight = 1;
+    let mut h = MemHarness::new(c);
+    for lbn in 0..16u64 {
+        h.submit(lbn + 1, write(lbn, lbn as u8 + 1));
+        h.wait(lbn + 1, &mut |_| 0).result.unwrap();
+    }
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!((st.free_slots, st.dirty_blocks), (0, 16), "{st:?}");
+    h.submit(100, write(40, 40));
+    h.submit(101, write(41, 41));
+    let plans = h.engine.stats().destage_plans;
+    assert!(plans - st.destage_plans <= 1, "one copy at a time");
+    h.engine.start_shutdown(h.now);
+    for _ in 0..10_000 {
+        if h.replies.iter().filter(|r| r.id >= 100).count() == 2 {
+            break;
+        }
+        if !h.step(&mut |_| 0) {
+            h.now += 1_000_000_000;
+            h.engine.handle_timeout(h.now);
+        }
+    }
+    let st2 = h.engine.stats();
+    for id in [100, 101] {
+        let r = h.replies.iter().find(|r| r.id == id);
+        assert!(
+            matches!(r, Some(r) if r.result.is_ok()),
+            "write {id}: {r:?} {st2:?}"
+        );
+    }
+    assert!(st2.destage_plans - st.destage_plans >= 2, "{st2:?}");
+    assert_eq!(st2.evictions - st.evictions, 2, "{st2:?}");
+}
+
+/// A destage plan writes each run of contiguous copies as one backing
+/// write of at most `MAX_DESTAGE_RUN_BYTES` (`Engine::plan_copy`): 20
+/// contiguous dirty blocks of 128 KiB, drained in plans of 16 blocks, go
+/// out as backing writes of 8 blocks (1 MiB), 8 and 4, and the bytes land
+/// where they belong.
+#[test]
+fn contiguous_copies_go_out_in_runs_of_at_most_a_mebibyte() {
+    let bs = 128 * 1024u64;
+    let mut c = Config::new(bs as u32, 64, 128 * bs, WritePolicyKind::WriteBack);
+    c.watermarks = Watermarks {
+        high: 1.0,
+        low: 1.0,
+    };
+    let mut h = MemHarness::new(c);
+    for lbn in 0..20u64 {
+        h.submit(
+            lbn + 1,
+            ReqOp::Write {
+                offset: lbn * bs,
+                data: Bytes::from(vec![lbn as u8 + 1; bs as usize]),
+                fua: false,
+            },
+        );
+        h.wait(lbn + 1, &mut |_| 0).result.unwrap();
+    }
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!((st.dirty_blocks, st.backing_writes), (20, 0), "{st:?}");
+    h.engine.start_drain(h.now);
+    let mut runs = Vec::new();
+    for _ in 0..100_000 {
+        let cmds: Vec<IoCmd<Bytes>> = h.inflight().iter().cloned().collect();
+        if let Some(i) = cmds.iter().position(is_backing_write) {
+            if let IoOp::Write { offset, data, .. } = &cmds[i].op {
+                runs.push((offset / bs, data.len() as u64 / bs));
+            }
+            h.step(&mut |_| i);
+        } else if !h.step(&mut |_| 0) {
+            break;
+        }
+    }
+    h.engine.end_drain();
+    let st2 = h.engine.stats();
+    assert_eq!(
+        (st2.destaged_blocks, st2.destage_plans - st.destage_plans),
+        (20, 2),
+        "{st2:?}"
+    );
+    runs.sort();
+    assert_eq!(runs, vec![(0, 8), (8, 8), (16, 4)], "{st2:?}");
+    for lbn in 0..20u64 {
+        let at = (lbn * bs) as usize;
+        assert_eq!(h.backing[at], lbn as u8 + 1, "block {lbn}");
+        assert_eq!(h.backing[at + bs as usize - 1], lbn as u8 + 1);
+    }
+}
+
+/// A pipelined wave whose gate fails is cancelled (`Engine::release_gated`
+/// with a failed gate, `Engine::drop_run`): block 1's wave is planned
+/// behind block 0's while block 0's backing FLUSH is in flight, its copy
+/// held (no backing write of it before that FLUSH ends); that FLUSH
+/// fails, so block 1's copy is dropped unwritten and its
+/// plan ends; after the retry delay both blocks are destaged again and the
+/// engine settles.
+#[test]
+fn a_pipelined_wave_whose_gate_fails_is_dropped_and_retried() {
+    let mut h = harness(WritePolicyKind::Ordered, 16);
+    h.submit(1, write(0, 1));
+    run_holding_backing_writes(&mut h);
+    h.submit(2, write(1, 2));
+    run_holding_backing_writes(&mut h);
+    assert_eq!(h.replies.len(), 2);
+    // Complete block 0's backing write, then everything but backing FLUSHes.
+    let is_flush = |c: &IoCmd<Bytes>| c.dev == Dev::Backing && matches!(c.op, IoOp::Flush);
+    let mut failed = false;
+    for _ in 0..1000 {
+        let cmds: Vec<IoCmd<Bytes>> = h.inflight().iter().cloned().collect();
+        if let Some(i) = cmds.iter().position(|c| !is_flush(c)) {
+            h.step(&mut |_| i);
+            continue;
+        }
+        assert_eq!(cmds.len(), 1, "block 0's FLUSH: {}", h.engine.debug_state());
+        assert_eq!(counter(&h, "ordered_waves_pipelined"), 1);
+        // The pipelined wave holds its copy until its gate ends.
+        assert!(
+            h.backing[BS as usize..2 * BS as usize]
+                .iter()
+                .all(|&b| b == 0),
+            "block 1 written before block 0's FLUSH"
+        );
+        h.complete_failed(0);
+        failed = true;
+        break;
+    }
+    assert!(failed, "block 1's wave pipelined behind block 0's FLUSH");
+    for _ in 0..100_000 {
+        if !h.step(&mut |_| 0) {
+            if h.engine.is_idle() {
+                break;
+            }
+            h.now += 1_000_000_000;
+            h.engine.handle_timeout(h.now);
+        }
+    }
+    assert!(h.engine.is_idle(), "{}", h.engine.debug_state());
+    let st = h.engine.stats();
+    assert!(st.destage_failures >= 1, "{st:?}");
+    assert_eq!(st.dirty_blocks, 0, "{st:?}");
+    assert_eq!(&h.backing[..BS as usize], &[1u8; BS as usize][..]);
+    assert_eq!(
+        &h.backing[BS as usize..2 * BS as usize],
+        &[2u8; BS as usize][..]
+    );
+}
