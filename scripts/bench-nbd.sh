@@ -238,10 +238,10 @@ for pol in ["write-back", "journaled", "ordered", "write-through"]:
     ratio(f"nvwc-{pol}/fsync fsync-qd1", "nbdkit-file/fsync fsync-qd1", None if pol == "write-through" else ">= 1.0",
           f"fsync QD1: nvwc {pol} / nbdkit file")
 dl = [k.split()[0].split("/")[1] for k in iops if k.startswith("uncached/")]
-for d in dl[:1]:
+for dly in dl[:1]:
     for pol in ["write-back", "journaled", "write-through"]:
-        ratio(f"nvwc-{pol}/{d} fsync-8jobs", f"uncached/{d} fsync-8jobs", None if pol == "write-through" else ">= 6",
-              f"8 jobs x QD1 fsync, {d} backing: nvwc {pol} / uncached")
+        ratio(f"nvwc-{pol}/{dly} fsync-8jobs", f"uncached/{dly} fsync-8jobs", None if pol == "write-through" else ">= 6",
+              f"8 jobs x QD1 fsync, {dly} backing: nvwc {pol} / uncached")
 ratio("nvwc-write-back/full full-qd16", "nbdkit-file/full full-qd16", ">= 0.7", "full cache (4x range, first touch): write-back / nbdkit file, IOPS")
 ratio("nvwc-write-back/full full-qd16", "nbdkit-file/full full-qd16", "<= 2", "full cache (4x range, first touch): write-back / nbdkit file, p99", p=True)
 ratio("nvwc-write-back/full-unpaced full-qd16", "nbdkit-file/full full-qd16", None, "full cache: write-back cleaning at full speed / nbdkit file, IOPS")
