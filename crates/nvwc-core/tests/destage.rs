@@ -122,6 +122,24 @@ fn ordered_pipelines_a_wave_once_the_wave_in_flight_has_written_its_copies() {
     );
 }
 
+/// A write-back cache of 32 slots after 40 one-block writes of `byte(lbn)`
+/// and a settle: every block destaged, 24 clean blocks cached, the 8 slots
+/// of the free reserve free.
+fn full_of_clean_blocks(byte: impl Fn(u64) -> u8) -> MemHarness {
+    let mut h = harness(WritePolicyKind::WriteBack, 16);
+    for lbn in 0..40u64 {
+        h.submit(lbn + 1, write(lbn, byte(lbn)));
+        h.wait(lbn + 1, &mut |_| 0).result.unwrap();
+    }
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!(
+        (st.free_slots, st.cached_blocks, st.dirty_blocks),
+        (8, 24, 0)
+    );
+    h
+}
+
 /// A full cache of clean blocks evicts room for every write waiting for
 /// admission at once (`Engine::ensure_free`: the writes queued behind the
 /// first count too, up to `max_destage_inflight` slots), so that one
@@ -132,17 +150,8 @@ fn ordered_pipelines_a_wave_once_the_wave_in_flight_has_written_its_copies() {
 /// block if the count ran away).
 #[test]
 fn a_full_cache_evicts_room_for_every_queued_write_at_once() {
-    let mut h = harness(WritePolicyKind::WriteBack, 16);
-    for lbn in 0..40u64 {
-        h.submit(lbn + 1, write(lbn, 1));
-        h.wait(lbn + 1, &mut |_| 0).result.unwrap();
-    }
-    h.settle(&mut |_| 0);
+    let mut h = full_of_clean_blocks(|_| 1);
     let st = h.engine.stats();
-    assert_eq!(
-        (st.free_slots, st.cached_blocks, st.dirty_blocks),
-        (8, 24, 0)
-    );
     for i in 0..12u64 {
         h.submit(100 + i, write(60 + i, 2));
     }
@@ -290,17 +299,8 @@ fn wait_holding(h: &mut MemHarness, id: u64, held: IoId) -> Reply<Bytes> {
 /// it afterwards is a hit.
 #[test]
 fn a_clean_block_a_read_holds_is_not_evicted() {
-    let mut h = harness(WritePolicyKind::WriteBack, 16);
-    for lbn in 0..40u64 {
-        h.submit(lbn + 1, write(lbn, lbn as u8 + 1));
-        h.wait(lbn + 1, &mut |_| 0).result.unwrap();
-    }
-    h.settle(&mut |_| 0);
+    let mut h = full_of_clean_blocks(|lbn| lbn as u8 + 1);
     let st = h.engine.stats();
-    assert_eq!(
-        (st.free_slots, st.cached_blocks, st.dirty_blocks),
-        (8, 24, 0)
-    );
     h.submit(
         50,
         ReqOp::Read {
