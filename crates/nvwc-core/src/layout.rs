@@ -924,11 +924,14 @@ mod tests {
         let bs = 4096u32;
         let whole = vec![0x5au8; bs as usize];
         let part = vec![0xa5u8; 100];
+        // A whole-block version whose written range is narrower (ordered
+        // keeps the exact range): it still carries the whole block.
         let e_whole = Entry {
             lbn: 3,
             seq: 9,
             commit: 7,
-            hi: bs,
+            lo: 512,
+            hi: 1024,
             flags: F_VALID | F_DIRTY | F_INLINE,
             data_crc: data_crc(&whole),
             ..Default::default()
@@ -986,6 +989,25 @@ mod tests {
         assert_eq!(LogRecord::decode(&short.encode(), bs), None);
         // Cut off after the entries: no record.
         assert_eq!(LogRecord::decode(&b[..8192], bs), None);
+        // A partial inline entry whose range is empty, or runs past the
+        // block, is no record (its CRC is right, its range is not).
+        for (lo, hi) in [(100, 100), (0, bs + 512)] {
+            let bytes = vec![7u8; (hi - lo) as usize];
+            let bad = LogRecord {
+                entries: vec![(
+                    6,
+                    Entry {
+                        lo,
+                        hi,
+                        data_crc: data_crc(&bytes),
+                        ..e_part
+                    },
+                )],
+                data: bytes,
+                ..r.clone()
+            };
+            assert_eq!(LogRecord::decode(&bad.encode(), bs), None, "{lo}..{hi}");
+        }
         // Without inline entries: format 3's bytes (the data-area length,
         // 80..84, stays zero).
         let plain = LogRecord {
