@@ -1418,3 +1418,43 @@ fn a_format_3_cache_never_gets_an_inline_record() {
     let (flushes, writes) = flush_commands(&mut h, 42, 7, 5);
     assert_eq!((flushes, writes), (0, vec![(true, 2 * BS as usize)]));
 }
+
+/// Recovery writes back only unsealed inline records: a sealed one's
+/// version may have been rewritten in place since, and a FLUSH may have
+/// covered that rewrite. Block 0's first version goes inline; a flushed
+/// commit and the record after it seal it; write-back rewrites it in place
+/// and a FLUSH covers the rewrite; after a restart block 0 reads the
+/// rewrite, not the inline record's bytes.
+#[test]
+fn a_sealed_inline_record_is_not_written_back() {
+    let mut c = cfg_inline(64);
+    c.rewrite_in_place = true;
+    // No destage: no later record names block 0's slot again.
+    c.watermarks = Watermarks {
+        high: 1.0,
+        low: 1.0,
+    };
+    let mut h = MemHarness::new(c);
+    flush_commands(&mut h, 10, 9, 1);
+    let inline = h.engine.stats().inline_commits;
+    flush_commands(&mut h, 12, 0, 0x11);
+    assert_eq!(
+        h.engine.stats().inline_commits,
+        inline + 1,
+        "block 0 went inline"
+    );
+    // A flushed commit (80 KiB, over the bound), then a record that seals it.
+    for i in 0..20u64 {
+        h.submit(100 + i, write((30 + i) * BS, 3));
+        h.wait(100 + i, &mut |_| 0).result.unwrap();
+    }
+    run_flush(&mut h, 200);
+    flush_commands(&mut h, 210, 5, 4);
+    let free = h.engine.stats().free_slots;
+    h.submit(220, write(0, 0x22));
+    h.wait(220, &mut |_| 0).result.unwrap();
+    assert_eq!(free, h.engine.stats().free_slots, "rewritten in place");
+    run_flush(&mut h, 221);
+    let rep = h.reopen().unwrap();
+    assert!(read(&mut h, 230, 0).iter().all(|&b| b == 0x22), "{rep:?}");
+}
