@@ -36,26 +36,7 @@ fn write(offset: u64, byte: u8) -> ReqOp<Bytes> {
 /// Write block `lbn` with `byte`, then FLUSH; count the cache-device
 /// flushes the FLUSH cost.
 fn write_and_flush(h: &mut MemHarness, id: ReqId, lbn: u64, byte: u8) -> usize {
-    h.submit(id, write(lbn * BS, byte));
-    h.wait(id, &mut |_| 0).result.unwrap();
-    h.submit(id + 1, ReqOp::Flush);
-    let mut flushes = std::collections::HashSet::new();
-    loop {
-        let done = h.replies.iter().any(|r| r.id == id + 1);
-        if done {
-            break;
-        }
-        flushes.extend(
-            h.inflight()
-                .iter()
-                .filter(|c| c.dev == Dev::Cache && matches!(c.op, IoOp::Flush))
-                .map(|c| c.id),
-        );
-        assert!(h.step(&mut |_| 0), "FLUSH never answered");
-    }
-    let r = h.replies.iter().find(|r| r.id == id + 1).unwrap();
-    assert!(r.result.is_ok());
-    flushes.len()
+    flush_commands(h, id, lbn, byte).0
 }
 
 /// The commit-record write in flight (512 bytes, FUA, to the cache), if any.
