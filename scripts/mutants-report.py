@@ -16,6 +16,19 @@ Usage:
       unviable.txt, previously_caught.txt after --iterate, outcomes.json).
       --skip-previous leaves previously_caught.txt out (when the earlier
       run into the same directory has a record of its own).
+  mutants-report.py remap NAME LIST.json [--data DIR] [--answers ANSWERS.md]
+      Carry the outcomes of recorded mutants whose names moved (the source
+      shifted since their run) to their names in LIST.json (`cargo mutants
+      --list --json`, the code as it is now), and write them as DIR/NAME.tsv.
+      A mutant is carried only if its line is untouched by `git diff -U0
+      COMMIT HEAD` (COMMIT: its record's) and no line of its function, as
+      LIST.json spans it now, is added, changed or deleted since COMMIT: the
+      mutated function is the code the run tested, byte for byte, and only
+      the lines around it moved. This is cargo-mutants' own incremental rule
+      (`--in-diff` tests only mutants in touched code), made stricter by
+      whole functions. Answers of carried missed mutants are appended to
+      ANSWERS.md under their new names. Mutants in changed functions stay
+      untested until a run covers them.
   mutants-report.py [--data DIR] [--list LIST] [OUT_DIR ...] ANSWERS.md
       Print the report on stdout: every record in DIR, plus any OUT_DIR
       given. A mutant tested by several runs counts with its best outcome
@@ -153,6 +166,129 @@ def file_of(m):
     return m.split(":", 1)[0]
 
 
+def parse_name(m):
+    """(file, line, col, description) of a mutant name, or None."""
+    mm = re.match(r"([^:]+):(\d+):(\d+): (.*)$", m)
+    return (mm.group(1), int(mm.group(2)), int(mm.group(3)), mm.group(4)) if mm else None
+
+
+def diff_hunks(commit, path, cache):
+    """[(old_start, old_count, new_start, new_count)] of `git diff -U0 COMMIT HEAD -- PATH`, or None."""
+    key = (commit, path)
+    if key not in cache:
+        r = subprocess.run(["git", "diff", "-U0", commit, "HEAD", "--", path], capture_output=True, text=True)
+        if r.returncode != 0:
+            cache[key] = None
+        else:
+            hunks = []
+            for h in re.finditer(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@", r.stdout, re.M):
+                os_, oc, ns, nc = h.groups()
+                hunks.append((int(os_), 1 if oc is None else int(oc), int(ns), 1 if nc is None else int(nc)))
+            cache[key] = hunks
+    return cache[key]
+
+
+def map_line(line, hunks):
+    """The line's number in HEAD, or None if a hunk changed or deleted it."""
+    shift = 0
+    for os_, oc, ns, nc in hunks:
+        if oc and os_ <= line < os_ + oc:
+            return None
+        # A pure insertion (oc == 0) sits after old line os_.
+        if (oc and os_ + oc <= line) or (not oc and os_ < line):
+            shift += nc - oc
+    return line + shift
+
+
+def span_touched(start, end, hunks):
+    """Whether a hunk adds, changes or deletes lines within HEAD's lines start..=end."""
+    for _os, _oc, ns, nc in hunks:
+        if nc and ns <= end and start <= ns + nc - 1:
+            return True
+        # A pure deletion (nc == 0) sits after new line ns.
+        if not nc and start <= ns < end:
+            return True
+    return False
+
+
+def remap(name, list_json, data_dir, answers_path):
+    with open(list_json) as f:
+        listing = json.load(f)
+    spans = {}
+    for mu in listing:
+        fn = mu.get("function") or {}
+        sp = fn.get("span")
+        spans[mu["name"]] = (sp["start"]["line"], sp["end"]["line"]) if sp else None
+    answers = {}
+    for line in read_lines(answers_path):
+        m = re.match(r"- `(.+?)` -- (.+)$", line)
+        if m:
+            answers[m.group(1)] = m.group(2)
+    cache, carried, origin = {}, {}, {}
+    skipped = collections.Counter()
+    for fn in sorted(os.listdir(data_dir)):
+        if not fn.endswith(".tsv") or fn[:-4] == name:
+            continue
+        header, seen, _prior = load_record(os.path.join(data_dir, fn))
+        commit = None
+        for h in header:
+            c = re.match(r"recorded: .*?(?: at commit| of) ([0-9a-f]{7,40})\b", h)
+            if c:
+                commit = c.group(1)
+        for m, k in seen.items():
+            if m in spans:
+                continue
+            p = parse_name(m)
+            if p is None or commit is None:
+                skipped["unparsed"] += 1
+                continue
+            path, line, col, desc = p
+            hunks = diff_hunks(commit, path, cache)
+            if hunks is None:
+                skipped["unknown commit"] += 1
+                continue
+            new_line = map_line(line, hunks)
+            if new_line is None:
+                skipped["line changed"] += 1
+                continue
+            new = f"{path}:{new_line}:{col}: {desc}"
+            if new not in spans:
+                skipped["no such mutant now"] += 1
+                continue
+            if spans[new] is None or span_touched(spans[new][0], spans[new][1], hunks):
+                skipped["function changed"] += 1
+                continue
+            if new not in carried or RANK[k] > RANK[carried[new]]:
+                carried[new], origin[new] = k, (m, fn[:-4], commit)
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        head = "?"
+    path = os.path.join(data_dir, name + ".tsv")
+    with open(path, "w") as f:
+        f.write("# nvwc mutants record v1\n")
+        f.write(f"# run: {name}\n")
+        f.write(f"# recorded: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC at commit {head}\n")
+        f.write("# note: not a run: outcomes carried from earlier records to the names their mutants have now "
+                "(`scripts/mutants-report.py remap`), each only if its whole function is unchanged since "
+                "that record's commit\n")
+        f.write("# note: not carried: " + ", ".join(f"{v} {k}" for k, v in sorted(skipped.items())) + "\n")
+        for m in sorted(carried, key=sort_key):
+            f.write(f"{carried[m]}\t-\t{m}\n")
+    new_answers = []
+    for m in sorted(carried, key=sort_key):
+        old = origin[m][0]
+        if carried[m] == "missed" and m not in answers and old in answers:
+            new_answers.append(f"- `{m}` -- {answers[old]} (carried from `{old}`)")
+    if new_answers:
+        with open(answers_path, "a") as f:
+            f.write(f"\n## Carried by record {name} (the same mutants, moved)\n\n")
+            f.write("\n".join(new_answers) + "\n")
+    print(f"{path}: {len(carried)} mutants carried; not carried: {dict(skipped)}; "
+          f"{len(new_answers)} answers carried", file=sys.stderr)
+
+
 def main():
     args = sys.argv[1:]
     if args and args[0] == "record":
@@ -172,6 +308,19 @@ def main():
                 sys.exit(f"unknown argument {rest[0]}")
             rest = rest[2:]
         record(name, out_dir, notes, data_dir, previous)
+        return
+    if args and args[0] == "remap":
+        name, list_json, rest = args[1], args[2], args[3:]
+        data_dir, answers_path = DEFAULT_DATA, os.path.join(DEFAULT_DATA, "..", "mutants-answers.md")
+        while rest:
+            if rest[0] == "--data":
+                data_dir = rest[1]
+            elif rest[0] == "--answers":
+                answers_path = rest[1]
+            else:
+                sys.exit(f"unknown argument {rest[0]}")
+            rest = rest[2:]
+        remap(name, list_json, data_dir, answers_path)
         return
     data_dir, list_path = DEFAULT_DATA, None
     while args and args[0].startswith("--"):
@@ -208,6 +357,19 @@ def main():
             if m not in best or RANK[k] > RANK[best[m]]:
                 best[m] = k
 
+    # A record with prior totals names its mutants with outcome `prior`. The
+    # totals count only while every one of those names is a mutant of the
+    # code now (unmoved, or carried by a remap record) that no run has
+    # tested since; otherwise the file's totals are dropped and its prior
+    # names count as untested.
+    dropped_prior = []
+    for f in sorted(prior):
+        current = [m for m, k in best.items() if k == "prior" and file_of(m) == f]
+        if len(current) != sum(prior[f].values()):
+            dropped_prior.append((f, sum(prior[f].values()), len(current)))
+            del prior[f]
+            for m in current:
+                del best[m]
     per_file = collections.defaultdict(collections.Counter)
     for m, k in best.items():
         if k != "prior":
@@ -265,6 +427,9 @@ def main():
               "(`cargo mutants --list` over the files of `scripts/mutants.sh`).")
         if stale:
             print(f"{len(stale)} recorded mutants are no longer in that list (the source moved) and are left out.")
+        for f, n, cur in dropped_prior:
+            print(f"The prior totals of `{f}` ({n} mutants, from a record whose raw output was lost) are left out: "
+                  f"only {cur} of their names are mutants of the code now and untested since.")
 
     missed_all = [m for m, k in best.items() if k == "missed"]
     equiv = [m for m in missed_all if answers.get(m, "").startswith("equivalent")]

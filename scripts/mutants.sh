@@ -19,7 +19,8 @@
 # unviable, timeouts, untested per file; every miss with its answer from
 # reports/mutants-answers.md: the test that now catches it, or why it is
 # equivalent). reports/mutants-data/list.txt is refreshed first (every
-# mutant of these files, for the untested counts).
+# mutant of these files, for the untested counts), and a remap record
+# carries earlier outcomes through functions that have not changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo-mutants >/dev/null || cargo install cargo-mutants --locked
@@ -33,7 +34,12 @@ files=(
   -f 'crates/nvwc-core/src/layout.rs'
 )
 mkdir -p reports/mutants-data
-cargo mutants --list "${files[@]}" > reports/mutants-data/list.txt
+cargo mutants --list --json "${files[@]}" > "$out/list.json"
+python3 -c 'import json, sys; print("\n".join(m["name"] for m in json.load(open(sys.argv[1]))))' \
+  "$out/list.json" > reports/mutants-data/list.txt
+# Outcomes of recorded mutants whose lines moved, in functions unchanged since
+# their run, carry over to their names now (see mutants-report.py remap).
+python3 scripts/mutants-report.py remap "remap-$(git rev-parse --short HEAD)" "$out/list.json"
 cargo mutants \
   --profile mutants \
   "${files[@]}" \
