@@ -606,3 +606,64 @@ fn a_pipelined_wave_whose_gate_fails_is_dropped_and_retried() {
         &[2u8; BS as usize][..]
     );
 }
+
+fn is_backing_flush(c: &IoCmd<Bytes>) -> bool {
+    c.dev == Dev::Backing && matches!(c.op, IoOp::Flush)
+}
+
+/// Complete commands in flight, oldest first, until one matching `target`
+/// is in flight (returned, not completed); time stands still.
+fn run_until(h: &mut MemHarness, target: &dyn Fn(&IoCmd<Bytes>) -> bool) -> usize {
+    for _ in 0..100_000 {
+        let cmds: Vec<IoCmd<Bytes>> = h.inflight().iter().cloned().collect();
+        if let Some(i) = cmds.iter().position(target) {
+            return i;
+        }
+        assert!(!cmds.is_empty(), "never issued: {}", h.engine.debug_state());
+        h.step(&mut |_| 0);
+    }
+    panic!("never issued: {}", h.engine.debug_state());
+}
+
+/// A destage whose backing FLUSH fails (its copies written) counts as a
+/// failed destage (`Stats::destage_failures`) and is retried `retry_ns`
+/// after the failure (`Engine::plan_end_inner`'s `retry_at`), not sooner
+/// and not much later: block 0's FLUSH fails at 5 s; a timeout half the
+/// delay later plans nothing; one just after the delay plans block 0 again.
+#[test]
+fn a_destage_whose_backing_flush_fails_is_retried_after_the_delay() {
+    let mut h = harness(WritePolicyKind::WriteBack, 16);
+    let retry = h.engine.config().retry_ns;
+    h.now = 5_000_000_000;
+    h.submit(1, write(0, 1));
+    h.wait(1, &mut |_| 0).result.unwrap();
+    let i = run_until(&mut h, &is_backing_flush);
+    h.complete_failed(i);
+    let failed_at = h.now;
+    let st = h.engine.stats();
+    assert_eq!((st.destage_plans, st.destage_failures), (1, 1), "{st:?}");
+    // Complete everything else, time standing still.
+    loop {
+        let cmds: Vec<IoCmd<Bytes>> = h.inflight().iter().cloned().collect();
+        assert!(!cmds.iter().any(is_backing_write), "retried at once");
+        if cmds.is_empty() {
+            break;
+        }
+        h.step(&mut |_| 0);
+    }
+    h.now = failed_at + retry / 2;
+    h.engine.handle_timeout(h.now);
+    assert!(
+        !h.inflight().iter().any(is_backing_write),
+        "retried before the delay"
+    );
+    assert_eq!(h.engine.stats().destage_plans, 1);
+    h.now = failed_at + retry + 1;
+    h.engine.handle_timeout(h.now);
+    run_until(&mut h, &is_backing_write);
+    assert_eq!(h.engine.stats().destage_plans, 2, "retried after the delay");
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!((st.destaged_blocks, st.destage_failures), (1, 1), "{st:?}");
+    assert_eq!(&h.backing[..BS as usize], &[1u8; BS as usize][..]);
+}
