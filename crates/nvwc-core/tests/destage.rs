@@ -667,3 +667,87 @@ fn a_destage_whose_backing_flush_fails_is_retried_after_the_delay() {
     assert_eq!((st.destaged_blocks, st.destage_failures), (1, 1), "{st:?}");
     assert_eq!(&h.backing[..BS as usize], &[1u8; BS as usize][..]);
 }
+
+/// Ordered with block 0's wave waiting for its backing FLUSH and block 1's
+/// wave pipelined behind it (gated on it, `Plan::after`), block 1's copy
+/// read in flight: returns the indices of that FLUSH and that read.
+fn pipelined_wave_reading(h: &mut MemHarness) -> (usize, usize) {
+    h.submit(1, write(0, 1));
+    run_holding_backing_writes(h);
+    h.submit(2, write(1, 2));
+    run_holding_backing_writes(h);
+    assert_eq!(h.replies.len(), 2);
+    let is_cache_read = |c: &IoCmd<Bytes>| c.dev == Dev::Cache && matches!(c.op, IoOp::Read { .. });
+    for _ in 0..1000 {
+        let cmds: Vec<IoCmd<Bytes>> = h.inflight().iter().cloned().collect();
+        let flush = cmds.iter().position(is_backing_flush);
+        let read = cmds.iter().position(is_cache_read);
+        if let (Some(f), Some(r)) = (flush, read) {
+            assert_eq!(counter(h, "ordered_waves_pipelined"), 1);
+            assert_eq!(h.engine.stats().destage_plans, 2);
+            return (f, r);
+        }
+        let i = cmds
+            .iter()
+            .position(|c| !is_backing_flush(c) && !is_cache_read(c))
+            .unwrap_or_else(|| panic!("stuck: {}", h.engine.debug_state()));
+        h.step(&mut |_| i);
+    }
+    panic!("no pipelined wave: {}", h.engine.debug_state());
+}
+
+/// A gated plan whose copies all fail to read ends at once, failed, before
+/// its gate (`Engine::plan_copied`, `plan_end_inner`'s gated arm): block
+/// 1's copy read fails while block 0's FLUSH is in flight; the failure is
+/// counted then, the plan leaves the gated list, and when block 0's FLUSH
+/// ends the engine goes on: block 1 is destaged after the retry delay.
+#[test]
+fn a_gated_plan_whose_copy_read_fails_ends_before_its_gate() {
+    let mut h = harness(WritePolicyKind::Ordered, 16);
+    let (_flush, read) = pipelined_wave_reading(&mut h);
+    h.complete_failed(read);
+    assert_eq!(
+        h.engine.stats().destage_failures,
+        1,
+        "counted when the read fails, not when the gate ends"
+    );
+    h.settle(&mut |_| 0);
+    assert!(h.engine.is_idle(), "{}", h.engine.debug_state());
+    let st = h.engine.stats();
+    assert_eq!((st.destage_failures, st.dirty_blocks), (1, 0), "{st:?}");
+    assert_eq!(&h.backing[..BS as usize], &[1u8; BS as usize][..]);
+    assert_eq!(
+        &h.backing[BS as usize..2 * BS as usize],
+        &[2u8; BS as usize][..]
+    );
+}
+
+/// A pipelined wave's copies count toward the destage limit from the end
+/// of its gate to its own end (`Engine::release_gated`, then
+/// `plan_end_inner`): after block 1's pipelined wave, with a limit of one
+/// copy in flight, blocks 2 and 3 written later are still destaged, one
+/// backing write at a time.
+#[test]
+fn the_destage_limit_counts_a_pipelined_wave_from_its_gate_to_its_end() {
+    let mut h = harness(WritePolicyKind::Ordered, 1);
+    let (_flush, _read) = pipelined_wave_reading(&mut h);
+    h.settle(&mut |_| 0);
+    assert_eq!(h.engine.stats().destaged_blocks, 2);
+    h.submit(3, write(2, 3));
+    h.submit(4, write(4, 4));
+    let mut most = 0;
+    for _ in 0..100 {
+        most = most.max(run_holding_backing_writes(&mut h));
+        if !h.step(&mut |_| 0) {
+            break;
+        }
+    }
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!((st.destaged_blocks, st.dirty_blocks), (4, 0), "{st:?}");
+    assert_eq!(most, 1, "destage writes in flight at most");
+    assert_eq!(
+        &h.backing[4 * BS as usize..5 * BS as usize],
+        &[4u8; BS as usize][..]
+    );
+}
