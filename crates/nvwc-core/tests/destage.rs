@@ -760,3 +760,29 @@ fn a_pipelined_wave_leaves_no_destage_write_counted_in_flight() {
         &[3u8; BS as usize][..]
     );
 }
+
+/// Ordered keeps every version of a block until a wave destages its latest
+/// (no write in place); that plan drops the older ones (`Plan::drop`), and
+/// `Engine::plan_end_inner` frees them with it: after three writes of block
+/// 0 in a row and a settle, one slot is in use (block 0's latest, clean)
+/// and every other slot is free.
+#[test]
+fn ordered_frees_a_blocks_older_versions_with_the_wave_that_destages_it() {
+    let mut h = harness(WritePolicyKind::Ordered, 16);
+    let slots = h.engine.stats().free_slots;
+    for i in 1..=3u64 {
+        h.submit(i, write(0, i as u8));
+    }
+    for i in 1..=3u64 {
+        h.wait(i, &mut |_| 0).result.unwrap();
+    }
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert!(st.destage_plans >= 1, "{st:?}");
+    assert_eq!(
+        (st.dirty_blocks, st.cached_blocks, st.free_slots),
+        (0, 1, slots - 1),
+        "{st:?}"
+    );
+    assert_eq!(&h.backing[..BS as usize], &[3u8; BS as usize][..]);
+}
