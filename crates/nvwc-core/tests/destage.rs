@@ -761,24 +761,32 @@ fn a_pipelined_wave_leaves_no_destage_write_counted_in_flight() {
     );
 }
 
-/// Ordered keeps every version of a block until a wave destages its latest
-/// (no write in place); that plan drops the older ones (`Plan::drop`), and
-/// `Engine::plan_end_inner` frees them with it: after three writes of block
-/// 0 in a row and a settle, one slot is in use (block 0's latest, clean)
-/// and every other slot is free.
+/// A journaled checkpoint that merges transactions writes each block's
+/// newest copy and drops the older ones (`Plan::drop`), which
+/// `Engine::plan_end_inner` frees with it: block 0 written in three
+/// transactions (a FLUSH closes each), checkpointed together (merge up to
+/// 4, a delay of 1 s), leaves one slot in use, block 0's newest copy, and
+/// the rest free.
 #[test]
-fn ordered_frees_a_blocks_older_versions_with_the_wave_that_destages_it() {
-    let mut h = harness(WritePolicyKind::Ordered, 16);
+fn a_merged_checkpoint_frees_the_older_copies_it_drops() {
+    let mut c = Config::new(BS as u32, 32, 128 * BS, WritePolicyKind::Journaled);
+    c.journal.checkpoint_delay_ns = 1_000_000_000;
+    c.journal.checkpoint_merge_max = 4;
+    let mut h = MemHarness::new(c);
     let slots = h.engine.stats().free_slots;
     for i in 1..=3u64 {
-        h.submit(i, write(0, i as u8));
-    }
-    for i in 1..=3u64 {
-        h.wait(i, &mut |_| 0).result.unwrap();
+        h.submit(2 * i, write(0, i as u8));
+        h.wait(2 * i, &mut |_| 0).result.unwrap();
+        h.submit(2 * i + 1, ReqOp::Flush);
+        h.wait(2 * i + 1, &mut |_| 0).result.unwrap();
     }
     h.settle(&mut |_| 0);
     let st = h.engine.stats();
-    assert!(st.destage_plans >= 1, "{st:?}");
+    assert_eq!(
+        (st.destage_plans, st.destaged_blocks),
+        (1, 1),
+        "one checkpoint of three transactions: {st:?}"
+    );
     assert_eq!(
         (st.dirty_blocks, st.cached_blocks, st.free_slots),
         (0, 1, slots - 1),
