@@ -764,14 +764,15 @@ fn a_pipelined_wave_leaves_no_destage_write_counted_in_flight() {
 /// A journaled checkpoint that merges transactions writes each block's
 /// newest copy and drops the older ones (`Plan::drop`), which
 /// `Engine::plan_end_inner` frees with it: block 0 written in three
-/// transactions (a FLUSH closes each), checkpointed together (merge up to
-/// 4, a delay of 1 s), leaves one slot in use, block 0's newest copy, and
-/// the rest free.
+/// transactions (of one block each, each FLUSHed), checkpointed together
+/// (merge up to 4, a delay of 1 s, all three past it), leaves one slot in use, block 0's
+/// newest copy, and the rest free.
 #[test]
 fn a_merged_checkpoint_frees_the_older_copies_it_drops() {
     let mut c = Config::new(BS as u32, 32, 128 * BS, WritePolicyKind::Journaled);
     c.journal.checkpoint_delay_ns = 1_000_000_000;
     c.journal.checkpoint_merge_max = 4;
+    c.journal.txn_max_blocks = 1;
     let mut h = MemHarness::new(c);
     let slots = h.engine.stats().free_slots;
     for i in 1..=3u64 {
@@ -780,6 +781,10 @@ fn a_merged_checkpoint_frees_the_older_copies_it_drops() {
         h.submit(2 * i + 1, ReqOp::Flush);
         h.wait(2 * i + 1, &mut |_| 0).result.unwrap();
     }
+    assert_eq!(h.engine.stats().destage_plans, 0, "within the delay");
+    // Past the delay of all three: one checkpoint takes them together.
+    h.now += 2_000_000_000;
+    h.engine.handle_timeout(h.now);
     h.settle(&mut |_| 0);
     let st = h.engine.stats();
     assert_eq!(
