@@ -29,6 +29,8 @@ Usage:
       whole functions. Answers of carried missed mutants are appended to
       ANSWERS.md under their new names. Mutants in changed functions stay
       untested until a run covers them.
+  mutants-report.py selftest
+      Check remap's line arithmetic on made-up diffs (scripts/test.sh runs it).
   mutants-report.py [--data DIR] [--list LIST] [OUT_DIR ...] ANSWERS.md
       Print the report on stdout: every record in DIR, plus any OUT_DIR
       given. A mutant tested by several runs counts with its best outcome
@@ -289,8 +291,30 @@ def remap(name, list_json, data_dir, answers_path):
           f"{len(new_answers)} answers carried", file=sys.stderr)
 
 
+def selftest():
+    """remap's line arithmetic on made-up `git diff -U0` hunks."""
+    # Old lines 10..=12 replaced by 4 new ones (10..=13); 3 lines inserted
+    # after old line 20 (new 22..=24); old 30..=31 deleted (after new 33).
+    hunks = [(10, 3, 10, 4), (20, 0, 22, 3), (30, 2, 33, 0)]
+    cases = {5: 5, 9: 9, 10: None, 12: None, 13: 14, 20: 21, 21: 25, 29: 33, 30: None, 31: None, 32: 34}
+    for old, new in cases.items():
+        got = map_line(old, hunks)
+        assert got == new, f"map_line({old}) = {got}, want {new}"
+    # Functions by their span now: the deletion lies between new lines 33
+    # and 34, inside 33..=40 and outside 34..=40 and 26..=33.
+    for (s, e), want in {(1, 9): False, (1, 11): True, (13, 20): True, (14, 21): False,
+                         (22, 23): True, (25, 30): False, (33, 40): True, (34, 40): False,
+                         (26, 33): False}.items():
+        got = span_touched(s, e, hunks)
+        assert got == want, f"span_touched({s}, {e}) = {got}, want {want}"
+    assert parse_name("a/b.rs:12:5: replace + with - in f") == ("a/b.rs", 12, 5, "replace + with - in f")
+    print("mutants-report.py selftest: ok")
+
+
 def main():
     args = sys.argv[1:]
+    if args == ["selftest"]:
+        return selftest()
     if args and args[0] == "record":
         name, out_dir, rest = args[1], args[2], args[3:]
         notes, data_dir, previous = [], DEFAULT_DATA, True

@@ -75,6 +75,8 @@ done
 [ "$(grep -c 'every promise held' "$repro_out/consistency-grid.md")" = 5 ] ||
   { cat "$repro_out/consistency-grid.md" >&2; echo "consistency grid: a promise failed" >&2; exit 1; }
 rm -rf "$repro_out"
+# ... and the mutation report's remap arithmetic (scripts/mutants-report.py).
+python3 scripts/mutants-report.py selftest
 
 # 5. Every test (last, so its summary closes the output).
 step "cargo test"
