@@ -799,3 +799,50 @@ fn a_merged_checkpoint_frees_the_older_copies_it_drops() {
     );
     assert_eq!(&h.backing[..BS as usize], &[3u8; BS as usize][..]);
 }
+
+/// Writers that wait only for slots already on their way back (evicted,
+/// freed at the next metadata commit) put no space pressure on the write
+/// policy (`Engine::plan`: free plus returning slots cover the slots
+/// wanted): journaled-hints, whose transactions close only at FLUSH
+/// boundaries unless writers stall, does not close its open transaction
+/// early for them. A cache of 24 clean blocks and 8 free slots takes twelve
+/// one-block writes: 8 take the free slots, 4 wait, 12 clean blocks are
+/// evicted; no transaction is closed until a FLUSH.
+#[test]
+fn writers_waiting_only_for_returning_slots_close_no_transaction() {
+    let mut c = Config::new(BS as u32, 32, 128 * BS, WritePolicyKind::JournaledHints);
+    c.watermarks = Watermarks {
+        high: 0.0,
+        low: 0.0,
+    };
+    let mut h = MemHarness::new(c);
+    for lbn in 0..40u64 {
+        h.submit(lbn + 1, write(lbn, 1));
+        h.wait(lbn + 1, &mut |_| 0).result.unwrap();
+        h.submit(100 + lbn, ReqOp::Flush);
+        h.wait(100 + lbn, &mut |_| 0).result.unwrap();
+    }
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!(
+        (st.free_slots, st.cached_blocks, st.dirty_blocks),
+        (8, 24, 0),
+        "{st:?}"
+    );
+    let closed = counter(&h, "journal_txns_closed");
+    for i in 0..12u64 {
+        h.submit(200 + i, write(60 + i, 2));
+    }
+    for i in 0..12u64 {
+        h.wait(200 + i, &mut |_| 0).result.unwrap();
+    }
+    assert_eq!(
+        (
+            counter(&h, "journal_txns_closed") - closed,
+            counter(&h, "journal_forced_closes")
+        ),
+        (0, 0),
+        "{}",
+        h.engine.debug_state()
+    );
+}
