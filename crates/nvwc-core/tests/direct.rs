@@ -362,3 +362,80 @@ fn a_direct_write_evicts_just_its_slots_from_a_cache_full_of_fills() {
     assert_eq!(h.engine.stats().evictions - st.evictions, 4, "evictions");
     assert_eq!(read(&mut h, 101, 900 * BS, 4 * BS), d);
 }
+
+/// While cleaning is paced (writes went around the full cache within the
+/// last second), a write of new blocks leaves the free reserve and the
+/// slots evicted ahead of it (`full_keep`: 16 here) to writes that cannot
+/// go around: a direct write is taken only with that many free slots to
+/// spare, else its buffered form would go around the cache.
+#[test]
+fn a_paced_cache_keeps_its_reserve_from_direct_writes() {
+    let mut c = Config::new(BS as u32, 64, 4096 * BS, WritePolicyKind::WriteBack);
+    c.bypass_when_full = true;
+    c.full_clean_secs = 40;
+    c.watermarks = Watermarks {
+        high: 0.0,
+        low: 0.0,
+    };
+    let mut h = MemHarness::new(c);
+    let quiesce = |h: &mut MemHarness| {
+        while !h.inflight().is_empty() {
+            h.step(&mut |_| 0);
+        }
+    };
+    for i in 0..96u64 {
+        h.submit(
+            1 + i,
+            ReqOp::Write {
+                offset: i * BS,
+                data: data(i as u8, 1),
+                fua: false,
+            },
+        );
+    }
+    quiesce(&mut h);
+    let st = h.engine.stats();
+    assert!(st.full_bypassed_writes > 0, "{st:?}");
+    assert!(h.now < 1_000_000_000, "the pacing window is one second");
+    assert_eq!((st.free_slots, st.dirty_blocks), (16, 0), "{st:?}");
+    // 16 free and one clean block evicted at once (no commit names it yet):
+    // 17, the block plus the 16 kept.
+    let d = data(200, 1);
+    let parts = h
+        .submit_direct(500, 900 * BS, d.clone(), false)
+        .expect("declined with 17 free");
+    assert_eq!(parts.len(), 1);
+    assert_eq!(h.engine.stats().evictions, st.evictions + 1, "evictions");
+    quiesce(&mut h);
+    // After a commit the evicted block's slot waits for the next one: 16
+    // free, one short.
+    h.submit(600, ReqOp::Flush);
+    quiesce(&mut h);
+    assert!(h.now < 1_000_000_000);
+    let st = h.engine.stats();
+    assert_eq!(st.free_slots, 16, "{st:?}");
+    assert!(h
+        .submit_direct(501, 901 * BS, data(201, 1), false)
+        .is_none());
+    assert!(h.inflight().is_empty());
+    let st2 = h.engine.stats();
+    assert_eq!(st2.direct_writes, st.direct_writes);
+    // Its buffered form goes around the cache.
+    h.submit(
+        502,
+        ReqOp::Write {
+            offset: 901 * BS,
+            data: data(201, 1),
+            fua: false,
+        },
+    );
+    quiesce(&mut h);
+    assert_eq!(
+        h.engine.stats().full_bypassed_writes,
+        st2.full_bypassed_writes + 1
+    );
+    assert_eq!(
+        read(&mut h, 503, 900 * BS, 2 * BS),
+        [&d[..], &data(201, 1)[..]].concat()
+    );
+}
