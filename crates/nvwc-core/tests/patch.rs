@@ -428,3 +428,102 @@ fn patch_cleaning_writes_directly_only_when_slots_run_short() {
         }
     }
 }
+
+/// The backing writes in flight, by index in `inflight()`.
+fn backing_writes(h: &mut MemHarness) -> Vec<usize> {
+    h.inflight()
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.dev == Dev::Backing && matches!(c.op, IoOp::Write { .. }))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// With `patch_direct`, a set of two parts goes out as two backing writes;
+/// the set goes only when both are done. One failing keeps it (its bytes
+/// are not on the backing store), fails the FLUSH that waited for it, and
+/// is retried `retry_ns` later: both parts then reach the backing store.
+#[test]
+fn a_failed_direct_patch_write_keeps_the_set_fails_the_flush_and_is_retried() {
+    let mut c = cfg(WritePolicyKind::WriteBack, FetchMode::Lazy);
+    c.patch_direct = true;
+    let retry = c.retry_ns;
+    let mut h = MemHarness::new(c);
+    h.backing[5 * BS as usize..6 * BS as usize].fill(0xaa);
+    run(&mut h, 1, write(5 * BS + 100, 0x11, 100, false));
+    run(&mut h, 2, write(5 * BS + 2000, 0x22, 100, false));
+    h.submit(3, ReqOp::Flush);
+    let w = backing_writes(&mut h);
+    assert_eq!(w.len(), 2, "{:?}", h.inflight());
+    // The first part's write succeeds: the set stays for the second.
+    h.step(&mut |_| w[0]);
+    assert_eq!(h.engine.stats().patched_blocks, 1);
+    let w = backing_writes(&mut h);
+    assert_eq!(w.len(), 1);
+    h.complete_failed(w[0]);
+    let t = h.now;
+    let r = h
+        .replies
+        .iter()
+        .position(|r| r.id == 3)
+        .expect("the FLUSH failed at once");
+    assert_eq!(h.replies.remove(r).result, Err(ReqError::Io));
+    let st = h.engine.stats();
+    assert_eq!(
+        (st.patched_blocks, st.patch_direct_writes),
+        (1, 1),
+        "{st:?}"
+    );
+    assert!(backing_writes(&mut h).is_empty());
+    assert_eq!(h.engine.poll_timeout(), Some(t + retry), "the retry");
+    h.now = t + retry;
+    h.engine.handle_timeout(h.now);
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!(
+        (st.patched_blocks, st.patch_direct_writes),
+        (0, 2),
+        "{st:?}"
+    );
+    let mut want = vec![0xaa; BS as usize];
+    want[100..200].fill(0x11);
+    want[2000..2100].fill(0x22);
+    assert_eq!(&h.backing[5 * BS as usize..6 * BS as usize], &want[..]);
+    run(&mut h, 4, ReqOp::Flush);
+    assert_eq!(read(&mut h, 5, 5 * BS, BS), want);
+}
+
+/// `AsyncBg` with `patch_direct`: the background queue writes each set's
+/// parts directly, `fetch_bg_inflight` (one) at a time, and goes on to
+/// the next set when one is done, until none is left.
+#[test]
+fn background_direct_patch_writes_run_one_after_another_until_none_is_left() {
+    let mut c = cfg(WritePolicyKind::WriteBack, FetchMode::AsyncBg);
+    c.patch_direct = true;
+    c.fetch_bg_inflight = 1;
+    let mut h = MemHarness::new(c);
+    h.backing[..8 * BS as usize].fill(0xaa);
+    for lbn in 0..4u64 {
+        h.submit(lbn + 1, write(lbn * BS + 100, 0x10 + lbn as u8, 100, false));
+    }
+    assert_eq!(backing_writes(&mut h).len(), 1, "one at a time");
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!(
+        (
+            st.patches_created,
+            st.patch_direct_writes,
+            st.patched_blocks
+        ),
+        (4, 4, 0),
+        "{st:?}"
+    );
+    for lbn in 0..4u64 {
+        let mut want = vec![0xaa; BS as usize];
+        want[100..200].fill(0x10 + lbn as u8);
+        assert_eq!(
+            &h.backing[(lbn * BS) as usize..((lbn + 1) * BS) as usize],
+            &want[..]
+        );
+    }
+}
