@@ -527,3 +527,51 @@ fn background_direct_patch_writes_run_one_after_another_until_none_is_left() {
         );
     }
 }
+
+/// The index in `inflight()` of the backing read of block `lbn`.
+fn fetch_of(h: &mut MemHarness, lbn: u64) -> usize {
+    h.inflight()
+        .iter()
+        .position(|c| {
+            c.dev == Dev::Backing && matches!(c.op, IoOp::Read { offset, .. } if offset == lbn * BS)
+        })
+        .expect("the block's fetch")
+}
+
+/// A failed fetch fails only the FLUSHes that wait for its set: a set
+/// made after the FLUSH arrived (with the sequence number the FLUSH noted)
+/// failing leaves the FLUSH waiting for the older set, and it succeeds.
+#[test]
+fn a_failed_fetch_of_a_set_newer_than_a_flush_does_not_fail_the_flush() {
+    let mut h = MemHarness::new(cfg(WritePolicyKind::WriteBack, FetchMode::Lazy));
+    h.backing[5 * BS as usize..7 * BS as usize].fill(0xaa);
+    // Two parts: the FLUSH fetches the set (`Lazy` persists only one).
+    run(&mut h, 1, write(5 * BS + 100, 0x11, 100, false));
+    run(&mut h, 7, write(5 * BS + 2000, 0x11, 100, false));
+    h.submit(2, ReqOp::Flush);
+    fetch_of(&mut h, 5);
+    // A partial write after the FLUSH: a new set, left a patch.
+    run(&mut h, 3, write(6 * BS + 100, 0x22, 100, false));
+    assert_eq!(h.engine.stats().patched_blocks, 2);
+    // A read of it fetches it; that fetch fails, and so does the read.
+    h.submit(
+        4,
+        ReqOp::Read {
+            offset: 6 * BS,
+            len: BS as u32,
+        },
+    );
+    let b = fetch_of(&mut h, 6);
+    h.complete_failed(b);
+    assert!(h.replies.iter().all(|r| r.id != 2), "the FLUSH failed");
+    assert_eq!(h.wait(4, &mut |_| 0).result, Err(ReqError::Io));
+    assert_eq!(h.wait(2, &mut |_| 0).result, Ok(None), "the FLUSH");
+    h.settle(&mut |_| 0);
+    let mut want = vec![0xaa; BS as usize];
+    want[100..200].fill(0x11);
+    want[2000..2100].fill(0x11);
+    assert_eq!(read(&mut h, 5, 5 * BS, BS), want);
+    let mut want = vec![0xaa; BS as usize];
+    want[100..200].fill(0x22);
+    assert_eq!(read(&mut h, 6, 6 * BS, BS), want);
+}
