@@ -575,3 +575,33 @@ fn a_failed_fetch_of_a_set_newer_than_a_flush_does_not_fail_the_flush() {
     want[100..200].fill(0x22);
     assert_eq!(read(&mut h, 6, 6 * BS, BS), want);
 }
+
+/// Under journaled, a full write that supersedes a patch of its own
+/// transaction discards the set and tells the policy the patch is done
+/// (`on_patch_done`): the transaction then closes, and a drain destages
+/// it. (Ordered never discards a patch of a node: `keep_superseded`.)
+#[test]
+fn a_superseded_patch_lets_its_transaction_complete() {
+    for policy in [WritePolicyKind::Journaled, WritePolicyKind::JournaledHints] {
+        let mut h = MemHarness::new(cfg(policy, FetchMode::Lazy));
+        h.backing[5 * BS as usize..6 * BS as usize].fill(0xaa);
+        run(&mut h, 1, write(5 * BS + 100, 0x11, 100, false));
+        assert_eq!(h.engine.stats().patched_blocks, 1, "{policy}");
+        run(&mut h, 2, write(5 * BS, 0x22, BS, false));
+        let st = h.engine.stats();
+        assert_eq!(
+            (st.patch_discards, st.patched_blocks),
+            (1, 0),
+            "{policy}: {st:?}"
+        );
+        run(&mut h, 3, ReqOp::Flush);
+        h.engine.start_drain(h.now);
+        h.settle(&mut |_| 0);
+        assert_eq!(h.engine.dirty_versions(), 0, "{policy}");
+        assert_eq!(
+            &h.backing[5 * BS as usize..6 * BS as usize],
+            &[0x22; BS as usize][..],
+            "{policy}"
+        );
+    }
+}
