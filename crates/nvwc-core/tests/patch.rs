@@ -605,3 +605,36 @@ fn a_superseded_patch_lets_its_transaction_complete() {
         );
     }
 }
+
+/// Patch cleaning starts once patch RAM is above `patch_clean_at` of
+/// `patch_mem_bytes` (here half of 2048 bytes), not at it.
+#[test]
+fn patch_cleaning_starts_above_its_mark_not_at_it() {
+    let mut c = cfg(WritePolicyKind::WriteBack, FetchMode::Lazy);
+    c.patch_mem_bytes = 2048;
+    c.patch_clean_at = 0.5;
+    let mut h = MemHarness::new(c);
+    h.backing[..8 * BS as usize].fill(0xaa);
+    run(&mut h, 1, write(5 * BS + 1024, 0x11, 1024, false));
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!(
+        (st.patch_bytes, st.patched_blocks),
+        (1024, 1),
+        "at the mark: {st:?}"
+    );
+    run(&mut h, 2, write(6 * BS + 7, 0x22, 1, false));
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!(
+        (st.patch_bytes, st.patched_blocks),
+        (0, 0),
+        "above it: {st:?}"
+    );
+    let mut want = vec![0xaa; BS as usize];
+    want[1024..2048].fill(0x11);
+    assert_eq!(read(&mut h, 3, 5 * BS, BS), want);
+    let mut want = vec![0xaa; BS as usize];
+    want[7] = 0x22;
+    assert_eq!(read(&mut h, 4, 6 * BS, BS), want);
+}
