@@ -638,3 +638,45 @@ fn patch_cleaning_starts_above_its_mark_not_at_it() {
     want[7] = 0x22;
     assert_eq!(read(&mut h, 4, 6 * BS, BS), want);
 }
+
+/// Patch cleaning queues at most `fetch_bg_inflight` sets ahead: with
+/// patch RAM over its mark it queues the oldest sets (fetched: two parts
+/// each, as `Lazy` persists a set of one part at once) until that many
+/// wait, and once the RAM falls back under the mark the newer sets stay
+/// patches. Sets of 599 bytes, the last one taking the RAM over the mark
+/// (half of `patch_mem_bytes`); cleaning goes on until the first set is
+/// installed. One at a time with six sets, three are queued by then (the
+/// first, the second while the first is fetched, the third while it is
+/// installed) and three stay; two at a time with twelve, six stay.
+#[test]
+fn patch_cleaning_queues_no_more_sets_than_it_may_run() {
+    for (limit, sets, left) in [(1u32, 6u64, 3u64), (2, 12, 6)] {
+        let mut c = cfg(WritePolicyKind::WriteBack, FetchMode::Lazy);
+        c.patch_mem_bytes = 2 * 599 * sets - 188;
+        c.patch_clean_at = 0.5;
+        c.fetch_bg_inflight = limit;
+        let mut h = MemHarness::new(c);
+        h.backing[..32 * BS as usize].fill(0xaa);
+        for lbn in 5..5 + sets {
+            run(&mut h, lbn, write(lbn * BS + 1000, lbn as u8, 300, false));
+            run(
+                &mut h,
+                20 + lbn,
+                write(lbn * BS + 1301, lbn as u8, 299, false),
+            );
+        }
+        h.settle(&mut |_| 0);
+        let st = h.engine.stats();
+        assert_eq!(
+            (st.patches_created, st.patched_blocks, st.patch_bytes),
+            (sets, left, left * 599),
+            "{limit}: {st:?}"
+        );
+        for lbn in 5..5 + sets {
+            let mut want = vec![0xaa; BS as usize];
+            want[1000..1300].fill(lbn as u8);
+            want[1301..1600].fill(lbn as u8);
+            assert_eq!(read(&mut h, 100 + lbn, lbn * BS, BS), want, "{limit}");
+        }
+    }
+}
