@@ -680,3 +680,32 @@ fn patch_cleaning_queues_no_more_sets_than_it_may_run() {
         }
     }
 }
+
+/// A set queued for the background that a read brings up to date first
+/// (in the foreground) is skipped when the queue reaches it: one fetch.
+#[test]
+fn a_queued_set_a_read_fetched_meanwhile_is_not_fetched_again() {
+    let mut c = cfg(WritePolicyKind::WriteBack, FetchMode::AsyncBg);
+    c.fetch_bg_inflight = 1;
+    let mut h = MemHarness::new(c);
+    h.backing[..8 * BS as usize].fill(0xaa);
+    h.submit(1, write(5 * BS + 100, 0x11, 100, false));
+    h.submit(2, write(6 * BS + 100, 0x22, 100, false));
+    // Block 5's set is fetched in the background; block 6's waits queued.
+    assert_eq!(h.engine.stats().patch_fetches, 1);
+    h.submit(
+        3,
+        ReqOp::Read {
+            offset: 6 * BS,
+            len: BS as u32,
+        },
+    );
+    assert_eq!(h.engine.stats().patch_fetches, 2, "the read's fetch");
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!((st.patch_fetches, st.patched_blocks), (2, 0), "{st:?}");
+    let mut want = vec![0xaa; BS as usize];
+    want[100..200].fill(0x22);
+    let r = h.replies.iter().position(|r| r.id == 3).expect("the read");
+    assert_eq!(h.replies.remove(r).result, Ok(Some(Bytes::from(want))));
+}
