@@ -428,3 +428,284 @@ fn patch_cleaning_writes_directly_only_when_slots_run_short() {
         }
     }
 }
+
+/// The backing writes in flight, by index in `inflight()`.
+fn backing_writes(h: &mut MemHarness) -> Vec<usize> {
+    h.inflight()
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.dev == Dev::Backing && matches!(c.op, IoOp::Write { .. }))
+        .map(|(i, _)| i)
+        .collect()
+}
+
+/// With `patch_direct`, a set of two parts goes out as two backing writes;
+/// the set goes only when both are done. One failing keeps it (its bytes
+/// are not on the backing store), fails the FLUSH that waited for it, and
+/// is retried `retry_ns` later: both parts then reach the backing store.
+#[test]
+fn a_failed_direct_patch_write_keeps_the_set_fails_the_flush_and_is_retried() {
+    let mut c = cfg(WritePolicyKind::WriteBack, FetchMode::Lazy);
+    c.patch_direct = true;
+    let retry = c.retry_ns;
+    let mut h = MemHarness::new(c);
+    h.backing[5 * BS as usize..6 * BS as usize].fill(0xaa);
+    run(&mut h, 1, write(5 * BS + 100, 0x11, 100, false));
+    run(&mut h, 2, write(5 * BS + 2000, 0x22, 100, false));
+    h.submit(3, ReqOp::Flush);
+    let w = backing_writes(&mut h);
+    assert_eq!(w.len(), 2, "{:?}", h.inflight());
+    // The first part's write succeeds: the set stays for the second.
+    h.step(&mut |_| w[0]);
+    assert_eq!(h.engine.stats().patched_blocks, 1);
+    let w = backing_writes(&mut h);
+    assert_eq!(w.len(), 1);
+    h.complete_failed(w[0]);
+    let t = h.now;
+    let r = h
+        .replies
+        .iter()
+        .position(|r| r.id == 3)
+        .expect("the FLUSH failed at once");
+    assert_eq!(h.replies.remove(r).result, Err(ReqError::Io));
+    let st = h.engine.stats();
+    assert_eq!(
+        (st.patched_blocks, st.patch_direct_writes),
+        (1, 1),
+        "{st:?}"
+    );
+    assert!(backing_writes(&mut h).is_empty());
+    assert_eq!(h.engine.poll_timeout(), Some(t + retry), "the retry");
+    h.now = t + retry;
+    h.engine.handle_timeout(h.now);
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!(
+        (st.patched_blocks, st.patch_direct_writes),
+        (0, 2),
+        "{st:?}"
+    );
+    let mut want = vec![0xaa; BS as usize];
+    want[100..200].fill(0x11);
+    want[2000..2100].fill(0x22);
+    assert_eq!(&h.backing[5 * BS as usize..6 * BS as usize], &want[..]);
+    run(&mut h, 4, ReqOp::Flush);
+    assert_eq!(read(&mut h, 5, 5 * BS, BS), want);
+}
+
+/// `AsyncBg` with `patch_direct`: the background queue writes each set's
+/// parts directly, `fetch_bg_inflight` (one) at a time, and goes on to
+/// the next set when one is done, until none is left.
+#[test]
+fn background_direct_patch_writes_run_one_after_another_until_none_is_left() {
+    let mut c = cfg(WritePolicyKind::WriteBack, FetchMode::AsyncBg);
+    c.patch_direct = true;
+    c.fetch_bg_inflight = 1;
+    let mut h = MemHarness::new(c);
+    h.backing[..8 * BS as usize].fill(0xaa);
+    for lbn in 0..4u64 {
+        h.submit(lbn + 1, write(lbn * BS + 100, 0x10 + lbn as u8, 100, false));
+    }
+    assert_eq!(backing_writes(&mut h).len(), 1, "one at a time");
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!(
+        (
+            st.patches_created,
+            st.patch_direct_writes,
+            st.patched_blocks
+        ),
+        (4, 4, 0),
+        "{st:?}"
+    );
+    for lbn in 0..4u64 {
+        let mut want = vec![0xaa; BS as usize];
+        want[100..200].fill(0x10 + lbn as u8);
+        assert_eq!(
+            &h.backing[(lbn * BS) as usize..((lbn + 1) * BS) as usize],
+            &want[..]
+        );
+    }
+}
+
+/// The index in `inflight()` of the backing read of block `lbn`.
+fn fetch_of(h: &mut MemHarness, lbn: u64) -> usize {
+    h.inflight()
+        .iter()
+        .position(|c| {
+            c.dev == Dev::Backing && matches!(c.op, IoOp::Read { offset, .. } if offset == lbn * BS)
+        })
+        .expect("the block's fetch")
+}
+
+/// A failed fetch fails only the FLUSHes that wait for its set: a set
+/// made after the FLUSH arrived (with the sequence number the FLUSH noted)
+/// failing leaves the FLUSH waiting for the older set, and it succeeds.
+#[test]
+fn a_failed_fetch_of_a_set_newer_than_a_flush_does_not_fail_the_flush() {
+    let mut h = MemHarness::new(cfg(WritePolicyKind::WriteBack, FetchMode::Lazy));
+    h.backing[5 * BS as usize..7 * BS as usize].fill(0xaa);
+    // Two parts: the FLUSH fetches the set (`Lazy` persists only one).
+    run(&mut h, 1, write(5 * BS + 100, 0x11, 100, false));
+    run(&mut h, 7, write(5 * BS + 2000, 0x11, 100, false));
+    h.submit(2, ReqOp::Flush);
+    fetch_of(&mut h, 5);
+    // A partial write after the FLUSH: a new set, left a patch.
+    run(&mut h, 3, write(6 * BS + 100, 0x22, 100, false));
+    assert_eq!(h.engine.stats().patched_blocks, 2);
+    // A read of it fetches it; that fetch fails, and so does the read.
+    h.submit(
+        4,
+        ReqOp::Read {
+            offset: 6 * BS,
+            len: BS as u32,
+        },
+    );
+    let b = fetch_of(&mut h, 6);
+    h.complete_failed(b);
+    assert!(h.replies.iter().all(|r| r.id != 2), "the FLUSH failed");
+    assert_eq!(h.wait(4, &mut |_| 0).result, Err(ReqError::Io));
+    assert_eq!(h.wait(2, &mut |_| 0).result, Ok(None), "the FLUSH");
+    h.settle(&mut |_| 0);
+    let mut want = vec![0xaa; BS as usize];
+    want[100..200].fill(0x11);
+    want[2000..2100].fill(0x11);
+    assert_eq!(read(&mut h, 5, 5 * BS, BS), want);
+    let mut want = vec![0xaa; BS as usize];
+    want[100..200].fill(0x22);
+    assert_eq!(read(&mut h, 6, 6 * BS, BS), want);
+}
+
+/// Under journaled, a full write that supersedes a patch of its own
+/// transaction discards the set and tells the policy the patch is done
+/// (`on_patch_done`): the transaction then closes, and a drain destages
+/// it. (Ordered never discards a patch of a node: `keep_superseded`.)
+#[test]
+fn a_superseded_patch_lets_its_transaction_complete() {
+    for policy in [WritePolicyKind::Journaled, WritePolicyKind::JournaledHints] {
+        let mut h = MemHarness::new(cfg(policy, FetchMode::Lazy));
+        h.backing[5 * BS as usize..6 * BS as usize].fill(0xaa);
+        run(&mut h, 1, write(5 * BS + 100, 0x11, 100, false));
+        assert_eq!(h.engine.stats().patched_blocks, 1, "{policy}");
+        run(&mut h, 2, write(5 * BS, 0x22, BS, false));
+        let st = h.engine.stats();
+        assert_eq!(
+            (st.patch_discards, st.patched_blocks),
+            (1, 0),
+            "{policy}: {st:?}"
+        );
+        run(&mut h, 3, ReqOp::Flush);
+        h.engine.start_drain(h.now);
+        h.settle(&mut |_| 0);
+        assert_eq!(h.engine.dirty_versions(), 0, "{policy}");
+        assert_eq!(
+            &h.backing[5 * BS as usize..6 * BS as usize],
+            &[0x22; BS as usize][..],
+            "{policy}"
+        );
+    }
+}
+
+/// Patch cleaning starts once patch RAM is above `patch_clean_at` of
+/// `patch_mem_bytes` (here half of 2048 bytes), not at it.
+#[test]
+fn patch_cleaning_starts_above_its_mark_not_at_it() {
+    let mut c = cfg(WritePolicyKind::WriteBack, FetchMode::Lazy);
+    c.patch_mem_bytes = 2048;
+    c.patch_clean_at = 0.5;
+    let mut h = MemHarness::new(c);
+    h.backing[..8 * BS as usize].fill(0xaa);
+    run(&mut h, 1, write(5 * BS + 1024, 0x11, 1024, false));
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!(
+        (st.patch_bytes, st.patched_blocks),
+        (1024, 1),
+        "at the mark: {st:?}"
+    );
+    run(&mut h, 2, write(6 * BS + 7, 0x22, 1, false));
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!(
+        (st.patch_bytes, st.patched_blocks),
+        (0, 0),
+        "above it: {st:?}"
+    );
+    let mut want = vec![0xaa; BS as usize];
+    want[1024..2048].fill(0x11);
+    assert_eq!(read(&mut h, 3, 5 * BS, BS), want);
+    let mut want = vec![0xaa; BS as usize];
+    want[7] = 0x22;
+    assert_eq!(read(&mut h, 4, 6 * BS, BS), want);
+}
+
+/// Patch cleaning queues at most `fetch_bg_inflight` sets ahead: with
+/// patch RAM over its mark it queues the oldest sets (fetched: two parts
+/// each, as `Lazy` persists a set of one part at once) until that many
+/// wait, and once the RAM falls back under the mark the newer sets stay
+/// patches. Sets of 599 bytes, the last one taking the RAM over the mark
+/// (half of `patch_mem_bytes`); cleaning goes on until the first set is
+/// installed. One at a time with six sets, three are queued by then (the
+/// first, the second while the first is fetched, the third while it is
+/// installed) and three stay; two at a time with twelve, six stay.
+#[test]
+fn patch_cleaning_queues_no_more_sets_than_it_may_run() {
+    for (limit, sets, left) in [(1u32, 6u64, 3u64), (2, 12, 6)] {
+        let mut c = cfg(WritePolicyKind::WriteBack, FetchMode::Lazy);
+        c.patch_mem_bytes = 2 * 599 * sets - 188;
+        c.patch_clean_at = 0.5;
+        c.fetch_bg_inflight = limit;
+        let mut h = MemHarness::new(c);
+        h.backing[..32 * BS as usize].fill(0xaa);
+        for lbn in 5..5 + sets {
+            run(&mut h, lbn, write(lbn * BS + 1000, lbn as u8, 300, false));
+            run(
+                &mut h,
+                20 + lbn,
+                write(lbn * BS + 1301, lbn as u8, 299, false),
+            );
+        }
+        h.settle(&mut |_| 0);
+        let st = h.engine.stats();
+        assert_eq!(
+            (st.patches_created, st.patched_blocks, st.patch_bytes),
+            (sets, left, left * 599),
+            "{limit}: {st:?}"
+        );
+        for lbn in 5..5 + sets {
+            let mut want = vec![0xaa; BS as usize];
+            want[1000..1300].fill(lbn as u8);
+            want[1301..1600].fill(lbn as u8);
+            assert_eq!(read(&mut h, 100 + lbn, lbn * BS, BS), want, "{limit}");
+        }
+    }
+}
+
+/// A set queued for the background that a read brings up to date first
+/// (in the foreground) is skipped when the queue reaches it: one fetch.
+#[test]
+fn a_queued_set_a_read_fetched_meanwhile_is_not_fetched_again() {
+    let mut c = cfg(WritePolicyKind::WriteBack, FetchMode::AsyncBg);
+    c.fetch_bg_inflight = 1;
+    let mut h = MemHarness::new(c);
+    h.backing[..8 * BS as usize].fill(0xaa);
+    h.submit(1, write(5 * BS + 100, 0x11, 100, false));
+    h.submit(2, write(6 * BS + 100, 0x22, 100, false));
+    // Block 5's set is fetched in the background; block 6's waits queued.
+    assert_eq!(h.engine.stats().patch_fetches, 1);
+    h.submit(
+        3,
+        ReqOp::Read {
+            offset: 6 * BS,
+            len: BS as u32,
+        },
+    );
+    assert_eq!(h.engine.stats().patch_fetches, 2, "the read's fetch");
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!((st.patch_fetches, st.patched_blocks), (2, 0), "{st:?}");
+    let mut want = vec![0xaa; BS as usize];
+    want[100..200].fill(0x22);
+    let r = h.replies.iter().position(|r| r.id == 3).expect("the read");
+    assert_eq!(h.replies.remove(r).result, Ok(Some(Bytes::from(want))));
+}

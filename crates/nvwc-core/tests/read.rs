@@ -240,3 +240,42 @@ fn a_short_backing_read_fails_a_read_around_a_partial_version() {
     want[1024..2048].fill(0x11);
     assert!(d[..] == want[..], "the block read again");
 }
+
+/// A patch fetch (a read of a patched block outside its part, `Lazy`)
+/// that returns fewer bytes than a block fails like any failed fetch
+/// (`patch_fetch_errors`): the read fails, the patch stays, and the block,
+/// fetched whole later, reads back with the patch's bytes over the
+/// backing store's.
+#[test]
+fn a_short_patch_fetch_keeps_the_patch_and_fails_the_read() {
+    for cut in [1, BS as usize / 2] {
+        let mut c = cfg(WritePolicyKind::WriteBack, true);
+        c.fetch = FetchMode::Lazy;
+        let mut h = harness_with_pattern(c);
+        h.submit(
+            1,
+            ReqOp::Write {
+                offset: 5 * BS + 100,
+                data: Bytes::from(vec![0x11; 100]),
+                fua: false,
+            },
+        );
+        h.wait(1, &mut |_| 0).result.expect("write");
+        assert_eq!(h.engine.stats().patched_blocks, 1);
+        let r = run_with_short_backing_reads(&mut h, 2, read(5 * BS, BS), cut);
+        assert_eq!(r.result, Err(ReqError::Io), "{cut}");
+        let st = h.engine.stats();
+        assert_eq!(
+            (st.patch_fetch_errors, st.patched_blocks, st.populates),
+            (1, 1, 0),
+            "{cut}: {st:?}"
+        );
+        h.settle(&mut |_| 0);
+        let mut want: Vec<u8> = (5 * BS..6 * BS).map(pattern).collect();
+        want[100..200].fill(0x11);
+        h.submit(3, read(5 * BS, BS));
+        let d = h.wait(3, &mut |_| 0).result.expect("read").expect("data");
+        assert!(d[..] == want[..], "{cut}: wrong bytes");
+        assert_eq!(h.engine.stats().patched_blocks, 0, "{cut}");
+    }
+}
