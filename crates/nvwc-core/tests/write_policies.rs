@@ -385,6 +385,43 @@ fn a_clean_stop_retries_its_final_commit_then_gives_up() {
     }
 }
 
+/// A clean stop during a drain, on a backing store that fails every
+/// command: each failed destage is retried `retry_ns` later while the stop
+/// has retries left (`STOP_RETRIES`), and its final commits (the cache
+/// works) record a clean shutdown. Once the retries are spent the engine
+/// is idle although a retry is still due (`is_idle`'s `stop_tries > 0`):
+/// a driver that stops at `is_idle` stops there, rather than destaging
+/// into the failed store for ever.
+#[test]
+fn a_stop_whose_destages_keep_failing_is_idle_once_its_retries_are_spent() {
+    let mut h = harness(WritePolicyKind::WriteBack);
+    for b in 0..4 {
+        write(&mut h, 1 + b, b, 1);
+    }
+    run(&mut h, 9, ReqOp::Flush);
+    h.settle(&mut |_| 0);
+    h.engine.start_drain(h.now);
+    h.engine.start_shutdown(h.now);
+    let mut failed = 0;
+    for _ in 0..1000 {
+        if h.engine.is_idle() && h.inflight().is_empty() {
+            break;
+        }
+        match h.inflight().iter().position(|c| c.dev == Dev::Backing) {
+            Some(i) => {
+                h.complete_failed(i);
+                failed += 1;
+            }
+            None => assert!(h.step(&mut |_| 0), "{}", h.engine.debug_state()),
+        }
+    }
+    assert!(h.engine.is_idle(), "{}", h.engine.debug_state());
+    assert_eq!(failed, STOP_RETRIES + 1, "the first try and the retries");
+    assert!(h.engine.poll_timeout().is_some(), "a retry still due");
+    assert!(!h.engine.stop_gave_up(), "a clean-shutdown record");
+    assert_eq!(h.engine.dirty_versions(), 4, "nothing destaged");
+}
+
 /// Write-back (no `rewrite_in_place`): a rewrite of a version no commit
 /// names, not even a commit in flight, goes over it in place, to the same
 /// cache slot (`inplace_ok`); while an autocommit in flight names the
