@@ -754,3 +754,24 @@ fn dirty_versions_count_patched_blocks_too() {
     assert_eq!((st.dirty_blocks, st.patched_blocks), (2, 1), "{st:?}");
     assert_eq!(h.engine.dirty_versions(), 3);
 }
+
+/// `io_errors` counts the device commands that completed with an error,
+/// each once, and no other: a write whose cache write fails (the one
+/// failed command), then a write that succeeds.
+#[test]
+fn failed_device_commands_are_counted_once_each() {
+    let mut h = MemHarness::new(cfg(WritePolicyKind::WriteBack, 64));
+    h.submit(1, write(0, BS));
+    let i = h
+        .inflight()
+        .iter()
+        .position(|c| c.dev == Dev::Cache && matches!(c.op, IoOp::Write { .. }))
+        .expect("the cache write");
+    h.complete_failed(i);
+    assert!(h.wait(1, &mut |_| 0).result.is_err());
+    assert_eq!(h.engine.stats().io_errors, 1);
+    h.submit(2, write(BS, BS));
+    h.wait(2, &mut |_| 0).result.unwrap();
+    h.settle(&mut |_| 0);
+    assert_eq!(h.engine.stats().io_errors, 1);
+}
