@@ -587,3 +587,32 @@ fn write_through_sends_a_request_as_one_backing_write() {
         }
     }
 }
+
+/// Ordered write-back with reply events (`Engine::set_reply_events`, the
+/// server): a write issued before any reply went out does not depend on
+/// writes completed before it (their replies cannot have been seen), and
+/// once the driver reports replies going out
+/// (`Engine::handle_replies_sending`) the next write depends on both.
+/// Without the events, every write depends on the one completed before it.
+#[test]
+fn with_reply_events_writes_depend_only_on_replies_sent() {
+    let edges = |h: &MemHarness| {
+        h.engine
+            .policy_counters()
+            .into_iter()
+            .find(|(n, _)| *n == "ordered_edges_total")
+            .expect("ordered's edge count")
+            .1
+    };
+    for events in [true, false] {
+        let mut h = harness(WritePolicyKind::Ordered);
+        h.engine.set_reply_events(events);
+        write(&mut h, 1, 0, 1);
+        write(&mut h, 2, 1, 2);
+        assert_eq!(edges(&h), u64::from(!events), "events {events}: b on a");
+        h.engine.handle_replies_sending(h.now);
+        write(&mut h, 3, 2, 3);
+        // With events: c on a and b; without: c on b (b on a already).
+        assert_eq!(edges(&h), 2, "events {events}: c");
+    }
+}
