@@ -1282,7 +1282,11 @@ fn inherit_request_keeps_a_queued_bypass_without_reissue() {
     let mut h = MemHarness::new(cfg(WritePolicyKind::WriteBack, AdmissionKind::Critical));
     h.submit_tagged(1, write(0, 1, BS), tag(false));
     h.submit_tagged(2, write(0, 2, BS), tag(false));
-    assert_eq!(h.inflight().len(), 1, "the second write waits for the block");
+    assert_eq!(
+        h.inflight().len(),
+        1,
+        "the second write waits for the block"
+    );
     h.engine.inherit_request(h.now, 2);
     h.wait(1, &mut |_| 0).result.unwrap();
     h.wait(2, &mut |_| 0).result.unwrap();
