@@ -1296,3 +1296,60 @@ fn inherit_request_keeps_a_queued_bypass_without_reissue() {
     assert_eq!(st.reissued_writes, 0, "{st:?}");
     assert_eq!(h.backing[0], 2);
 }
+
+/// Two reissues wait for a slot in a cache full of clean blocks; the
+/// first one's bypass write then completes from the backing store: only
+/// that reissue is dropped (it is moot now), and the other still goes to
+/// the cache once a slot is free, while its backing write is in flight.
+#[test]
+fn a_completed_bypass_write_drops_only_its_own_pending_reissue() {
+    let mut c = cfg(WritePolicyKind::WriteBack, AdmissionKind::CriticalPiIoi);
+    c.free_reserve = 0;
+    c.watermarks = Watermarks {
+        high: 0.0,
+        low: 0.0,
+    };
+    let mut h = MemHarness::new(c);
+    for b in 0..64u64 {
+        let id = 10 + b;
+        h.submit_tagged(id, write(b * BS, 7, BS), tag(true));
+        h.wait(id, &mut |_| 0).result.unwrap();
+    }
+    h.settle(&mut |_| 0);
+    assert_eq!(h.engine.stats().free_slots, 0, "no free slot left");
+    h.submit_tagged(1, write(100 * BS, 5, BS), tag(false));
+    h.submit_tagged(2, write(200 * BS, 6, BS), tag(false));
+    let x = |c: &IoCmd<Bytes>| is_backing_write_at(c, 100 * BS);
+    let y = |c: &IoCmd<Bytes>| is_backing_write_at(c, 200 * BS);
+    assert!(h.inflight().iter().any(x) && h.inflight().iter().any(y));
+    h.engine.inherit_request(h.now, 1);
+    h.engine.inherit_request(h.now, 2);
+    assert_eq!(h.engine.stats().reissued_writes, 0, "both wait for a slot");
+    // The first bypass write completes.
+    let i = h.inflight().iter().position(x).unwrap();
+    assert!(h.step(&mut |_| i));
+    assert!(h.replies.iter().any(|r| r.id == 1));
+    // Everything else but the second bypass write.
+    for _ in 0..1000 {
+        if h.engine.stats().reissued_writes > 0 {
+            break;
+        }
+        let Some(i) = h.inflight().iter().position(|c| !y(c)) else {
+            break;
+        };
+        assert!(h.step(&mut |_| i));
+    }
+    let st = h.engine.stats();
+    assert_eq!(
+        st.reissued_writes, 1,
+        "the second reissue went ahead: {st:?}"
+    );
+    assert!(
+        h.inflight().iter().any(y),
+        "its backing write still in flight"
+    );
+    h.wait(2, &mut |_| 0).result.unwrap();
+    h.settle(&mut |_| 0);
+    assert_eq!(h.engine.stats().discarded_completions, 1);
+    assert_eq!(h.backing[200 * BS as usize], 6);
+}
