@@ -691,3 +691,96 @@ impl<P: Payload> Engine<P> {
         self.progress();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    /// `Engine::mem_bytes` counts each per-block structure once, at its
+    /// element size (docs/ARCHITECTURE.md, "Memory per cached block"):
+    /// growing any one of them grows the estimate by exactly that
+    /// structure's bytes. `tests/accounting.rs` checks the estimate's size
+    /// per block and its growth within bounds loose enough that a term
+    /// counted with the wrong sign or factor passed them (mutation testing:
+    /// engine.rs lines 380-392).
+    #[test]
+    fn mem_bytes_counts_each_structure_once_at_its_size() {
+        type Grow = fn(&mut Engine<Bytes>, &Config) -> (usize, usize);
+        fn vec_grow<T>(v: &mut Vec<T>, size: usize) -> (usize, usize) {
+            let c = v.capacity();
+            v.reserve_exact(c + 100);
+            (c * size, v.capacity() * size)
+        }
+        let grows: [(&str, Grow); 12] = [
+            ("slots", |e, _| {
+                vec_grow(&mut e.table.slots, std::mem::size_of::<Slot>())
+            }),
+            ("groups", |e, _| {
+                vec_grow(&mut e.table.groups, std::mem::size_of::<Group>())
+            }),
+            ("ranges", |e, _| vec_grow(&mut e.table.ranges, 8)),
+            ("partial", |e, _| {
+                let c = e.partial.capacity();
+                e.partial.reserve(c + 100);
+                (c * 13, e.partial.capacity() * 13)
+            }),
+            ("blocks", |e, _| {
+                vec_grow(&mut e.map.blocks, std::mem::size_of::<Block>())
+            }),
+            ("index", |e, cfg| {
+                let old = e.map.index.mem_bytes();
+                e.map.index = LbnIndex::with_capacity(4 * cfg.capacity_blocks as usize);
+                (old, e.map.index.mem_bytes())
+            }),
+            ("free slots", |e, cfg| {
+                let old = e.table.free.mem_bytes();
+                e.table.free = FreeSet::new(4 * cfg.capacity_blocks as usize, true);
+                (old, e.table.free.mem_bytes())
+            }),
+            ("free blocks", |e, cfg| {
+                let old = e.map.free.mem_bytes();
+                e.map.free = FreeSet::new(4 * cfg.capacity_blocks as usize, true);
+                (old, e.map.free.mem_bytes())
+            }),
+            ("free rids", |e, cfg| {
+                let old = e.map.free_rids.mem_bytes();
+                e.map.free_rids = FreeSet::new(4 * cfg.capacity_blocks as usize, true);
+                (old, e.map.free_rids.mem_bytes())
+            }),
+            ("rid_block", |e, _| vec_grow(&mut e.map.rid_block, 4)),
+            ("replacement", |e, cfg| {
+                let old = e.repl.mem_bytes();
+                e.repl = nvwc_replacement::build(cfg.replacement, 4 * cfg.capacity_blocks as usize);
+                (old, e.repl.mem_bytes())
+            }),
+            ("policy", |e, cfg| {
+                // Journaled's (a constant) for write-back's or ordered's
+                // (none while nothing is cached), none for journaled's.
+                let old = e.policy.mem_bytes();
+                let mut c = cfg.clone();
+                c.write_policy = if old == 0 {
+                    WritePolicyKind::Journaled
+                } else {
+                    WritePolicyKind::WriteBack
+                };
+                e.policy = write_policy::build(&c);
+                (old, e.policy.mem_bytes())
+            }),
+        ];
+        for policy in [
+            WritePolicyKind::WriteBack,
+            WritePolicyKind::Ordered,
+            WritePolicyKind::Journaled,
+        ] {
+            let cfg = Config::new(4096, 256, 1024 * 4096, policy);
+            let mut e: Engine<Bytes> = Engine::new(cfg.clone()).expect("valid");
+            for (what, grow) in grows {
+                let m = e.mem_bytes();
+                let (old, new) = grow(&mut e, &cfg);
+                assert_ne!(new, old, "{policy} {what}: changed");
+                assert_eq!(e.mem_bytes(), m - old + new, "{policy} {what}");
+            }
+        }
+    }
+}

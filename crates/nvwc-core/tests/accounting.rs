@@ -606,3 +606,172 @@ fn a_fill_that_a_write_overtook_is_not_cached() {
         );
     }
 }
+
+/// Complete every command `e` has issued, and those that brings, at once
+/// and in order, with success (reads zeroes, checksums of zeroes); returns
+/// the replies and keeps the events (the testkit's pump drops them).
+fn drive_raw(e: &mut Engine<Bytes>, now: u64, events: &mut Vec<Event>) -> Vec<Reply<Bytes>> {
+    let mut replies = Vec::new();
+    loop {
+        let mut any = false;
+        while let Some(cmd) = e.poll_io() {
+            any = true;
+            let res = match cmd.op {
+                IoOp::Read { len, .. } => Ok(Some(Bytes::from(vec![0u8; len as usize]))),
+                IoOp::Checksum { len, .. } => Ok(Some(Bytes::copy_from_slice(
+                    &layout::data_crc(&vec![0u8; len as usize]).to_le_bytes(),
+                ))),
+                _ => Ok(None),
+            };
+            e.handle_completion(now, cmd.id, res);
+        }
+        while let Some(r) = e.poll_reply() {
+            replies.push(r);
+            any = true;
+        }
+        events.extend(std::iter::from_fn(|| e.poll_event()));
+        if !any {
+            return replies;
+        }
+    }
+}
+
+/// `has_output` (what the pump asserts it leaves: nothing, and what the
+/// simulator's pump checks before it runs) is true while a device command
+/// or a reply waits to be polled, each on its own, and false once both
+/// are taken.
+#[test]
+fn has_output_tells_whether_a_command_or_a_reply_waits() {
+    let mut e: Engine<Bytes> = Engine::new(cfg(WritePolicyKind::WriteBack, 64)).unwrap();
+    assert!(!e.has_output(), "a fresh engine");
+    // A reply alone: a read out of range is answered at once.
+    let read = ReqOp::Read {
+        offset: 2048 * BS,
+        len: BS as u32,
+    };
+    e.handle_request(
+        1,
+        Request {
+            id: 1,
+            op: read,
+            tag: Tag::default(),
+        },
+    );
+    assert!(e.has_output(), "a reply waits");
+    assert!(e.poll_io().is_none(), "and no command");
+    assert_eq!(e.poll_reply().unwrap().result, Err(ReqError::InvalidRange));
+    assert!(!e.has_output(), "both taken");
+    // A command alone: a write's cache write, its reply not yet due.
+    e.handle_request(
+        2,
+        Request {
+            id: 2,
+            op: write(0, BS),
+            tag: Tag::default(),
+        },
+    );
+    assert!(e.has_output(), "a command waits");
+    let cmd = e.poll_io().expect("the cache write");
+    assert!(
+        e.poll_reply().is_none(),
+        "no reply before the write completes"
+    );
+    assert!(!e.has_output(), "both taken");
+    e.handle_completion(3, cmd.id, Ok(None));
+    assert!(e.has_output(), "the write's reply waits");
+    assert!(e.poll_io().is_none(), "and no command");
+    assert_eq!(e.poll_reply().unwrap().id, 2);
+    assert!(!e.has_output());
+}
+
+/// The engine's events come out of `poll_event`: a commit's
+/// `Committed`, and a journaled cache's own events (a drain closes its
+/// transaction).
+#[test]
+fn poll_event_yields_commits_and_the_policys_events() {
+    for policy in [WritePolicyKind::WriteBack, WritePolicyKind::Journaled] {
+        let mut e: Engine<Bytes> = Engine::new(cfg(policy, 64)).unwrap();
+        let mut events = Vec::new();
+        e.handle_request(
+            1,
+            Request {
+                id: 1,
+                op: write(0, BS),
+                tag: Tag::default(),
+            },
+        );
+        drive_raw(&mut e, 2, &mut events);
+        e.handle_request(
+            3,
+            Request {
+                id: 2,
+                op: ReqOp::Flush,
+                tag: Tag::default(),
+            },
+        );
+        let replies = drive_raw(&mut e, 4, &mut events);
+        assert!(
+            replies.iter().any(|r| r.id == 2 && r.result.is_ok()),
+            "{policy}: {replies:?}"
+        );
+        assert!(
+            events
+                .iter()
+                .any(|ev| matches!(ev, Event::Committed { ok: true, .. })),
+            "{policy}: {events:?}"
+        );
+        if policy == WritePolicyKind::Journaled {
+            // A drain closes the open transaction and checkpoints it.
+            e.start_drain(5);
+            drive_raw(&mut e, 6, &mut events);
+            assert!(
+                events
+                    .iter()
+                    .any(|ev| matches!(ev, Event::Policy(PolicyEvent::TxnClosed { .. }))),
+                "{policy}: {events:?}"
+            );
+        }
+    }
+}
+
+/// `dirty_versions` counts a patched block (dirty bytes held in RAM) with
+/// the dirty versions: two dirty blocks and a partial write held as a
+/// patch (`FetchMode::Lazy`) make three.
+#[test]
+fn dirty_versions_count_patched_blocks_too() {
+    let mut c = cfg(WritePolicyKind::WriteBack, 64);
+    c.fetch = FetchMode::Lazy;
+    c.watermarks = Watermarks {
+        high: 1.0,
+        low: 1.0,
+    };
+    let mut h = MemHarness::new(c);
+    h.submit(1, write(0, 2 * BS));
+    h.wait(1, &mut |_| 0).result.unwrap();
+    h.submit(2, write(10 * BS + 100, 100));
+    h.wait(2, &mut |_| 0).result.unwrap();
+    let st = h.engine.stats();
+    assert_eq!((st.dirty_blocks, st.patched_blocks), (2, 1), "{st:?}");
+    assert_eq!(h.engine.dirty_versions(), 3);
+}
+
+/// `io_errors` counts the device commands that completed with an error,
+/// each once, and no other: a write whose cache write fails (the one
+/// failed command), then a write that succeeds.
+#[test]
+fn failed_device_commands_are_counted_once_each() {
+    let mut h = MemHarness::new(cfg(WritePolicyKind::WriteBack, 64));
+    h.submit(1, write(0, BS));
+    let i = h
+        .inflight()
+        .iter()
+        .position(|c| c.dev == Dev::Cache && matches!(c.op, IoOp::Write { .. }))
+        .expect("the cache write");
+    h.complete_failed(i);
+    assert!(h.wait(1, &mut |_| 0).result.is_err());
+    assert_eq!(h.engine.stats().io_errors, 1);
+    h.submit(2, write(BS, BS));
+    h.wait(2, &mut |_| 0).result.unwrap();
+    h.settle(&mut |_| 0);
+    assert_eq!(h.engine.stats().io_errors, 1);
+}

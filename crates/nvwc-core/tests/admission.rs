@@ -1243,3 +1243,113 @@ fn a_non_critical_waiter_does_not_reissue_a_bypass_write() {
     let got = h.wait(2, &mut |_| 0).result.unwrap().expect("read data");
     assert_block(got.to_vec(), 5, "read after the bypass write");
 }
+
+/// `inherit_request` reissues the bypass writes of the request it names,
+/// and no other request's: two non-critical writes bypass the cache, each
+/// to its own block; inheriting the first reissues its write alone to the
+/// cache.
+#[test]
+fn inherit_request_reissues_only_that_requests_bypass_writes() {
+    let mut h = MemHarness::new(cfg(
+        WritePolicyKind::WriteBack,
+        AdmissionKind::CriticalPiIoi,
+    ));
+    h.submit_tagged(1, write(0, 1, BS), tag(false));
+    h.submit_tagged(2, write(10 * BS, 2, BS), tag(false));
+    assert!(h.inflight().iter().any(|c| is_backing_write_at(c, 0)));
+    assert!(h.inflight().iter().any(|c| is_backing_write_at(c, 10 * BS)));
+    h.engine.inherit_request(h.now, 1);
+    let cached: Vec<u8> = h
+        .inflight()
+        .iter()
+        .filter_map(|c| match &c.op {
+            IoOp::Write { data, .. } if c.dev == Dev::Cache => Some(data[0]),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(cached, vec![1], "request 1's write reissued, alone");
+    assert_eq!(h.engine.stats().reissued_writes, 1);
+    h.settle(&mut |_| 0);
+    assert_eq!(h.engine.stats().reissued_writes, 1);
+}
+
+/// Under an admission policy that does not reissue (`Critical`), a
+/// request's pieces still queued when it inherits criticality keep their
+/// bypass: a second non-critical write to a block, queued behind the
+/// first's bypass write, bypasses too.
+#[test]
+fn inherit_request_keeps_a_queued_bypass_without_reissue() {
+    let mut h = MemHarness::new(cfg(WritePolicyKind::WriteBack, AdmissionKind::Critical));
+    h.submit_tagged(1, write(0, 1, BS), tag(false));
+    h.submit_tagged(2, write(0, 2, BS), tag(false));
+    assert_eq!(
+        h.inflight().len(),
+        1,
+        "the second write waits for the block"
+    );
+    h.engine.inherit_request(h.now, 2);
+    h.wait(1, &mut |_| 0).result.unwrap();
+    h.wait(2, &mut |_| 0).result.unwrap();
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats();
+    assert_eq!(st.bypassed_pieces, 2, "{st:?}");
+    assert_eq!(st.reissued_writes, 0, "{st:?}");
+    assert_eq!(h.backing[0], 2);
+}
+
+/// Two reissues wait for a slot in a cache full of clean blocks; the
+/// first one's bypass write then completes from the backing store: only
+/// that reissue is dropped (it is moot now), and the other still goes to
+/// the cache once a slot is free, while its backing write is in flight.
+#[test]
+fn a_completed_bypass_write_drops_only_its_own_pending_reissue() {
+    let mut c = cfg(WritePolicyKind::WriteBack, AdmissionKind::CriticalPiIoi);
+    c.free_reserve = 0;
+    c.watermarks = Watermarks {
+        high: 0.0,
+        low: 0.0,
+    };
+    let mut h = MemHarness::new(c);
+    for b in 0..64u64 {
+        let id = 10 + b;
+        h.submit_tagged(id, write(b * BS, 7, BS), tag(true));
+        h.wait(id, &mut |_| 0).result.unwrap();
+    }
+    h.settle(&mut |_| 0);
+    assert_eq!(h.engine.stats().free_slots, 0, "no free slot left");
+    h.submit_tagged(1, write(100 * BS, 5, BS), tag(false));
+    h.submit_tagged(2, write(200 * BS, 6, BS), tag(false));
+    let x = |c: &IoCmd<Bytes>| is_backing_write_at(c, 100 * BS);
+    let y = |c: &IoCmd<Bytes>| is_backing_write_at(c, 200 * BS);
+    assert!(h.inflight().iter().any(x) && h.inflight().iter().any(y));
+    h.engine.inherit_request(h.now, 1);
+    h.engine.inherit_request(h.now, 2);
+    assert_eq!(h.engine.stats().reissued_writes, 0, "both wait for a slot");
+    // The first bypass write completes.
+    let i = h.inflight().iter().position(x).unwrap();
+    assert!(h.step(&mut |_| i));
+    assert!(h.replies.iter().any(|r| r.id == 1));
+    // Everything else but the second bypass write.
+    for _ in 0..1000 {
+        if h.engine.stats().reissued_writes > 0 {
+            break;
+        }
+        let Some(i) = h.inflight().iter().position(|c| !y(c)) else {
+            break;
+        };
+        assert!(h.step(&mut |_| i));
+    }
+    let st = h.engine.stats();
+    assert_eq!(
+        st.reissued_writes, 1,
+        "the second reissue went ahead: {st:?}"
+    );
+    assert!(
+        h.inflight().iter().any(y),
+        "its backing write still in flight"
+    );
+    h.wait(2, &mut |_| 0).result.unwrap();
+    h.settle(&mut |_| 0);
+    assert_eq!(h.engine.stats().discarded_completions, 1);
+    assert_eq!(h.backing[200 * BS as usize], 6);
+}

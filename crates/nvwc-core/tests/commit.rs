@@ -1439,3 +1439,184 @@ fn a_sealed_inline_record_is_not_written_back() {
     let rep = h.reopen().unwrap();
     assert!(read(&mut h, 230, 0).iter().all(|&b| b == 0x22), "{rep:?}");
 }
+
+/// The cache write of a whole block of `byte`s in flight, if any.
+fn block_write(h: &mut MemHarness, byte: u8) -> Option<usize> {
+    h.inflight().iter().position(|c| {
+        c.dev == Dev::Cache
+            && matches!(&c.op, IoOp::Write { data, .. } if data.len() == BS as usize && data[0] == byte)
+    })
+}
+
+/// `poll_timeout` asks for no commit deadline while a commit cannot start
+/// (`commit_blocked`): here while one is in flight. A write acknowledged
+/// during a FLUSH's commit is a change whose autocommit age shows only
+/// once that commit is done.
+#[test]
+fn no_commit_deadline_is_asked_for_while_a_commit_is_in_flight() {
+    let autocommit = cfg(64).autocommit_ns;
+    let mut h = MemHarness::new(cfg(64));
+    run_req(&mut h, 1, write(0, 1));
+    h.submit(2, ReqOp::Flush);
+    assert!(!h.inflight().is_empty());
+    assert!(
+        h.engine.debug_state().contains("commit=Some"),
+        "the FLUSH's commit in flight: {}",
+        h.engine.debug_state()
+    );
+    h.submit(3, write(BS, 2));
+    let i = block_write(&mut h, 2).expect("block 1's write");
+    assert!(h.step(&mut |_| i));
+    let t = h.now;
+    assert!(h.replies.iter().any(|r| r.id == 3), "block 1 written");
+    assert_eq!(h.engine.poll_timeout(), None, "a commit in flight");
+    run_io(&mut h);
+    assert!(h.replies.iter().any(|r| r.id == 2), "the FLUSH done");
+    assert_eq!(h.engine.poll_timeout(), Some(t + autocommit));
+}
+
+/// Nor while a clean stop holds commits back for its final one
+/// (`stop_holds_commits`): a stop begun with a write in flight asks for
+/// no deadline (its final commit waits for the write, not for a time).
+#[test]
+fn no_commit_deadline_is_asked_for_while_a_stop_waits_for_a_write() {
+    let mut h = MemHarness::new(cfg(64));
+    h.submit(1, write(0, 1));
+    assert!(block_write(&mut h, 1).is_some());
+    h.engine.start_shutdown(h.now);
+    assert_eq!(
+        h.engine.poll_timeout(),
+        None,
+        "the stop waits for the write"
+    );
+    h.wait(1, &mut |_| 0).result.unwrap();
+    h.settle(&mut |_| 0);
+    assert!(h.engine.is_idle() && !h.engine.stop_gave_up());
+}
+
+/// Nor while an in-place rewrite is in flight (its slot's bytes are
+/// undefined until it completes): a new block acknowledged meanwhile has
+/// its autocommit deadline asked for once the rewrite completes.
+#[test]
+fn no_commit_deadline_is_asked_for_while_an_in_place_rewrite_is_in_flight() {
+    let mut c = cfg(64);
+    c.rewrite_in_place = true;
+    let autocommit = c.autocommit_ns;
+    let mut h = MemHarness::new(c);
+    write_and_flush(&mut h, 1, 0, 1);
+    // A later record seals block 0's version.
+    write_and_flush(&mut h, 3, 5, 1);
+    write_and_flush(&mut h, 5, 6, 1);
+    h.settle(&mut |_| 0);
+    let free = h.engine.stats().free_slots;
+    h.submit(10, write(0, 3));
+    let rewrite = block_write(&mut h, 3).expect("the rewrite in flight");
+    assert_eq!(h.engine.stats().free_slots, free, "in place: no new slot");
+    assert_eq!(h.engine.poll_timeout(), None, "nothing changed yet");
+    h.submit(12, write(7 * BS, 4));
+    let i = block_write(&mut h, 4).expect("block 7's write");
+    assert!(i != rewrite);
+    assert!(h.step(&mut |_| i));
+    let t = h.now;
+    assert!(h.replies.iter().any(|r| r.id == 12));
+    assert_eq!(h.engine.poll_timeout(), None, "the rewrite in flight");
+    let i = block_write(&mut h, 3).unwrap();
+    assert!(h.step(&mut |_| i));
+    assert!(h.replies.iter().any(|r| r.id == 10));
+    assert_eq!(h.engine.poll_timeout(), Some(t + autocommit));
+}
+
+/// A patch (dirty bytes held in RAM, `FetchMode::Lazy`) blocks no commit
+/// deadline by itself: under write-back (whose commits need no patches
+/// done) and journaled (whose do, once a commit asks for them: the
+/// patch barrier) alike, a change's autocommit age is asked for while a
+/// patch is held. Once the autocommit has raised journaled's barrier and
+/// the patch is being turned into a version, the deadline (due) is not
+/// asked for until the commit can start.
+#[test]
+fn a_held_patch_leaves_the_autocommit_deadline_until_a_barrier() {
+    for policy in [WritePolicyKind::WriteBack, WritePolicyKind::Journaled] {
+        let mut c = cfg(64);
+        c.write_policy = policy;
+        c.fetch = FetchMode::Lazy;
+        c.journal.txn_max_age_ns = 0;
+        let autocommit = c.autocommit_ns;
+        let mut h = MemHarness::new(c);
+        h.submit(1, write(0, 1));
+        let i = block_write(&mut h, 1).expect("block 0's write");
+        assert!(h.step(&mut |_| i));
+        let t = h.now;
+        run_io(&mut h);
+        assert!(h.replies.iter().any(|r| r.id == 1));
+        h.submit(
+            2,
+            ReqOp::Write {
+                offset: 9 * BS + 100,
+                data: Bytes::from(vec![2u8; 100]),
+                fua: false,
+            },
+        );
+        assert!(h.replies.iter().any(|r| r.id == 2), "{policy}: patched");
+        assert_eq!(h.engine.stats().patched_blocks, 1, "{policy}");
+        assert!(h.inflight().is_empty(), "{policy}");
+        assert_eq!(
+            h.engine.poll_timeout(),
+            Some(t + autocommit),
+            "{policy}: a patch held"
+        );
+        if policy == WritePolicyKind::Journaled {
+            // The autocommit: the barrier first turns the patch into a
+            // version; the deadline, due, is not asked for again meanwhile.
+            h.now = t + autocommit;
+            h.engine.handle_timeout(h.now);
+            assert!(!h.inflight().is_empty(), "the patch being installed");
+            assert_eq!(h.engine.stats().commits, 0);
+            assert_eq!(h.engine.poll_timeout(), None, "the patch barrier");
+            run_io(&mut h);
+            assert_eq!(h.engine.stats().patched_blocks, 0, "{policy}");
+            assert_eq!(h.engine.stats().commits, 1);
+        }
+    }
+}
+
+/// An engine recovered from `h`'s cache device, as `MemHarness::reopen`
+/// makes it but before any call (reopen's `handle_timeout` starts its
+/// first commit at once).
+fn recover_raw(h: &MemHarness) -> Engine<Bytes> {
+    let cfg = h.engine.config().clone();
+    let l = h.engine.layout();
+    let c = &h.cache;
+    let image = CacheImage {
+        superblock: c[0..512].to_vec(),
+        commit_a: c[l.commit_offset(0) as usize..][..512].to_vec(),
+        commit_b: c[l.commit_offset(1) as usize..][..512].to_vec(),
+        table: c[layout::TABLE_OFFSET as usize..(layout::TABLE_OFFSET + l.table_bytes) as usize]
+            .to_vec(),
+        log: c[l.log_offset as usize..(l.log_offset + l.log_bytes) as usize].to_vec(),
+    };
+    let (e, _) = Engine::recover(
+        cfg,
+        &image,
+        &mut |off, len| {
+            Ok(layout::data_crc(
+                &c[off as usize..(off + len as u64) as usize],
+            ))
+        },
+        &mut |_, _| Ok(()),
+    )
+    .expect("recovers");
+    e
+}
+
+/// Recovery that replayed a log record wants a commit at once
+/// (`CommitState::asap`), and nothing blocks it: `poll_timeout` asks for
+/// it now, so a driver that only calls `handle_timeout` when asked starts
+/// it without waiting for a request.
+#[test]
+fn a_recovered_engine_asks_for_its_first_commit_now() {
+    let mut h = MemHarness::new(cfg(64));
+    assert_eq!(write_and_flush(&mut h, 1, 0, 1), 1);
+    assert_eq!(h.engine.stats().log_commits, 1);
+    let e = recover_raw(&h);
+    assert_eq!(e.poll_timeout(), Some(0));
+}

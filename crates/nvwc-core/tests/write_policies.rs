@@ -385,6 +385,43 @@ fn a_clean_stop_retries_its_final_commit_then_gives_up() {
     }
 }
 
+/// A clean stop during a drain, on a backing store that fails every
+/// command: each failed destage is retried `retry_ns` later while the stop
+/// has retries left (`STOP_RETRIES`), and its final commits (the cache
+/// works) record a clean shutdown. Once the retries are spent the engine
+/// is idle although a retry is still due (`is_idle`'s `stop_tries > 0`):
+/// a driver that stops at `is_idle` stops there, rather than destaging
+/// into the failed store for ever.
+#[test]
+fn a_stop_whose_destages_keep_failing_is_idle_once_its_retries_are_spent() {
+    let mut h = harness(WritePolicyKind::WriteBack);
+    for b in 0..4 {
+        write(&mut h, 1 + b, b, 1);
+    }
+    run(&mut h, 9, ReqOp::Flush);
+    h.settle(&mut |_| 0);
+    h.engine.start_drain(h.now);
+    h.engine.start_shutdown(h.now);
+    let mut failed = 0;
+    for _ in 0..1000 {
+        if h.engine.is_idle() && h.inflight().is_empty() {
+            break;
+        }
+        match h.inflight().iter().position(|c| c.dev == Dev::Backing) {
+            Some(i) => {
+                h.complete_failed(i);
+                failed += 1;
+            }
+            None => assert!(h.step(&mut |_| 0), "{}", h.engine.debug_state()),
+        }
+    }
+    assert!(h.engine.is_idle(), "{}", h.engine.debug_state());
+    assert_eq!(failed, STOP_RETRIES + 1, "the first try and the retries");
+    assert!(h.engine.poll_timeout().is_some(), "a retry still due");
+    assert!(!h.engine.stop_gave_up(), "a clean-shutdown record");
+    assert_eq!(h.engine.dirty_versions(), 4, "nothing destaged");
+}
+
 /// Write-back (no `rewrite_in_place`): a rewrite of a version no commit
 /// names, not even a commit in flight, goes over it in place, to the same
 /// cache slot (`inplace_ok`); while an autocommit in flight names the
@@ -548,5 +585,34 @@ fn write_through_sends_a_request_as_one_backing_write() {
         for lbn in 8..12 {
             read_hit(&mut h, 10 + lbn, lbn, 3);
         }
+    }
+}
+
+/// Ordered write-back with reply events (`Engine::set_reply_events`, the
+/// server): a write issued before any reply went out does not depend on
+/// writes completed before it (their replies cannot have been seen), and
+/// once the driver reports replies going out
+/// (`Engine::handle_replies_sending`) the next write depends on both.
+/// Without the events, every write depends on the one completed before it.
+#[test]
+fn with_reply_events_writes_depend_only_on_replies_sent() {
+    let edges = |h: &MemHarness| {
+        h.engine
+            .policy_counters()
+            .into_iter()
+            .find(|(n, _)| *n == "ordered_edges_total")
+            .expect("ordered's edge count")
+            .1
+    };
+    for events in [true, false] {
+        let mut h = harness(WritePolicyKind::Ordered);
+        h.engine.set_reply_events(events);
+        write(&mut h, 1, 0, 1);
+        write(&mut h, 2, 1, 2);
+        assert_eq!(edges(&h), u64::from(!events), "events {events}: b on a");
+        h.engine.handle_replies_sending(h.now);
+        write(&mut h, 3, 2, 3);
+        // With events: c on a and b; without: c on b (b on a already).
+        assert_eq!(edges(&h), 2, "events {events}: c");
     }
 }
