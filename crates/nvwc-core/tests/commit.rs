@@ -1453,7 +1453,6 @@ fn a_commit_that_checks_no_data_is_not_inline_with_the_bound_at_0() {
     h.settle(&mut |_| 0);
     h.reopen().unwrap();
     // The first commit after recovery is a checkpoint: it seals them all.
-    let before = h.engine.stats().clone();
     run_flush(&mut h, 10);
     h.settle(&mut |_| 0);
     let st = h.engine.stats().clone();
