@@ -1620,3 +1620,43 @@ fn a_recovered_engine_asks_for_its_first_commit_now() {
     let e = recover_raw(&h);
     assert_eq!(e.poll_timeout(), Some(0));
 }
+
+/// With the inline bound at 0 no commit is inline, not even one that
+/// checks no data: after a restart's checkpoint has sealed every version,
+/// a drain destages them, and its commit names only sealed versions (no
+/// checksum); it is still a plain log record, not an inline one.
+#[test]
+fn a_commit_that_checks_no_data_is_not_inline_with_the_bound_at_0() {
+    let mut h = MemHarness::new(cfg(64));
+    for (id, lbn) in [(1, 0), (3, 5), (5, 6)] {
+        assert_eq!(write_and_flush(&mut h, id, lbn, 1), 1);
+    }
+    h.settle(&mut |_| 0);
+    h.reopen().unwrap();
+    // The first commit after recovery is a checkpoint: it seals them all.
+    run_flush(&mut h, 10);
+    h.settle(&mut |_| 0);
+    let st = h.engine.stats().clone();
+    assert!(st.commits > st.log_commits, "a checkpoint: {st:?}");
+    assert_eq!(st.inline_commits, 0, "{st:?}");
+    assert!(h.engine.dirty_versions() > 0);
+    let before = st;
+    h.engine.start_drain(h.now);
+    let mut sums = 0;
+    for _ in 0..10_000 {
+        sums += h
+            .inflight()
+            .iter()
+            .filter(|c| matches!(c.op, IoOp::Checksum { .. }))
+            .count();
+        if !h.step(&mut |_| 0) && h.engine.is_idle() {
+            break;
+        }
+    }
+    h.engine.end_drain();
+    assert_eq!(h.engine.dirty_versions(), 0);
+    let st = h.engine.stats().clone();
+    assert!(st.log_commits > before.log_commits, "a log commit: {st:?}");
+    assert_eq!(sums, 0, "nothing to check");
+    assert_eq!(st.inline_commits, 0, "{st:?}");
+}
