@@ -279,3 +279,30 @@ fn a_short_patch_fetch_keeps_the_patch_and_fails_the_read() {
         assert_eq!(h.engine.stats().patched_blocks, 0, "{cut}");
     }
 }
+
+/// A partial write to an uncached block under blocking fetch reads the
+/// whole block from the backing store first (read-modify-write,
+/// `Engine::on_rmw_fetch`); a fetch that returns fewer bytes than the
+/// block (one short, or none) fails the write with EIO instead of merging
+/// a short block (`Engine::rmw_failed`), and the block reads back as the
+/// backing store holds it.
+#[test]
+fn a_short_read_modify_write_fetch_fails_the_partial_write() {
+    for cut in [1, BS as usize] {
+        let mut c = cfg(WritePolicyKind::WriteBack, true);
+        c.fetch = FetchMode::Blocking;
+        let mut h = harness_with_pattern(c);
+        let write = ReqOp::Write {
+            offset: 5 * BS + 100,
+            data: Bytes::from(vec![0x11; 100]),
+            fua: false,
+        };
+        let r = run_with_short_backing_reads(&mut h, 1, write, cut);
+        assert_eq!(r.result, Err(ReqError::Io), "{cut}");
+        h.settle(&mut |_| 0);
+        h.submit(2, read(5 * BS, BS));
+        let d = h.wait(2, &mut |_| 0).result.expect("read").expect("data");
+        let want: Vec<u8> = (5 * BS..6 * BS).map(pattern).collect();
+        assert!(d[..] == want[..], "{cut}: wrong bytes");
+    }
+}
