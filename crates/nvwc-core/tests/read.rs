@@ -279,3 +279,50 @@ fn a_short_patch_fetch_keeps_the_patch_and_fails_the_read() {
         assert_eq!(h.engine.stats().patched_blocks, 0, "{cut}");
     }
 }
+
+/// A write to a block whose latest version is partial (`partial.rs`), away
+/// from that version's range, is a read-modify-write: the whole block is
+/// fetched from the backing store (`Engine::on_rmw_fetch`), then the
+/// version's bytes and the write are laid over it. A fetch that returns
+/// fewer bytes than the block (one short, or none) fails the write with EIO
+/// instead of merging a short block (`Engine::rmw_failed`); the block still
+/// reads back as the partial version over the backing store's bytes.
+#[test]
+fn a_short_read_modify_write_fetch_fails_the_write() {
+    for cut in [1, BS as usize] {
+        let mut c = cfg(WritePolicyKind::WriteBack, true);
+        c.fetch = FetchMode::Lazy;
+        let mut h = harness_with_pattern(c);
+        h.submit(
+            1,
+            ReqOp::Write {
+                offset: 5 * BS + 100,
+                data: Bytes::from(vec![0x11; 100]),
+                fua: false,
+            },
+        );
+        h.wait(1, &mut |_| 0).result.expect("write");
+        h.submit(2, ReqOp::Flush);
+        h.wait(2, &mut |_| 0).result.expect("flush");
+        let st = h.engine.stats();
+        assert_eq!(
+            (st.patch_persists, st.patched_blocks),
+            (1, 0),
+            "{cut}: {st:?}"
+        );
+        let write = ReqOp::Write {
+            offset: 5 * BS + 1000,
+            data: Bytes::from(vec![0x22; 100]),
+            fua: false,
+        };
+        let r = run_with_short_backing_reads(&mut h, 3, write, cut);
+        assert_eq!(r.result, Err(ReqError::Io), "{cut}");
+        assert_eq!(h.engine.stats().partial_write_fetches, 1, "{cut}");
+        h.settle(&mut |_| 0);
+        h.submit(4, read(5 * BS, BS));
+        let d = h.wait(4, &mut |_| 0).result.expect("read").expect("data");
+        let mut want: Vec<u8> = (5 * BS..6 * BS).map(pattern).collect();
+        want[100..200].fill(0x11);
+        assert!(d[..] == want[..], "{cut}: wrong bytes");
+    }
+}
