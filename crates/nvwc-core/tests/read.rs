@@ -210,19 +210,18 @@ fn write_sequence_numbers_grow_across_read_fills() {
     }
 }
 
-/// A read of a partial version (a lazy patch persisted by a FLUSH) that
-/// needs bytes outside its range reads them from the backing store
-/// (`partial_read`); a short answer fails the read with EIO too.
-#[test]
-fn a_short_backing_read_fails_a_read_around_a_partial_version() {
-    let mut c = cfg(WritePolicyKind::WriteBack, false);
+/// A write-back cache under lazy fetch over the pattern, whose block 5
+/// holds a partial version (`partial.rs`): `len` bytes of 0x11 at `at`
+/// within the block, written as a patch and persisted by a FLUSH.
+fn partial_version_of_block_5(read_allocate: bool, at: u64, len: usize) -> MemHarness {
+    let mut c = cfg(WritePolicyKind::WriteBack, read_allocate);
     c.fetch = FetchMode::Lazy;
     let mut h = harness_with_pattern(c);
     h.submit(
         1,
         ReqOp::Write {
-            offset: 5 * BS + 1024,
-            data: Bytes::from(vec![0x11; 1024]),
+            offset: 5 * BS + at,
+            data: Bytes::from(vec![0x11; len]),
             fua: false,
         },
     );
@@ -230,6 +229,15 @@ fn a_short_backing_read_fails_a_read_around_a_partial_version() {
     h.submit(2, ReqOp::Flush);
     h.wait(2, &mut |_| 0).result.expect("flush ok");
     assert_eq!(h.engine.stats().patch_persists, 1);
+    h
+}
+
+/// A read of a partial version (a lazy patch persisted by a FLUSH) that
+/// needs bytes outside its range reads them from the backing store
+/// (`partial_read`); a short answer fails the read with EIO too.
+#[test]
+fn a_short_backing_read_fails_a_read_around_a_partial_version() {
+    let mut h = partial_version_of_block_5(false, 1024, 1024);
     for cut in [1, 100] {
         let r = run_with_short_backing_reads(&mut h, 3, read(5 * BS, BS), cut);
         assert_eq!(r.result, Err(ReqError::Io), "{cut} bytes short");
@@ -290,20 +298,7 @@ fn a_short_patch_fetch_keeps_the_patch_and_fails_the_read() {
 #[test]
 fn a_short_read_modify_write_fetch_fails_the_write() {
     for cut in [1, BS as usize] {
-        let mut c = cfg(WritePolicyKind::WriteBack, true);
-        c.fetch = FetchMode::Lazy;
-        let mut h = harness_with_pattern(c);
-        h.submit(
-            1,
-            ReqOp::Write {
-                offset: 5 * BS + 100,
-                data: Bytes::from(vec![0x11; 100]),
-                fua: false,
-            },
-        );
-        h.wait(1, &mut |_| 0).result.expect("write");
-        h.submit(2, ReqOp::Flush);
-        h.wait(2, &mut |_| 0).result.expect("flush");
+        let mut h = partial_version_of_block_5(true, 100, 100);
         let st = h.engine.stats();
         assert_eq!(
             (st.patch_persists, st.patched_blocks),
