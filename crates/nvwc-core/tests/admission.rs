@@ -615,6 +615,27 @@ fn a_full_write_back_cache_paces_its_cleaning() {
     );
 }
 
+/// A write-back cache under critical admission with I/O criticality
+/// inheritance, no free reserve and cleaning from the first dirty block,
+/// every one of its 64 slots holding a clean block (critical writes of 7s
+/// to blocks 0..64, destaged at once; request ids 10..74).
+fn full_of_clean_blocks_without_reserve() -> MemHarness {
+    let mut c = cfg(WritePolicyKind::WriteBack, AdmissionKind::CriticalPiIoi);
+    c.free_reserve = 0;
+    c.watermarks = Watermarks {
+        high: 0.0,
+        low: 0.0,
+    };
+    let mut h = MemHarness::new(c);
+    for b in 0..64u64 {
+        let id = 10 + b;
+        h.submit_tagged(id, write(b * BS, 7, BS), tag(true));
+        h.wait(id, &mut |_| 0).result.unwrap();
+    }
+    h.settle(&mut |_| 0);
+    h
+}
+
 /// I/O criticality inheritance in a cache full of clean blocks: the reissue
 /// finds no free slot, waits for one (a clean block is evicted for it and
 /// a commit frees the slot), and then goes to the cache while the original
@@ -623,20 +644,7 @@ fn a_full_write_back_cache_paces_its_cleaning() {
 /// store.
 #[test]
 fn a_reissue_in_a_cache_full_of_clean_blocks_waits_for_a_slot() {
-    let mut c = cfg(WritePolicyKind::WriteBack, AdmissionKind::CriticalPiIoi);
-    c.free_reserve = 0;
-    c.watermarks = Watermarks {
-        high: 0.0,
-        low: 0.0,
-    };
-    let mut h = MemHarness::new(c);
-    // Fill every slot with a clean block: critical writes, destaged at once.
-    for b in 0..64u64 {
-        let id = 10 + b;
-        h.submit_tagged(id, write(b * BS, 7, BS), tag(true));
-        h.wait(id, &mut |_| 0).result.unwrap();
-    }
-    h.settle(&mut |_| 0);
+    let mut h = full_of_clean_blocks_without_reserve();
     assert_eq!(h.engine.stats().dirty_blocks, 0, "all clean");
     assert_eq!(h.engine.stats().free_slots, 0, "no free slot left");
     // A non-critical write bypasses the cache; keep its backing write back.
@@ -1303,19 +1311,7 @@ fn inherit_request_keeps_a_queued_bypass_without_reissue() {
 /// the cache once a slot is free, while its backing write is in flight.
 #[test]
 fn a_completed_bypass_write_drops_only_its_own_pending_reissue() {
-    let mut c = cfg(WritePolicyKind::WriteBack, AdmissionKind::CriticalPiIoi);
-    c.free_reserve = 0;
-    c.watermarks = Watermarks {
-        high: 0.0,
-        low: 0.0,
-    };
-    let mut h = MemHarness::new(c);
-    for b in 0..64u64 {
-        let id = 10 + b;
-        h.submit_tagged(id, write(b * BS, 7, BS), tag(true));
-        h.wait(id, &mut |_| 0).result.unwrap();
-    }
-    h.settle(&mut |_| 0);
+    let mut h = full_of_clean_blocks_without_reserve();
     assert_eq!(h.engine.stats().free_slots, 0, "no free slot left");
     h.submit_tagged(1, write(100 * BS, 5, BS), tag(false));
     h.submit_tagged(2, write(200 * BS, 6, BS), tag(false));
